@@ -1,0 +1,84 @@
+"""Service configuration, read from ``GENHOOK_*`` environment variables.
+
+Every field is documented in ``docs/configuration.md``; keep the two in step.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GENHOOK_", extra="ignore")
+
+    data_dir: Path = Field(default=Path("genhook-data"))
+    database_url: str | None = None
+    public_base_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    # Workers: engines run in separate processes so CPU work never blocks the API loop.
+    workers: int = Field(default=2, ge=0)
+    worker_poll_seconds: float = Field(default=0.05, gt=0)
+    lease_seconds: float = Field(default=30.0, gt=0)
+    max_lease_losses: int = Field(default=3, ge=1)
+    sweep_interval_seconds: float = Field(default=1.0, gt=0)
+    shutdown_grace_seconds: float = Field(default=30.0, ge=0)
+    task_deadline_seconds: float | None = Field(default=None, gt=0)
+
+    # Requests and inputs.
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    input_max_bytes: int = Field(default=25 * 1024 * 1024, gt=0)
+    input_fetch_timeout_seconds: float = Field(default=20.0, gt=0)
+    max_input_pixels: int = Field(default=40_000_000, gt=0)
+
+    # Storage of inputs and outputs.
+    storage: Literal["file", "database"] = "file"
+
+    # Billing, in USD. Money is Decimal in code and integer micro-dollars in the database.
+    price_tier_1_5k_usd: Decimal = Decimal("0.027")
+    price_tier_2k_usd: Decimal = Decimal("0.030")
+    price_extra_input_image_usd: Decimal = Decimal("0.003")
+
+    # Target-address policy (webhook targets and input-image URLs).
+    webhook_allow_private_targets: bool = False
+
+    # Webhook delivery.
+    webhook_signing: Literal["migration", "ed25519"] = "migration"
+    webhook_header_brand: str = "Service"
+    webhook_timeout_seconds: float = Field(default=10.0, gt=0)
+    webhook_retry_base_seconds: float = Field(default=10.0, gt=0)
+    webhook_retry_cap_seconds: float = Field(default=1800.0, gt=0)
+    webhook_retry_max_attempts: int = Field(default=10, ge=1)
+    webhook_key_overlap_days: float = Field(default=7.0, ge=0)
+    webhook_encryption_key: str | None = None
+    webhook_response_excerpt_bytes: int = Field(default=1024, ge=0)
+    webhook_reconcile_interval_seconds: float = Field(default=30.0, gt=0)
+
+    # Image engine and moderation.
+    nsfw_threshold: float = Field(default=0.6, ge=0, le=1)
+    moderation_blocked_terms: list[str] = Field(default_factory=list)
+    moderation_reject_nsfw_inputs: bool = True
+
+    # Extra engines to register, as ``module:function`` names called with the registry.
+    extra_engines: list[str] = Field(default_factory=list)
+
+    log_level: str = "INFO"
+
+    @cached_property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite+aiosqlite:///{(self.data_dir / 'genhook.db').resolve()}"
+
+    @cached_property
+    def resolved_public_base_url(self) -> str:
+        if self.public_base_url:
+            return self.public_base_url.rstrip("/")
+        return f"http://{self.host}:{self.port}"

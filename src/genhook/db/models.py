@@ -1,0 +1,164 @@
+"""Tables. Times are integer epoch milliseconds (UTC) so both databases compare them the
+same way and the webhook body's ``created_at`` needs no conversion; money is integer
+micro-dollars."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, LargeBinary, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Account(Base):
+    __tablename__ = "accounts"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    signing_secret: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200), default="")
+    # The first characters of the key, shown in listings so a person can tell keys apart.
+    prefix: Mapped[str] = mapped_column(String(20))
+    # SHA-256 of the whole key; keys are 256-bit random, so a fast hash is safe here.
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    revoked_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class Task(Base):
+    __tablename__ = "tasks"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    model: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(16))
+    # created | processing | completed | failed | timeout
+    status: Mapped[str] = mapped_column(String(16))
+    # Validated request without images; images live in ``inputs``.
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # One entry per input image: {"url": ...} or {"blob": key, "format": ...}.
+    inputs: Mapped[list[Any]] = mapped_column(JSON)
+    webhook_url: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[int] = mapped_column(BigInteger)
+    available_at: Mapped[int] = mapped_column(BigInteger)
+    deadline_at: Mapped[int] = mapped_column(BigInteger)
+    started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    finished_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_losses: Mapped[int] = mapped_column(Integer, default=0)
+    lease_owner: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    lease_expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # Output blob keys and their NSFW flags, filled on completion.
+    outputs: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    has_nsfw_contents: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    info: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    error_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+    __table_args__ = (
+        Index("ix_tasks_account_created", "account_id", "created_at"),
+        Index("ix_tasks_status_available", "status", "available_at"),
+        Index("ix_tasks_status_lease", "status", "lease_expires_at"),
+        Index("ix_tasks_status_deadline", "status", "deadline_at"),
+    )
+
+
+class UsageLine(Base):
+    __tablename__ = "usage_lines"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"), unique=True)
+    model: Mapped[str] = mapped_column(String(200))
+    tier: Mapped[str] = mapped_column(String(20))
+    output_pixels: Mapped[int] = mapped_column(Integer)
+    input_images: Mapped[int] = mapped_column(Integer)
+    lines: Mapped[list[Any]] = mapped_column(JSON)
+    amount_micros: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_usage_account_created", "account_id", "created_at"),)
+
+
+class Blob(Base):
+    """Blob bytes, for the ``database`` storage backend (shared by every machine)."""
+
+    __tablename__ = "blobs"
+
+    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    content_type: Mapped[str] = mapped_column(String(100))
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class SigningKey(Base):
+    """Ed25519 webhook signing keys; the private key is encrypted at rest."""
+
+    __tablename__ = "signing_keys"
+
+    kid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # active | rotated (still published until ``retire_at``) | retired
+    status: Mapped[str] = mapped_column(String(16))
+    public_x: Mapped[str] = mapped_column(String(64))
+    private_key_encrypted: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    rotated_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    retire_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class WebhookDelivery(Base):
+    """Transactional outbox row: written in the same transaction as the terminal state."""
+
+    __tablename__ = "webhook_deliveries"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"), unique=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    url: Mapped[str] = mapped_column(Text)
+    event_type: Mapped[str] = mapped_column(String(64))
+    # The exact body bytes; every attempt sends these same bytes.
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+    # pending | delivered | undeliverable
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    lease_owner: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    lease_expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    last_status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[int] = mapped_column(BigInteger)
+    delivered_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+    __table_args__ = (
+        Index("ix_deliveries_status_next", "status", "next_attempt_at"),
+        Index("ix_deliveries_status_lease", "status", "lease_expires_at"),
+        Index("ix_deliveries_account_created", "account_id", "created_at"),
+    )
+
+
+class WebhookAttempt(Base):
+    __tablename__ = "webhook_attempts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[str] = mapped_column(ForeignKey("webhook_deliveries.id"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[int] = mapped_column(BigInteger)
+    duration_ms: Mapped[int] = mapped_column(Integer)
+    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    response_excerpt: Mapped[str | None] = mapped_column(Text, nullable=True)
+    kid: Mapped[str | None] = mapped_column(String(64), nullable=True)

@@ -1,0 +1,149 @@
+"""The wire schema of the image-edit request (contract section 2.1), every rule of it.
+
+Validation failures surface as HTTP 400 with one entry per offending field, e.g.
+``images[3]``; see ``docs/api.md``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
+
+from genhook.media import ACCEPTED_FORMATS, sniff_image_format
+
+ALLOWED_SIZES: tuple[str, ...] = (
+    "2048*2048",
+    "2304*1728",
+    "1728*2304",
+    "2720*1530",
+    "1530*2720",
+    "2496*1664",
+    "1664*2496",
+    "1024*1024",
+    "1536*1536",
+    "1776*1328",
+    "1328*1776",
+    "2048*1152",
+    "1152*2048",
+)
+MIN_PIXELS = 1_048_576
+MAX_PIXELS = 4_194_304
+MAX_ASPECT = 16.0
+MAX_IMAGES = 10
+MAX_PROMPT_CHARS = 20_000
+MAX_IMAGE_URL_CHARS = 4096
+
+_SIZE_RE = re.compile(r"^([1-9][0-9]{0,5})\*([1-9][0-9]{0,5})$")
+_DATA_URL_RE = re.compile(r"^data:([a-zA-Z0-9.+/-]*)((?:;[a-zA-Z0-9=._-]+)*);base64,", re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class ImageRef:
+    """One ``images`` item: either a URL to fetch later or decoded data-URL bytes."""
+
+    url: str | None = None
+    data: bytes | None = None
+    format: str | None = None
+
+
+def parse_image_ref(value: str) -> ImageRef:
+    """Parse one ``images`` item; raise ValueError with a user-facing message."""
+    if value.startswith("data:"):
+        match = _DATA_URL_RE.match(value)
+        if not match:
+            raise ValueError("a data URL must have the form data:<mime>;base64,<data>")
+        payload = value[match.end() :]
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("the data URL's base64 payload is not valid base64") from None
+        if not data:
+            raise ValueError("the data URL holds no bytes")
+        fmt = sniff_image_format(data)
+        if fmt is None:
+            raise ValueError(
+                "the data URL's bytes are not an accepted image format "
+                f"({', '.join(f.upper() for f in ACCEPTED_FORMATS)})"
+            )
+        return ImageRef(data=data, format=fmt)
+    if len(value) > MAX_IMAGE_URL_CHARS:
+        raise ValueError(f"an image URL may be at most {MAX_IMAGE_URL_CHARS} characters")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError:
+        raise ValueError("not a valid URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("each image must be an http(s) URL or a base64 data URL")
+    return ImageRef(url=value)
+
+
+def parse_size(value: str) -> tuple[int, int]:
+    match = _SIZE_RE.match(value)
+    if not match:
+        raise ValueError("size must have the form WIDTH*HEIGHT, e.g. 2048*2048")
+    width, height = int(match.group(1)), int(match.group(2))
+    pixels = width * height
+    if not MIN_PIXELS <= pixels <= MAX_PIXELS:
+        raise ValueError(
+            f"size {value} has {pixels} pixels; total pixels must be within "
+            f"{MIN_PIXELS} to {MAX_PIXELS} inclusive"
+        )
+    if not 1 / MAX_ASPECT <= width / height <= MAX_ASPECT:
+        raise ValueError(f"size {value} has an aspect ratio outside 1/16 to 16")
+    if value not in ALLOWED_SIZES:
+        raise ValueError(f"size must be one of: {', '.join(ALLOWED_SIZES)}")
+    return width, height
+
+
+class EditRequest(BaseModel):
+    """Section 2.1 of the contract, plus the optional ``webhook_url`` of section 6.1."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, str_strip_whitespace=False)
+
+    model: StrictStr
+    prompt: StrictStr = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    images: list[StrictStr] = Field(min_length=1, max_length=MAX_IMAGES)
+    size: StrictStr = "2048*2048"
+    output_format: Literal["jpeg", "png"] = "jpeg"
+    thinking: Literal["enabled", "disabled"] = "enabled"
+    prompt_optimization_mode: Literal["standard", "fast"] = "standard"
+    enable_base64_output: StrictBool = False
+    webhook_url: StrictStr | None = None
+
+    @field_validator("images")
+    @classmethod
+    def _images(cls, value: list[str]) -> list[str]:
+        errors: list[tuple[int, str]] = []
+        for index, item in enumerate(value):
+            try:
+                parse_image_ref(item)
+            except ValueError as exc:
+                errors.append((index, str(exc)))
+        if errors:
+            raise ImageItemsError(errors)
+        return value
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        parse_size(value)
+        return value
+
+    @property
+    def dimensions(self) -> tuple[int, int]:
+        return parse_size(self.size)
+
+
+class ImageItemsError(ValueError):
+    """Per-item failures of ``images``, so each is reported as ``images[i]``."""
+
+    def __init__(self, items: list[tuple[int, str]]) -> None:
+        super().__init__("; ".join(f"images[{i}]: {m}" for i, m in items))
+        self.items = items

@@ -1,0 +1,95 @@
+"""Model registry: maps model ids to ``ModelSpec``s.
+
+The shipped registry holds only real engines; operators (and tests) add more through
+``GENHOOK_EXTRA_ENGINES=module:function``, each called with the registry.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from decimal import Decimal
+
+from pydantic import BaseModel
+
+from genhook.config import Settings
+from genhook.engines.base import Charge, Engine, ModelKind, ModelSpec
+from genhook.engines.edit_request import EditRequest
+
+IMAGE_EDIT_MODEL_ID = "genhook/image-edit"
+TIER_1_5K_MAX_PIXELS = 2_360_000
+
+PATH_KINDS: dict[str, ModelKind] = {
+    "generateImage": ModelKind.IMAGE,
+    "generateVideo": ModelKind.VIDEO,
+    "generateAudio": ModelKind.AUDIO,
+}
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._specs: dict[str, ModelSpec] = {}
+
+    def register(self, spec: ModelSpec) -> None:
+        if spec.id in self._specs:
+            raise ValueError(f"model {spec.id!r} is already registered")
+        self._specs[spec.id] = spec
+
+    def get(self, model_id: str) -> ModelSpec | None:
+        return self._specs.get(model_id)
+
+    def __iter__(self) -> Iterator[ModelSpec]:
+        return iter(self._specs.values())
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+
+def submit_paths(spec: ModelSpec) -> list[str]:
+    """The submit paths that accept ``spec``, for error messages and docs."""
+    return [f"/api/v1/model/{name}" for name, kind in PATH_KINDS.items() if spec.accepts(kind)]
+
+
+def edit_pricing(settings: Settings, request: BaseModel) -> Charge:
+    """Contract 2.1: output pixels pick the tier; each input image after the first costs extra."""
+    assert isinstance(request, EditRequest)
+    width, height = request.dimensions
+    pixels = width * height
+    inputs = len(request.images)
+    if pixels <= TIER_1_5K_MAX_PIXELS:
+        tier, price = "1.5K", settings.price_tier_1_5k_usd
+    else:
+        tier, price = "2K", settings.price_tier_2k_usd
+    lines: list[tuple[str, Decimal]] = [(f"output {width}*{height} ({tier} tier)", price)]
+    if inputs > 1:
+        extra = settings.price_extra_input_image_usd * (inputs - 1)
+        lines.append((f"{inputs - 1} additional input image(s)", extra))
+    return Charge(tier=tier, output_pixels=pixels, input_images=inputs, lines=tuple(lines))
+
+
+def _image_edit_engine(settings: Settings) -> Engine:
+    from genhook.engines.image_edit import ImageEditEngine
+
+    return ImageEditEngine(settings)
+
+
+IMAGE_EDIT_SPEC = ModelSpec(
+    id=IMAGE_EDIT_MODEL_ID,
+    kind=ModelKind.IMAGE,
+    request_schema=EditRequest,
+    engine_factory=_image_edit_engine,
+    pricing=edit_pricing,
+    deadline_seconds=300.0,
+    accepted_on=frozenset({ModelKind.VIDEO}),
+    description="Edits 1 to 10 images under a text prompt on the CPU (Pillow, OpenCV).",
+)
+
+
+def build_registry(settings: Settings) -> Registry:
+    registry = Registry()
+    registry.register(IMAGE_EDIT_SPEC)
+    for target in settings.extra_engines:
+        module_name, _, func_name = target.partition(":")
+        module = importlib.import_module(module_name)
+        getattr(module, func_name or "register")(registry)
+    return registry
