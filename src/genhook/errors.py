@@ -50,6 +50,10 @@ class PayloadTooLarge(GenhookError):
     status_code = 413
 
 
+class TooManyRequests(GenhookError):
+    status_code = 429
+
+
 class ServiceUnavailable(GenhookError):
     status_code = 503
 
