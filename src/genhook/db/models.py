@@ -65,6 +65,8 @@ class Task(Base):
     outputs: Mapped[list[Any]] = mapped_column(JSON, default=list)
     has_nsfw_contents: Mapped[list[Any]] = mapped_column(JSON, default=list)
     info: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # The price fixed at submit (tier, lines, total micro-dollars), billed only on completion.
+    charge: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     error_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
 

@@ -1,0 +1,137 @@
+"""Accounts and API keys.
+
+Keys are shown once and stored as SHA-256 digests: a key is 256 random bits, so a fast hash
+cannot be brute-forced, and lookups stay a single indexed read per request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+
+from genhook.db import Account, ApiKey, Database, now_ms
+from genhook.errors import NotFound, Unauthorized
+
+KEY_PREFIX = "ghk_"
+
+
+@dataclass(frozen=True, slots=True)
+class NewAccount:
+    account_id: str
+    name: str
+    api_key: str
+    signing_secret: str
+
+
+@dataclass(frozen=True, slots=True)
+class NewKey:
+    key_id: str
+    account_id: str
+    api_key: str
+
+
+def hash_key(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode("utf-8")).hexdigest()
+
+
+def new_signing_secret() -> str:
+    return "whsec_" + secrets.token_urlsafe(32)
+
+
+def _new_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+async def create_account(db: Database, name: str) -> NewAccount:
+    account_id = "acct_" + secrets.token_hex(8)
+    secret = new_signing_secret()
+    api_key = _new_key()
+    now = now_ms()
+    async with db.write() as session:
+        session.add(Account(id=account_id, name=name, signing_secret=secret, created_at=now))
+        await session.flush()
+        session.add(_key_row(account_id, api_key, "default", now))
+    return NewAccount(account_id, name, api_key, secret)
+
+
+def _key_row(account_id: str, api_key: str, name: str, now: int) -> ApiKey:
+    return ApiKey(
+        id="key_" + secrets.token_hex(8),
+        account_id=account_id,
+        name=name,
+        prefix=api_key[: len(KEY_PREFIX) + 6],
+        key_hash=hash_key(api_key),
+        created_at=now,
+        revoked_at=None,
+    )
+
+
+async def find_account(db: Database, account: str) -> Account:
+    """Look an account up by id or by name (names need not be unique; ids win)."""
+    async with db.read() as session:
+        row = await session.get(Account, account)
+        if row is None:
+            rows = (await session.scalars(select(Account).where(Account.name == account))).all()
+            if len(rows) > 1:
+                raise NotFound(f"several accounts are named {account!r}; use the account id")
+            row = rows[0] if rows else None
+    if row is None:
+        raise NotFound(f"no account {account!r}")
+    return row
+
+
+async def create_key(db: Database, account: str, name: str = "") -> NewKey:
+    owner = await find_account(db, account)
+    api_key = _new_key()
+    row = _key_row(owner.id, api_key, name, now_ms())
+    async with db.write() as session:
+        session.add(row)
+    return NewKey(row.id, owner.id, api_key)
+
+
+async def list_keys(db: Database, account: str | None = None) -> list[ApiKey]:
+    stmt = select(ApiKey).order_by(ApiKey.created_at)
+    if account is not None:
+        stmt = stmt.where(ApiKey.account_id == (await find_account(db, account)).id)
+    async with db.read() as session:
+        return list((await session.scalars(stmt)).all())
+
+
+async def revoke_key(db: Database, key_id: str) -> None:
+    async with db.write() as session:
+        result = await session.execute(
+            update(ApiKey)
+            .where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None))
+            .values(revoked_at=now_ms())
+        )
+        if result.rowcount == 0:  # type: ignore[attr-defined]
+            exists = await session.get(ApiKey, key_id)
+            if exists is None:
+                raise NotFound(f"no API key {key_id!r}")
+
+
+async def authenticate(db: Database, authorization: str | None) -> Account:
+    """Resolve ``Authorization: Bearer <key>`` to its account, or raise 401."""
+    if not authorization:
+        raise Unauthorized("missing Authorization header; send 'Authorization: Bearer <API key>'")
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized("the Authorization header must have the form 'Bearer <API key>'")
+    digest = hash_key(token)
+    async with db.read() as session:
+        row = (
+            await session.execute(
+                select(ApiKey.key_hash, ApiKey.revoked_at, Account)
+                .join(Account, Account.id == ApiKey.account_id)
+                .where(ApiKey.key_hash == digest)
+            )
+        ).first()
+    if row is None or not hmac.compare_digest(row[0], digest) or row[1] is not None:
+        raise Unauthorized("invalid or revoked API key")
+    account: Account = row[2]
+    return account

@@ -1,0 +1,134 @@
+"""The FastAPI application factory.
+
+``create_app`` builds the app around an ``AppState``; background duties of an API process
+(the lease/deadline sweeper and, when enabled, webhook delivery) run in its lifespan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from genhook import __version__
+from genhook.api.deps import AppState
+from genhook.api.errors import install_error_handlers
+from genhook.api.routes_tasks import router as tasks_router
+from genhook.config import Settings
+from genhook.db import Database
+from genhook.engines.registry import Registry, build_registry
+from genhook.net import AddressPolicy, Resolver
+from genhook.storage import open_blob_store
+from genhook.tasks.lifecycle import Lifecycle
+
+log = logging.getLogger(__name__)
+
+
+def build_state(
+    settings: Settings,
+    *,
+    registry: Registry | None = None,
+    resolver: Resolver | None = None,
+    db: Database | None = None,
+) -> AppState:
+    db = db or Database(settings.resolved_database_url)
+    return AppState(
+        settings=settings,
+        db=db,
+        registry=registry or build_registry(settings),
+        storage=open_blob_store(settings, db),
+        policy=AddressPolicy(allow_private=settings.webhook_allow_private_targets, resolver=resolver),
+    )
+
+
+async def sweep_forever(lifecycle: Lifecycle, interval: float, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            await lifecycle.sweep()
+        except Exception:
+            log.exception("sweep failed; retrying")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+
+
+def create_app(
+    state: AppState,
+    *,
+    background: bool = True,
+    webhooks: bool = True,
+) -> FastAPI:
+    """``background`` runs the sweeper and, with ``webhooks``, webhook delivery in this process."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        stop = asyncio.Event()
+        jobs: list[asyncio.Task[None]] = []
+        if background:
+            lifecycle = Lifecycle(state.settings, state.db, state.storage)
+            jobs.append(
+                asyncio.create_task(
+                    sweep_forever(lifecycle, state.settings.sweep_interval_seconds, stop)
+                )
+            )
+            if webhooks:
+                jobs.append(asyncio.create_task(_run_webhooks(state, stop)))
+        try:
+            yield
+        finally:
+            stop.set()
+            for job in jobs:
+                with contextlib.suppress(Exception):
+                    await job
+            await state.db.dispose()
+
+    app = FastAPI(
+        title="genhook",
+        version=__version__,
+        description="Asynchronous generation tasks with signed webhook callbacks.",
+        lifespan=lifespan,
+    )
+    app.state.genhook = state
+    install_error_handlers(app)
+    app.include_router(tasks_router)
+    _include_webhook_routes(app)
+
+    @app.get("/healthz", tags=["operations"], summary="Liveness: the process answers")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["operations"], summary="Readiness: the database answers")
+    async def readyz() -> Any:
+        try:
+            async with state.db.read() as session:
+                await session.execute(text("SELECT 1"))
+        except Exception as exc:
+            log.warning("readiness check failed: %s", exc)
+            return JSONResponse(
+                {"code": 503, "message": "database unavailable", "errors": []}, status_code=503
+            )
+        return {"status": "ready"}
+
+    return app
+
+
+def _include_webhook_routes(app: FastAPI) -> None:
+    try:
+        from genhook.api.routes_webhooks import router
+    except ImportError:  # pragma: no cover - only while the module is absent
+        return
+    app.include_router(router)
+
+
+async def _run_webhooks(state: AppState, stop: asyncio.Event) -> None:
+    try:
+        from genhook.webhooks.service import WebhookService, ensure_signing_key
+    except ImportError:  # pragma: no cover - only while the module is absent
+        return
+    await ensure_signing_key(state.db, state.settings)
+    await WebhookService(state.settings, state.db).run(stop)

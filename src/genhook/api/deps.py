@@ -1,0 +1,43 @@
+"""Per-application state and the dependencies routes share (state, authenticated account)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from genhook.accounts import authenticate
+from genhook.config import Settings
+from genhook.db import Account, Database
+from genhook.engines.registry import Registry
+from genhook.net import AddressPolicy
+from genhook.storage import BlobStore
+from genhook.tasks import Submitter
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    db: Database
+    registry: Registry
+    storage: BlobStore
+    policy: AddressPolicy
+
+    def __post_init__(self) -> None:
+        self.submitter = Submitter(self.settings, self.db, self.registry, self.storage, self.policy)
+
+
+def get_state(request: Request) -> AppState:
+    state: AppState = request.app.state.genhook
+    return state
+
+
+StateDep = Annotated[AppState, Depends(get_state)]
+
+
+async def current_account(request: Request, state: StateDep) -> Account:
+    return await authenticate(state.db, request.headers.get("authorization"))
+
+
+AccountDep = Annotated[Account, Depends(current_account)]

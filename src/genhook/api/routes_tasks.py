@@ -1,0 +1,151 @@
+"""Submit, result, outputs and usage endpoints."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import JSONResponse
+from sqlalchemy import func, select
+
+from genhook.api.bodies import read_json_body
+from genhook.api.deps import AccountDep, StateDep
+from genhook.api.errors import ERROR_RESPONSES
+from genhook.api.schemas import PredictionResponse, UsageResponse
+from genhook.db import Task, UsageLine
+from genhook.engines.edit_request import EditRequest
+from genhook.errors import NotFound
+from genhook.storage.blobs import valid_key
+from genhook.tasks.views import iso_ms, prediction_view
+
+router = APIRouter()
+
+_SUBMIT_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": EditRequest.model_json_schema()}},
+    }
+}
+
+
+async def _submit(path_name: str, request: Request, state: StateDep, account: AccountDep) -> Any:
+    body = await read_json_body(request, state.settings.max_body_bytes)
+    task = await state.submitter.submit(account.id, path_name, body)
+    return JSONResponse(await prediction_view(task, state.settings, state.storage))
+
+
+def _submit_route(path_name: str, summary: str) -> None:
+    async def endpoint(request: Request, state: StateDep, account: AccountDep) -> Any:
+        return await _submit(path_name, request, state, account)
+
+    endpoint.__name__ = f"submit_{path_name}"
+    router.add_api_route(
+        f"/api/v1/model/{path_name}",
+        endpoint,
+        methods=["POST"],
+        summary=summary,
+        response_model=PredictionResponse,
+        responses=ERROR_RESPONSES,
+        openapi_extra=_SUBMIT_DOC,
+        tags=["tasks"],
+    )
+
+
+_submit_route("generateImage", "Submit an image task (the image-edit model and other image models)")
+_submit_route("generateVideo", "Submit a video task (also accepts the image-edit model)")
+_submit_route("generateAudio", "Submit an audio task")
+
+
+@router.get(
+    "/api/v1/model/result/{request_id}",
+    response_model=PredictionResponse,
+    responses=ERROR_RESPONSES,
+    tags=["tasks"],
+    summary="Get a task's status and result",
+)
+async def get_result(request_id: str, state: StateDep, account: AccountDep) -> Any:
+    async with state.db.read() as session:
+        task = await session.get(Task, request_id) if len(request_id) <= 64 else None
+    if task is None or task.account_id != account.id:
+        raise NotFound(f"no task {request_id!r}")
+    return JSONResponse(await prediction_view(task, state.settings, state.storage))
+
+
+@router.get(
+    "/api/v1/outputs/{key:path}",
+    tags=["tasks"],
+    summary="Download an output (the unguessable URL is the credential)",
+    responses={200: {"content": {"image/jpeg": {}, "image/png": {}}}, 404: ERROR_RESPONSES[404]},
+)
+async def get_output(key: str, state: StateDep) -> Response:
+    if not key.startswith("outputs/") or not valid_key(key):
+        raise NotFound("no such output")
+    blob = await state.storage.get(key)
+    if blob is None:
+        raise NotFound("no such output")
+    data, content_type = blob
+    return Response(
+        data,
+        media_type=content_type,
+        headers={"Cache-Control": "private, max-age=31536000, immutable"},
+    )
+
+
+@router.get(
+    "/api/v1/usage",
+    response_model=UsageResponse,
+    responses=ERROR_RESPONSES,
+    tags=["billing"],
+    summary="The account's billed lines and totals",
+)
+async def get_usage(
+    state: StateDep,
+    account: AccountDep,
+    limit: int = Query(default=100, ge=1, le=1000),
+    cursor: int | None = Query(default=None, ge=0, description="next_cursor of the last page"),
+) -> Any:
+    async with state.db.read() as session:
+        total, count = (
+            await session.execute(
+                select(func.coalesce(func.sum(UsageLine.amount_micros), 0), func.count()).where(
+                    UsageLine.account_id == account.id
+                )
+            )
+        ).one()
+        stmt = (
+            select(UsageLine)
+            .where(UsageLine.account_id == account.id)
+            .order_by(UsageLine.id.desc())
+            .limit(limit + 1)
+        )
+        if cursor is not None:
+            stmt = stmt.where(UsageLine.id < cursor)
+        rows = list((await session.scalars(stmt)).all())
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {
+        "account_id": account.id,
+        "currency": "USD",
+        "total_usd": usd(int(total)),
+        "task_count": int(count),
+        "items": [
+            {
+                "task_id": row.task_id,
+                "model": row.model,
+                "tier": row.tier,
+                "output_pixels": row.output_pixels,
+                "input_images": row.input_images,
+                "lines": [list(line) for line in row.lines],
+                "amount_usd": usd(row.amount_micros),
+                "created_at": iso_ms(row.created_at),
+            }
+            for row in rows
+        ],
+        "next_cursor": rows[-1].id if more and rows else None,
+    }
+
+
+def usd(micros: int) -> str:
+    """Micro-dollars as a plain decimal string, e.g. 33000 -> "0.033"."""
+    return format((Decimal(micros) / Decimal(1_000_000)).normalize(), "f")

@@ -1,0 +1,222 @@
+"""The ``genhook`` command. Server commands import the server lazily, so the SDK-only install
+(``pip install genhook``) still runs the client commands."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+T = TypeVar("T")
+
+app = typer.Typer(no_args_is_help=True, help="genhook: async generation tasks with signed webhooks.")
+accounts_app = typer.Typer(no_args_is_help=True, help="Accounts and their signing secrets.")
+keys_app = typer.Typer(no_args_is_help=True, help="API keys.")
+db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
+app.add_typer(accounts_app, name="accounts")
+app.add_typer(keys_app, name="keys")
+app.add_typer(db_app, name="db")
+console = Console()
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def _settings(**overrides: Any) -> Any:
+    from genhook.config import Settings
+
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def _fail(message: str) -> None:
+    console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code=1)
+
+
+async def _with_db(settings: Any, func: Any) -> Any:
+    from genhook.db import Database
+    from genhook.db.migrate import upgrade_in_thread
+
+    upgrade_in_thread(settings.resolved_database_url)
+    db = Database(settings.resolved_database_url)
+    try:
+        return await func(db)
+    finally:
+        await db.dispose()
+
+
+@app.command()
+def serve(
+    host: str | None = typer.Option(None, help="Address to listen on (GENHOOK_HOST)."),
+    port: int | None = typer.Option(None, help="Port to listen on (GENHOOK_PORT)."),
+    workers: int | None = typer.Option(None, help="Worker processes (GENHOOK_WORKERS)."),
+) -> None:
+    """Start the API and its worker processes on the configured database."""
+    from genhook.server import serve as run_server
+
+    run_server(_settings(host=host, port=port, workers=workers))
+
+
+@app.command()
+def worker() -> None:
+    """Run one worker process without the API (for compute-only machines)."""
+    from genhook.server import run_worker_only
+
+    run_worker_only(_settings())
+
+
+@db_app.command("upgrade")
+def db_upgrade() -> None:
+    """Migrate the database schema to the newest version."""
+    from genhook.db.migrate import upgrade
+
+    settings = _settings()
+    upgrade(settings.resolved_database_url)
+    console.print("database is at the newest schema")
+
+
+@accounts_app.command("create")
+def accounts_create(
+    name: str, as_json: bool = typer.Option(False, "--json", help="Print JSON.")
+) -> None:
+    """Create an account; prints its id, API key and webhook signing secret once."""
+    from genhook.accounts import create_account
+
+    account = _run(_with_db(_settings(), lambda db: create_account(db, name)))
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "account_id": account.account_id,
+                    "api_key": account.api_key,
+                    "signing_secret": account.signing_secret,
+                }
+            )
+        )
+        return
+    console.print(f"account id:     {account.account_id}")
+    console.print(f"API key:        {account.api_key}")
+    console.print(f"signing secret: {account.signing_secret}")
+    console.print("[yellow]The key and the secret are shown once; store them now.[/yellow]")
+
+
+@accounts_app.command("list")
+def accounts_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """List accounts."""
+    from sqlalchemy import select
+
+    from genhook.db import Account
+
+    async def _list(db: Any) -> list[Any]:
+        async with db.read() as session:
+            return list((await session.scalars(select(Account).order_by(Account.created_at))).all())
+
+    rows = _run(_with_db(_settings(), _list))
+    if as_json:
+        print(json.dumps([{"account_id": r.id, "name": r.name} for r in rows]))
+        return
+    table = Table("account id", "name")
+    for row in rows:
+        table.add_row(row.id, row.name)
+    console.print(table)
+
+
+@keys_app.command("create")
+def keys_create(
+    account: str = typer.Argument(..., help="Account id or name."),
+    name: str = typer.Option("", help="A label for the key."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Create an API key for an account; the key is shown once."""
+    from genhook.accounts import create_key
+    from genhook.errors import GenhookError
+
+    try:
+        key = _run(_with_db(_settings(), lambda db: create_key(db, account, name)))
+    except GenhookError as exc:
+        _fail(exc.message)
+        return
+    if as_json:
+        print(json.dumps({"key_id": key.key_id, "account_id": key.account_id, "api_key": key.api_key}))
+        return
+    console.print(f"key id:  {key.key_id}\nAPI key: {key.api_key}")
+
+
+@keys_app.command("list")
+def keys_list(
+    account: str | None = typer.Option(None, help="Only this account (id or name)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """List API keys (their prefixes only; keys are stored hashed)."""
+    from genhook.accounts import list_keys
+    from genhook.errors import GenhookError
+    from genhook.tasks.views import iso_ms
+
+    try:
+        rows = _run(_with_db(_settings(), lambda db: list_keys(db, account)))
+    except GenhookError as exc:
+        _fail(exc.message)
+        return
+    items = [
+        {
+            "key_id": r.id,
+            "account_id": r.account_id,
+            "name": r.name,
+            "prefix": r.prefix,
+            "created_at": iso_ms(r.created_at),
+            "revoked_at": iso_ms(r.revoked_at) if r.revoked_at else None,
+        }
+        for r in rows
+    ]
+    if as_json:
+        print(json.dumps(items))
+        return
+    table = Table("key id", "account", "name", "prefix", "created", "revoked")
+    for item in items:
+        table.add_row(*(str(item[k] or "") for k in item))
+    console.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: str) -> None:
+    """Revoke an API key; requests with it are refused from then on."""
+    from genhook.accounts import revoke_key
+    from genhook.errors import GenhookError
+
+    try:
+        _run(_with_db(_settings(), lambda db: revoke_key(db, key_id)))
+    except GenhookError as exc:
+        _fail(exc.message)
+        return
+    console.print(f"revoked {key_id}")
+
+
+def _register_optional() -> None:
+    """Attach the webhook and SDK command groups that live in their own modules."""
+    try:
+        from genhook.cli import webhooks as webhook_cli
+    except ImportError:
+        webhook_cli = None  # type: ignore[assignment]
+    if webhook_cli is not None:
+        app.add_typer(webhook_cli.signing_keys_app, name="signing-keys")
+        app.add_typer(webhook_cli.deliveries_app, name="deliveries")
+        accounts_app.command("rotate-secret")(webhook_cli.rotate_secret)
+    try:
+        from genhook.cli import client_cmds
+    except ImportError:
+        client_cmds = None  # type: ignore[assignment]
+    if client_cmds is not None:
+        client_cmds.register(app)
+
+
+_register_optional()
+
+
+def main() -> None:
+    app()

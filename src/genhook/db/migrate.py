@@ -1,0 +1,100 @@
+"""Schema migrations (Alembic), run by ``genhook db upgrade`` and at ``genhook serve`` start.
+
+On SQLite an exclusive file lock serializes concurrent starts; on PostgreSQL an advisory
+lock does, so several replicas may start at once against one database.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+_PG_LOCK_ID = 0x6E686B  # arbitrary, fixed: "genhook migrations"
+
+
+def alembic_config(url: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def _sync_url(url: str) -> str:
+    parsed = make_url(url)
+    driver = {"sqlite": "sqlite+pysqlite", "postgresql": "postgresql+psycopg2"}
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
+        # asyncpg is the only PostgreSQL driver we install; run it through the async env.
+        return url
+    return parsed.set(drivername=driver.get(backend, backend)).render_as_string(
+        hide_password=False
+    )
+
+
+def upgrade(url: str) -> None:
+    """Bring the database at ``url`` to the newest schema; a no-op when it is current."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        import fcntl
+
+        database = parsed.database or ""
+        if database and database != ":memory:":
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        lock_path = Path(f"{database}.migrate.lock")
+        with lock_path.open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            engine = create_engine(_sync_url(url))
+            with engine.begin() as connection:
+                config = alembic_config(url)
+                config.attributes["connection"] = connection
+                command.upgrade(config, "head")
+            engine.dispose()
+        return
+    import asyncio
+
+    asyncio.run(_upgrade_postgres(url))
+
+
+async def _upgrade_postgres(url: str) -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(url)
+    async with engine.connect() as connection:
+        await connection.execute(text(f"SELECT pg_advisory_lock({_PG_LOCK_ID})"))
+        try:
+            await connection.run_sync(_upgrade_with_connection, url)
+            await connection.commit()
+        finally:
+            await connection.execute(text(f"SELECT pg_advisory_unlock({_PG_LOCK_ID})"))
+            await connection.commit()
+    await engine.dispose()
+
+
+def _upgrade_with_connection(connection: object, url: str) -> None:
+    config = alembic_config(url)
+    config.attributes["connection"] = connection
+    command.upgrade(config, "head")
+
+
+def upgrade_in_thread(url: str) -> None:
+    """``upgrade`` from inside a running event loop (tests, async CLIs)."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def _target() -> None:
+        try:
+            upgrade(url)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=_target)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]

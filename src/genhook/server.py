@@ -1,0 +1,185 @@
+"""``genhook serve``: migrate, bootstrap, then run the API and supervised worker processes.
+
+The API runs in this process (uvicorn); each worker is a spawned process with its own event
+loop and database handle. A worker that dies is restarted; its task's lease expires and
+the sweeper requeues it. SIGTERM or Ctrl-C stops claims, lets in-flight tasks finish within
+``shutdown_grace_seconds`` and releases the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import multiprocessing
+import os
+import signal
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+from genhook.config import Settings
+
+log = logging.getLogger("genhook")
+
+
+def configure_logging(settings: Settings) -> None:
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s",
+    )
+
+
+async def bootstrap(settings: Settings) -> dict[str, str] | None:
+    """On an empty database, create the default account and write its secrets to a 0600 file."""
+    from sqlalchemy import func, select
+
+    from genhook.accounts import create_account
+    from genhook.db import Account, Database
+
+    db = Database(settings.resolved_database_url)
+    try:
+        async with db.read() as session:
+            count = (await session.execute(select(func.count()).select_from(Account))).scalar_one()
+        if count:
+            return None
+        account = await create_account(db, "default")
+    finally:
+        await db.dispose()
+    credentials = {
+        "account_id": account.account_id,
+        "api_key": account.api_key,
+        "signing_secret": account.signing_secret,
+    }
+    path = settings.data_dir / "credentials.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(credentials, handle, indent=2)
+    return credentials
+
+
+def worker_main(settings: Settings, index: int) -> None:
+    """Entry point of one worker process."""
+    configure_logging(settings)
+    asyncio.run(_worker(settings, index))
+
+
+async def _worker(settings: Settings, index: int) -> None:
+    from genhook.api.app import build_state
+    from genhook.tasks.worker import Worker, default_worker_id
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    state = build_state(settings)
+    worker = Worker(
+        state.settings,
+        state.db,
+        state.storage,
+        state.registry,
+        state.policy,
+        worker_id=f"{default_worker_id()}/{index}",
+    )
+    try:
+        await worker.run(stop)
+    finally:
+        await state.db.dispose()
+
+
+class WorkerPool:
+    """Starts, restarts and stops worker processes."""
+
+    def __init__(self, settings: Settings, count: int) -> None:
+        self.settings = settings
+        self.count = count
+        self.context = multiprocessing.get_context("spawn")
+        self.processes: dict[int, BaseProcess] = {}
+        self.stopping = False
+
+    def _start(self, index: int) -> None:
+        process = self.context.Process(
+            target=worker_main, args=(self.settings, index), name=f"worker-{index}", daemon=False
+        )
+        process.start()
+        self.processes[index] = process
+
+    def start(self) -> None:
+        for index in range(self.count):
+            self._start(index)
+
+    async def supervise(self) -> None:
+        while not self.stopping:
+            await asyncio.sleep(1.0)
+            for index, process in list(self.processes.items()):
+                if not process.is_alive() and not self.stopping:
+                    log.warning("worker-%d exited with %s; restarting", index, process.exitcode)
+                    self._start(index)
+
+    async def stop(self, grace: float) -> None:
+        self.stopping = True
+        for process in self.processes.values():
+            if process.is_alive() and process.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGTERM)
+        deadline = asyncio.get_running_loop().time() + grace + 5
+        for process in self.processes.values():
+            while process.is_alive() and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            if process.is_alive():
+                log.warning("%s did not stop in time; killing it", process.name)
+                process.kill()
+            process.join(1)
+
+
+def serve(settings: Settings) -> None:
+    import uvicorn
+
+    from genhook.api.app import build_state, create_app
+    from genhook.db.migrate import upgrade
+
+    configure_logging(settings)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.resolved_database_url)
+    credentials = asyncio.run(bootstrap(settings))
+    if credentials:
+        path = Path(settings.data_dir / "credentials.json").resolve()
+        print("Created the default account. Keep these; they are shown once:", flush=True)
+        print(f"  API key:        {credentials['api_key']}", flush=True)
+        print(f"  signing secret: {credentials['signing_secret']}", flush=True)
+        print(f"  (also written to {path}, mode 0600)", flush=True)
+    if settings.webhook_allow_private_targets:
+        log.warning(
+            "GENHOOK_WEBHOOK_ALLOW_PRIVATE_TARGETS is on: webhooks and input images may target "
+            "loopback and private addresses. Use this for local development only."
+        )
+
+    async def main() -> None:
+        pool = WorkerPool(settings, settings.workers)
+        pool.start()
+        supervisor = asyncio.create_task(pool.supervise())
+        app = create_app(build_state(settings))
+        config = uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level.lower(),
+            access_log=False,
+            timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) or None,
+        )
+        server = uvicorn.Server(config)
+        try:
+            await server.serve()
+        finally:
+            supervisor.cancel()
+            await pool.stop(settings.shutdown_grace_seconds)
+
+    # Workers also receive a terminal's Ctrl-C; they stop gracefully on their own.
+    asyncio.run(main())
+
+
+def run_worker_only(settings: Settings) -> None:
+    """``genhook worker``: a worker without the API, for machines that only compute."""
+    configure_logging(settings)
+    worker_main(settings, 0)

@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+from pathlib import Path
+from typing import Protocol
+
+from sqlalchemy import delete, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from genhook.config import Settings
+from genhook.db import Blob, Database, now_ms
+
+_KEY_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}(/[A-Za-z0-9_.-]{1,100}){0,3}$")
+
+
+def new_blob_key(prefix: str, suffix: str = "") -> str:
+    """An unguessable key: 192 random bits, so output URLs cannot be enumerated."""
+    return f"{prefix}/{secrets.token_urlsafe(24)}{suffix}"
+
+
+def valid_key(key: str) -> bool:
+    return bool(_KEY_RE.match(key)) and ".." not in key
+
+
+class BlobStore(Protocol):
+    async def put(self, key: str, data: bytes, content_type: str) -> None: ...
+
+    async def get(self, key: str) -> tuple[bytes, str] | None: ...
+
+    async def delete_prefix(self, prefix: str) -> None: ...
+
+
+class FileBlobStore:
+    """Blobs as files; the content type is kept in a sidecar so serving needs no guessing."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        if not valid_key(key):
+            raise ValueError(f"invalid blob key {key!r}")
+        return self.root / key
+
+    def _write(self, path: Path, data: bytes, content_type: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        path.with_name(path.name + ".type").write_text(content_type)
+
+    def _read(self, path: Path) -> tuple[bytes, str] | None:
+        try:
+            data = path.read_bytes()
+            content_type = path.with_name(path.name + ".type").read_text()
+        except FileNotFoundError:
+            return None
+        return data, content_type
+
+    async def put(self, key: str, data: bytes, content_type: str) -> None:
+        path = self._path(key)
+        if len(data) < 256 * 1024:
+            self._write(path, data, content_type)
+        else:
+            await asyncio.to_thread(self._write, path, data, content_type)
+
+    async def get(self, key: str) -> tuple[bytes, str] | None:
+        try:
+            path = self._path(key)
+        except ValueError:
+            return None
+        return await asyncio.to_thread(self._read, path)
+
+    async def delete_prefix(self, prefix: str) -> None:
+        import shutil
+
+        path = self._path(prefix)
+        await asyncio.to_thread(shutil.rmtree, path, True)
+
+
+class DatabaseBlobStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def put(self, key: str, data: bytes, content_type: str) -> None:
+        if not valid_key(key):
+            raise ValueError(f"invalid blob key {key!r}")
+        values = {"key": key, "content_type": content_type, "data": data, "created_at": now_ms()}
+        insert = pg_insert if self.db.is_postgres else sqlite_insert
+        stmt = insert(Blob).values(**values)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[Blob.key], set_={"content_type": content_type, "data": data}
+        )
+        async with self.db.write() as session:
+            await session.execute(stmt)
+
+    async def get(self, key: str) -> tuple[bytes, str] | None:
+        async with self.db.read() as session:
+            row = (
+                await session.execute(select(Blob.data, Blob.content_type).where(Blob.key == key))
+            ).first()
+        return (bytes(row[0]), row[1]) if row else None
+
+    async def delete_prefix(self, prefix: str) -> None:
+        async with self.db.write() as session:
+            await session.execute(delete(Blob).where(Blob.key.startswith(prefix + "/")))
+
+
+def open_blob_store(settings: Settings, db: Database) -> BlobStore:
+    if settings.storage == "database":
+        return DatabaseBlobStore(db)
+    return FileBlobStore(settings.data_dir / "blobs")

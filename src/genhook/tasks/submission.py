@@ -1,0 +1,151 @@
+"""Submission: validate against the model's schema, store inputs, create the task row.
+
+Nothing is written until every rule has passed, and the row is written last, so a rejected
+submit creates nothing and charges nothing.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from genhook.config import Settings
+from genhook.db import Database, Task, now_ms
+from genhook.engines.base import ModelKind
+from genhook.engines.edit_request import ImageItemsError, parse_image_ref
+from genhook.engines.registry import PATH_KINDS, Registry, submit_paths
+from genhook.errors import FieldError, InvalidRequest
+from genhook.media import CONTENT_TYPES
+from genhook.net import AddressPolicy
+from genhook.storage import BlobStore
+
+
+@dataclass
+class Submitter:
+    settings: Settings
+    db: Database
+    registry: Registry
+    storage: BlobStore
+    policy: AddressPolicy
+
+    async def submit(self, account_id: str, path_name: str, body: Any) -> Task:
+        path_kind = PATH_KINDS[path_name]
+        request = self._validate(path_kind, body)
+        webhook_url: str | None = getattr(request, "webhook_url", None)
+        if webhook_url is not None:
+            await self.policy.check_webhook_url(webhook_url)
+        spec = self.registry.get(body["model"])
+        assert spec is not None
+        task_id = secrets.token_hex(16)
+        inputs = await self._store_inputs(task_id, getattr(request, "images", []))
+        now = now_ms()
+        deadline = self.settings.task_deadline_seconds or spec.deadline_seconds
+        charge = spec.pricing(self.settings, request)
+        task = Task(
+            id=task_id,
+            account_id=account_id,
+            model=spec.id,
+            kind=spec.kind.value,
+            status="created",
+            params=request.model_dump(mode="json", exclude={"images", "webhook_url"}),
+            inputs=inputs,
+            webhook_url=webhook_url,
+            created_at=now,
+            updated_at=now,
+            available_at=now,
+            deadline_at=now + int(deadline * 1000),
+            attempts=0,
+            lease_losses=0,
+            outputs=[],
+            has_nsfw_contents=[],
+            info={},
+            charge={
+                "tier": charge.tier,
+                "output_pixels": charge.output_pixels,
+                "input_images": charge.input_images,
+                "lines": [[text, str(amount)] for text, amount in charge.lines],
+                "total_micros": int(charge.total * 1_000_000),
+            },
+        )
+        try:
+            async with self.db.write() as session:
+                session.add(task)
+        except BaseException:
+            if any("blob" in item for item in inputs):
+                await self.storage.delete_prefix(f"inputs/{task_id}")
+            raise
+        return task
+
+    def _validate(self, path_kind: ModelKind, body: Any) -> BaseModel:
+        if not isinstance(body, dict):
+            raise InvalidRequest(
+                "the request body must be a JSON object",
+                [FieldError("body", "expected a JSON object")],
+            )
+        model_id = body.get("model")
+        if not isinstance(model_id, str) or not model_id:
+            raise InvalidRequest(
+                "model is required", [FieldError("model", "a model id string is required")]
+            )
+        spec = self.registry.get(model_id)
+        if spec is None:
+            known = ", ".join(sorted(s.id for s in self.registry)) or "none"
+            message = f"unknown model {model_id!r}; available models: {known}"
+            raise InvalidRequest(message, [FieldError("model", message)])
+        if not spec.accepts(path_kind):
+            paths = " or ".join(submit_paths(spec))
+            message = (
+                f"model {model_id!r} is a {spec.kind.value} model and is not accepted on the "
+                f"{path_kind.value} path; submit it to {paths}"
+            )
+            raise InvalidRequest(message, [FieldError("model", message)])
+        try:
+            return spec.request_schema.model_validate(body)
+        except ValidationError as exc:
+            raise InvalidRequest("the request is invalid", field_errors(exc)) from None
+
+    async def _store_inputs(self, task_id: str, images: list[str]) -> list[dict[str, Any]]:
+        inputs: list[dict[str, Any]] = []
+        for index, item in enumerate(images):
+            ref = parse_image_ref(item)
+            if ref.data is not None and ref.format is not None:
+                key = f"inputs/{task_id}/{index}"
+                await self.storage.put(key, ref.data, CONTENT_TYPES[ref.format])
+                inputs.append({"blob": key, "format": ref.format})
+            else:
+                inputs.append({"url": ref.url})
+        return inputs
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += ("." if path else "") + part
+    return path or "body"
+
+
+def field_errors(exc: ValidationError) -> list[FieldError]:
+    """Turn Pydantic's errors into ``{"field": "images[3]", "message": ...}`` entries."""
+    errors: list[FieldError] = []
+    for error in exc.errors(include_url=False):
+        loc = tuple(error["loc"])
+        cause = (error.get("ctx") or {}).get("error")
+        if isinstance(cause, ImageItemsError):
+            errors.extend(FieldError(field_path((*loc, i)), m) for i, m in cause.items)
+            continue
+        if error["type"] == "extra_forbidden":
+            message = "unknown field; check its spelling against the API reference"
+        elif error["type"] == "missing":
+            message = "field required"
+        elif isinstance(cause, ValueError):
+            message = str(cause)
+        else:
+            message = error["msg"]
+        errors.append(FieldError(field_path(loc), message))
+    return errors

@@ -1,0 +1,65 @@
+"""The prediction response (contract 2.2), shared by submit, polling and the webhook payload,
+so a callback always carries the same shape as polling."""
+
+from __future__ import annotations
+
+import base64
+from datetime import UTC, datetime
+from typing import Any
+
+from genhook.config import Settings
+from genhook.db import Task
+from genhook.errors import ErrorCode
+from genhook.storage import BlobStore
+
+TIMEOUT_MESSAGE = "The task did not finish before its deadline."
+
+
+def iso_ms(epoch_ms: int) -> str:
+    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def result_url(settings: Settings, task_id: str) -> str:
+    return f"{settings.resolved_public_base_url}/api/v1/model/result/{task_id}"
+
+
+def output_url(settings: Settings, key: str) -> str:
+    return f"{settings.resolved_public_base_url}/api/v1/outputs/{key}"
+
+
+async def prediction_view(
+    task: Task, settings: Settings, storage: BlobStore, *, for_webhook: bool = False
+) -> dict[str, Any]:
+    """Render ``task``; polling shows ``timeout`` as ``failed`` (the contract's 2.2 states),
+    the webhook payload keeps ``timeout`` (contract 2.3)."""
+    status = task.status
+    if status == "timeout" and not for_webhook:
+        status = "failed"
+    outputs: list[str] = []
+    nsfw: list[bool] = []
+    if task.status == "completed":
+        nsfw = [bool(flag) for flag in task.has_nsfw_contents]
+        if task.params.get("enable_base64_output"):
+            for key in task.outputs:
+                blob = await storage.get(key)
+                outputs.append(base64.b64encode(blob[0]).decode("ascii") if blob else "")
+        else:
+            outputs = [output_url(settings, key) for key in task.outputs]
+    view: dict[str, Any] = {
+        "id": task.id,
+        "model": task.model,
+        "status": status,
+        "outputs": outputs,
+        "has_nsfw_contents": nsfw,
+        "created_at": iso_ms(task.created_at),
+        "urls": {"get": result_url(settings, task.id)},
+    }
+    if task.status in ("failed", "timeout"):
+        view["error_code"] = task.error_code or int(ErrorCode.INTERNAL_ERROR)
+        view["error"] = task.error_message or TIMEOUT_MESSAGE
+    if task.info:
+        view["info"] = task.info
+    if task.finished_at is not None:
+        view["completed_at"] = iso_ms(task.finished_at)
+    return view

@@ -1,0 +1,212 @@
+"""The worker loop: claim a task, keep its lease alive, run its engine, record the outcome.
+
+One worker runs one task at a time; ``genhook serve`` starts several worker processes, so
+CPU-heavy engines never block the API's event loop. The engine runs in a thread of the
+worker process, so heartbeats keep flowing while it computes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+
+from genhook.config import Settings
+from genhook.db import Database, Task, now_ms
+from genhook.engines.base import Engine, EngineJob, EngineResult
+from genhook.engines.registry import Registry
+from genhook.errors import ErrorCode, TaskFailure
+from genhook.net import AddressPolicy, fetch_input_image
+from genhook.storage import BlobStore
+from genhook.storage.blobs import new_blob_key
+from genhook.tasks.lifecycle import Lifecycle
+
+log = logging.getLogger(__name__)
+
+_EXTENSIONS = {"image/jpeg": ".jpeg", "image/png": ".png", "image/webp": ".webp"}
+
+
+class LeaseLost(Exception):
+    pass
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class Worker:
+    settings: Settings
+    db: Database
+    storage: BlobStore
+    registry: Registry
+    policy: AddressPolicy
+    worker_id: str = field(default_factory=default_worker_id)
+
+    def __post_init__(self) -> None:
+        self.lifecycle = Lifecycle(self.settings, self.db, self.storage)
+        self._engines: dict[str, Engine] = {}
+        self._models = [spec.id for spec in self.registry]
+
+    def engine(self, model: str) -> Engine:
+        engine = self._engines.get(model)
+        if engine is None:
+            spec = self.registry.get(model)
+            assert spec is not None
+            engine = spec.engine_factory(self.settings)
+            engine.load()
+            self._engines[model] = engine
+        return engine
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Claim and run tasks until ``stop`` is set; the task in hand finishes first."""
+        log.info("worker %s started (models: %s)", self.worker_id, ", ".join(self._models))
+        while not stop.is_set():
+            try:
+                ran = await self.run_once(stop)
+            except Exception:
+                log.exception("worker %s: claim failed; retrying", self.worker_id)
+                ran = False
+            if not ran:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.settings.worker_poll_seconds)
+        log.info("worker %s stopped", self.worker_id)
+
+    async def run_once(self, stop: asyncio.Event | None = None) -> bool:
+        task = await self.lifecycle.claim(self.worker_id, self._models)
+        if task is None:
+            return False
+        await self.process(task, stop)
+        return True
+
+    async def process(self, task: Task, stop: asyncio.Event | None = None) -> None:
+        lost = asyncio.Event()
+        heartbeat = asyncio.create_task(self._heartbeat(task.id, lost))
+        work = asyncio.create_task(self._execute(task))
+        try:
+            await self._supervise(task, work, lost, stop)
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await heartbeat
+
+    async def _supervise(
+        self, task: Task, work: asyncio.Task[None], lost: asyncio.Event, stop: asyncio.Event | None
+    ) -> None:
+        remaining = max(0.0, (task.deadline_at - now_ms()) / 1000)
+        waiters: set[asyncio.Future[object]] = {work, asyncio.ensure_future(lost.wait())}
+        stop_waiter: asyncio.Future[object] | None = None
+        if stop is not None:
+            stop_waiter = asyncio.ensure_future(stop.wait())
+            waiters.add(stop_waiter)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + remaining
+        grace_deadline: float | None = None
+        try:
+            while not work.done():
+                limit = deadline if grace_deadline is None else min(deadline, grace_deadline)
+                await asyncio.wait(
+                    waiters, timeout=max(0.0, limit - loop.time()), return_when="FIRST_COMPLETED"
+                )
+                if work.done():
+                    break
+                if lost.is_set():
+                    log.warning("task %s: lease lost; abandoning", task.id)
+                    work.cancel()
+                    return
+                if loop.time() >= deadline:
+                    work.cancel()
+                    if await self.lifecycle.time_out(task.id, self.worker_id):
+                        log.info("task %s timed out", task.id)
+                    return
+                if stop_waiter is not None and stop_waiter.done() and grace_deadline is None:
+                    grace_deadline = loop.time() + self.settings.shutdown_grace_seconds
+                    waiters.discard(stop_waiter)
+                    log.info("task %s: finishing before shutdown", task.id)
+                elif grace_deadline is not None and loop.time() >= grace_deadline:
+                    work.cancel()
+                    await self.lifecycle.release(task.id, self.worker_id)
+                    log.info("task %s: released at shutdown", task.id)
+                    return
+            await work
+        finally:
+            for waiter in waiters:
+                if waiter is not work:
+                    waiter.cancel()
+
+    async def _heartbeat(self, task_id: str, lost: asyncio.Event) -> None:
+        interval = self.settings.lease_seconds / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                alive = await self.lifecycle.heartbeat(task_id, self.worker_id)
+            except Exception:
+                log.exception("task %s: heartbeat failed", task_id)
+                continue
+            if not alive:
+                lost.set()
+                return
+
+    async def _execute(self, task: Task) -> None:
+        try:
+            images = await self._load_inputs(task)
+            engine = await asyncio.to_thread(self.engine, task.model)
+            job = EngineJob(task_id=task.id, model=task.model, params=task.params, images=images)
+            result = await asyncio.to_thread(engine.run, job)
+            keys = await self._store_outputs(result)
+        except TaskFailure as failure:
+            log.info("task %s failed: %s", task.id, failure)
+            await self.lifecycle.fail(task.id, self.worker_id, failure.code, failure.message)
+            return
+        except Exception:
+            log.exception("task %s: engine error", task.id)
+            await self.lifecycle.fail(
+                task.id,
+                self.worker_id,
+                ErrorCode.ENGINE_ERROR,
+                "the engine failed unexpectedly; the error is in the service log",
+            )
+            return
+        done = await self.lifecycle.complete(
+            task.id,
+            self.worker_id,
+            outputs=keys,
+            nsfw=[output.nsfw for output in result.outputs],
+            info=result.info,
+        )
+        if not done:
+            for key in keys:
+                await self.storage.delete_prefix(key)
+
+    async def _load_inputs(self, task: Task) -> list[bytes]:
+        images: list[bytes] = []
+        for index, item in enumerate(task.inputs):
+            if "blob" in item:
+                blob = await self.storage.get(item["blob"])
+                if blob is None:
+                    raise TaskFailure(ErrorCode.INTERNAL_ERROR, f"input image {index} is missing")
+                images.append(blob[0])
+                continue
+            try:
+                images.append(
+                    await fetch_input_image(
+                        item["url"],
+                        policy=self.policy,
+                        max_bytes=self.settings.input_max_bytes,
+                        timeout=self.settings.input_fetch_timeout_seconds,
+                    )
+                )
+            except TaskFailure as failure:
+                raise TaskFailure(failure.code, f"images[{index}]: {failure.message}") from None
+        return images
+
+    async def _store_outputs(self, result: EngineResult) -> list[str]:
+        keys = []
+        for output in result.outputs:
+            key = new_blob_key("outputs", _EXTENSIONS.get(output.content_type, ""))
+            await self.storage.put(key, output.data, output.content_type)
+            keys.append(key)
+        return keys
