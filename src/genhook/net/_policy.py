@@ -1,0 +1,137 @@
+"""The target-address policy: the one place that decides where the service may connect.
+
+Used at submit time (``check_webhook_url``), and again at connect time by the pinned
+resolver, so a host that resolved public at submit but private later (DNS rebinding) is
+refused, and the connection goes only to the addresses that were checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Protocol
+
+from genhook.errors import FieldError, InvalidRequest
+from genhook.net._addresses import Reach, classify, parse_ip
+from genhook.net._urls import MAX_URL_LENGTH, Problem, Target, TargetRefused, parse_target
+
+log = logging.getLogger(__name__)
+
+MSG_NOT_PUBLIC = "webhook_url is not a routable public address"
+MSG_NOT_HTTPS = "webhook_url must use https"
+MSG_TOO_LONG = f"webhook_url exceeds the {MAX_URL_LENGTH}-character limit"
+MSG_INVALID = "webhook_url is not a valid absolute URL"
+
+_MESSAGES = {
+    Problem.TOO_LONG: MSG_TOO_LONG,
+    Problem.SCHEME: MSG_NOT_HTTPS,
+    Problem.ADDRESS: MSG_NOT_PUBLIC,
+    Problem.INVALID: MSG_INVALID,
+}
+
+RESOLVE_TIMEOUT_SECONDS = 5.0
+
+
+class Resolver(Protocol):
+    async def resolve(self, host: str, port: int) -> list[str]:
+        """Every address ``host`` resolves to, as text; empty when it does not resolve."""
+        ...
+
+
+class SystemResolver:
+    async def resolve(self, host: str, port: int) -> list[str]:
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError):
+            return []
+        return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+class AddressRefused(OSError):
+    """A connection the policy refuses; an ``OSError`` so HTTP clients treat it as one."""
+
+    def __init__(self, detail: str, *, unresolvable: bool = False) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        # The host has no address at all (as opposed to a refused one).
+        self.unresolvable = unresolvable
+
+
+class AddressPolicy:
+    def __init__(self, *, allow_private: bool = False, resolver: Resolver | None = None) -> None:
+        self.allow_private = allow_private
+        self.resolver: Resolver = resolver or SystemResolver()
+        if allow_private:
+            log.warning(
+                "GENHOOK_WEBHOOK_ALLOW_PRIVATE_TARGETS is on: webhook and input-image URLs "
+                "may target loopback and private networks; never enable this in production"
+            )
+
+    def allows(self, reach: Reach, *, require_private: bool = False) -> bool:
+        if reach is Reach.BLOCKED:
+            return False
+        if reach is Reach.PRIVATE:
+            return self.allow_private
+        return not require_private
+
+    async def resolve_checked(
+        self, host: str, port: int, *, require_private: bool = False
+    ) -> list[str]:
+        """Resolve ``host`` and return its addresses only if every one is allowed.
+
+        ``require_private`` is for plain-http webhook targets, allowed only towards
+        private addresses (and only when private targets are allowed at all).
+        """
+        literal = parse_ip(host)
+        if literal is not None:
+            addresses = [str(literal)]
+        else:
+            try:
+                async with asyncio.timeout(RESOLVE_TIMEOUT_SECONDS):
+                    addresses = await self.resolver.resolve(host, port)
+            except TimeoutError:
+                raise AddressRefused(f"resolving {host} timed out", unresolvable=True) from None
+        if not addresses:
+            raise AddressRefused(f"{host} does not resolve", unresolvable=True)
+        for text in addresses:
+            ip = parse_ip(text)
+            if ip is None or not self.allows(classify(ip), require_private=require_private):
+                raise AddressRefused(f"{host} resolves to a refused address")
+        return addresses
+
+    async def check_target(self, target: Target, *, require_private: bool = False) -> list[str]:
+        return await self.resolve_checked(target.host, target.port, require_private=require_private)
+
+    async def check_webhook_url(self, url: str) -> None:
+        """Submit-time validation with the contract's messages (section 7)."""
+        try:
+            await self.webhook_target(url)
+        except TargetRefused as exc:
+            message = _MESSAGES[exc.problem]
+            raise InvalidRequest(message, [FieldError("webhook_url", message)]) from None
+
+    async def webhook_target(self, url: str) -> Target:
+        """Parse and check a webhook URL; raises ``TargetRefused``.
+
+        https is required, except that with private targets allowed, plain http may go to
+        a host whose every address is private.
+        """
+        schemes = frozenset({"http", "https"}) if self.allow_private else frozenset({"https"})
+        target = parse_target(url, schemes=schemes)
+        plain = target.scheme == "http"
+        try:
+            await self.check_target(target, require_private=plain)
+        except AddressRefused as exc:
+            if plain and await self._is_allowed_over_https(target):
+                raise TargetRefused(Problem.SCHEME, "public host over http") from None
+            raise TargetRefused(Problem.ADDRESS, exc.detail) from None
+        return target
+
+    async def _is_allowed_over_https(self, target: Target) -> bool:
+        try:
+            await self.check_target(target)
+        except AddressRefused:
+            return False
+        return True
