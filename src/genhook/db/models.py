@@ -75,6 +75,8 @@ class Task(Base):
         Index("ix_tasks_status_available", "status", "available_at"),
         Index("ix_tasks_status_lease", "status", "lease_expires_at"),
         Index("ix_tasks_status_deadline", "status", "deadline_at"),
+        # The webhook reconciliation sweeper scans recently finished tasks only.
+        Index("ix_tasks_finished", "finished_at"),
     )
 
 
@@ -136,6 +138,11 @@ class WebhookDelivery(Base):
     # pending | delivered | undeliverable
     status: Mapped[str] = mapped_column(String(16))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # ``attempts`` when the current retry budget began (0, or the count at a redelivery).
+    round_start: Mapped[int] = mapped_column(Integer, default=0)
+    redeliveries: Mapped[int] = mapped_column(Integer, default=0)
+    # While claimed, ``next_attempt_at`` equals ``lease_expires_at``: a delivery whose
+    # sender died becomes due again by itself when the lease runs out.
     next_attempt_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     lease_owner: Mapped[str | None] = mapped_column(String(100), nullable=True)
     lease_expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -144,6 +151,7 @@ class WebhookDelivery(Base):
     created_at: Mapped[int] = mapped_column(BigInteger)
     updated_at: Mapped[int] = mapped_column(BigInteger)
     delivered_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    last_attempt_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
     __table_args__ = (
         Index("ix_deliveries_status_next", "status", "next_attempt_at"),
