@@ -60,6 +60,13 @@ class Settings(BaseSettings):
     webhook_encryption_key: str | None = None
     webhook_response_excerpt_bytes: int = Field(default=1024, ge=0)
     webhook_reconcile_interval_seconds: float = Field(default=30.0, gt=0)
+    # How often an idle dispatcher looks for due deliveries written by other processes.
+    webhook_poll_seconds: float = Field(default=0.02, gt=0)
+    # Attempts in flight at once, per delivery process.
+    webhook_concurrency: int = Field(default=128, ge=1)
+    # Extra CA certificates (PEM) trusted for webhook and input-image TLS, besides the
+    # system store; for private PKI and tests.
+    webhook_ca_file: Path | None = None
 
     # Image engine and moderation.
     nsfw_threshold: float = Field(default=0.6, ge=0, le=1)
