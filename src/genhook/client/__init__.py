@@ -1,0 +1,58 @@
+"""The genhook SDK: the API client and the webhook receiver toolkit.
+
+Needs only httpx and cryptography; ``genhook.webhooks`` re-exports the receiver half.
+"""
+
+from genhook.client._client import DEFAULT_BASE_URL, EDIT_MODEL, AsyncClient, Client
+from genhook.client._dedup import DedupStore, MemoryDedupStore, SQLiteDedupStore
+from genhook.client._errors import APIConnectionError, TaskFailed, WaitTimeout
+from genhook.client._event import (
+    VerificationFailure,
+    WebhookEvent,
+    WebhookVerificationError,
+)
+from genhook.client._images import ImageInput, data_url
+from genhook.client._jwks import parse_jwks
+from genhook.client._models import TERMINAL_STATUSES, Prediction
+from genhook.client._starlette import verify_request, webhook_dependency
+from genhook.client._verifier import WebhookVerifier
+from genhook.errors import (
+    FieldError,
+    GenhookError,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    TooManyRequests,
+    Unauthorized,
+)
+
+__all__ = [
+    "DEFAULT_BASE_URL",
+    "EDIT_MODEL",
+    "TERMINAL_STATUSES",
+    "APIConnectionError",
+    "AsyncClient",
+    "Client",
+    "DedupStore",
+    "FieldError",
+    "GenhookError",
+    "ImageInput",
+    "InvalidRequest",
+    "MemoryDedupStore",
+    "NotFound",
+    "PayloadTooLarge",
+    "Prediction",
+    "SQLiteDedupStore",
+    "TaskFailed",
+    "TooManyRequests",
+    "Unauthorized",
+    "VerificationFailure",
+    "WaitTimeout",
+    "WebhookEvent",
+    "WebhookVerificationError",
+    "WebhookVerifier",
+    "data_url",
+    "parse_jwks",
+    "verify_request",
+    "webhook_dependency",
+]

@@ -1,0 +1,63 @@
+"""Turn what a caller has at hand into ``images`` items the service accepts (contract 2.1).
+
+URLs and data URLs pass through untouched; local files, bytes and PIL images become base64
+data URLs. PIL is duck-typed (anything with ``save(fp, format=...)``), so the SDK never
+imports it. The MIME type comes from the bytes, never from a file name; the service
+validates the bytes again, so this module adds no rules of its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Protocol, TypeAlias, runtime_checkable
+
+from genhook.media import CONTENT_TYPES, sniff_image_format
+
+
+@runtime_checkable
+class SavableImage(Protocol):
+    """The part of ``PIL.Image.Image`` the SDK uses."""
+
+    def save(self, fp: Any, format: str | None = None, **params: Any) -> None: ...
+
+
+ImageInput: TypeAlias = str | os.PathLike[str] | bytes | bytearray | memoryview | SavableImage
+"""A URL, a data URL, a local file path, raw image bytes, or a PIL image."""
+
+_PASSTHROUGH_PREFIXES = ("http://", "https://", "data:")
+
+
+def data_url(data: bytes) -> str:
+    """A base64 data URL whose MIME type is sniffed from ``data``."""
+    fmt = sniff_image_format(data)
+    mime = CONTENT_TYPES[fmt] if fmt else "application/octet-stream"
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def image_item(value: ImageInput) -> str:
+    """Convert one input to an ``images`` item; raise FileNotFoundError for a missing path."""
+    if isinstance(value, str):
+        if value.startswith(_PASSTHROUGH_PREFIXES):
+            return value
+        return data_url(Path(value).expanduser().read_bytes())
+    if isinstance(value, os.PathLike):
+        return data_url(Path(value).expanduser().read_bytes())
+    if isinstance(value, bytes | bytearray | memoryview):
+        return data_url(bytes(value))
+    if isinstance(value, SavableImage):
+        buffer = io.BytesIO()
+        # PNG is lossless and keeps alpha, so the service sees exactly the caller's pixels.
+        value.save(buffer, format="PNG")
+        return data_url(buffer.getvalue())
+    raise TypeError(f"unsupported image input of type {type(value).__name__}")
+
+
+def image_items(images: ImageInput | Iterable[ImageInput]) -> list[str]:
+    """Accept one input or an iterable of them."""
+    if isinstance(images, str | bytes | bytearray | memoryview | os.PathLike | SavableImage):
+        return [image_item(images)]
+    return [image_item(item) for item in images]
