@@ -13,7 +13,7 @@ from genhook.client._event import (
 )
 from genhook.client._images import ImageInput, data_url
 from genhook.client._jwks import parse_jwks
-from genhook.client._models import TERMINAL_STATUSES, Prediction
+from genhook.client._models import TERMINAL_STATUSES, Prediction, Usage, UsageItem
 from genhook.client._starlette import verify_request, webhook_dependency
 from genhook.client._verifier import WebhookVerifier
 from genhook.errors import (
@@ -46,6 +46,8 @@ __all__ = [
     "TaskFailed",
     "TooManyRequests",
     "Unauthorized",
+    "Usage",
+    "UsageItem",
     "VerificationFailure",
     "WaitTimeout",
     "WebhookEvent",

@@ -20,7 +20,7 @@ import httpx
 from genhook import __version__
 from genhook.client._errors import APIConnectionError, WaitTimeout, error_from_response
 from genhook.client._images import ImageInput, image_items
-from genhook.client._models import Prediction
+from genhook.client._models import Prediction, Usage
 from genhook.retry import backoff_delay, parse_retry_after
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
@@ -85,6 +85,11 @@ class _Core:
             if retry_after is not None:
                 return min(retry_after, _MAX_RETRY_AFTER)
         return backoff_delay(attempt, self.retry_backoff, self.retry_backoff_cap)
+
+    @staticmethod
+    def _usage_path(limit: int, cursor: int | None) -> str:
+        query = f"limit={limit}" + (f"&cursor={cursor}" if cursor is not None else "")
+        return f"/api/v1/usage?{query}"
 
     @staticmethod
     def _parse(response: httpx.Response) -> Any:
@@ -249,9 +254,10 @@ class Client(_Core):
                 )
             )
 
-    def usage(self) -> dict[str, Any]:
-        data = self._request("GET", "/api/v1/usage", idempotent=True)
-        return data if isinstance(data, dict) else {"data": data}
+    def usage(self, *, limit: int = 100, cursor: int | None = None) -> Usage:
+        """One page of billed usage; follow ``Usage.next_cursor`` for more."""
+        data = self._request("GET", self._usage_path(limit, cursor), idempotent=True)
+        return Usage.from_json(data if isinstance(data, dict) else {})
 
     def jwks(self) -> dict[str, Any]:
         """The public webhook signing keys (no API key needed)."""
@@ -370,9 +376,9 @@ class AsyncClient(_Core):
                 )
             )
 
-    async def usage(self) -> dict[str, Any]:
-        data = await self._request("GET", "/api/v1/usage", idempotent=True)
-        return data if isinstance(data, dict) else {"data": data}
+    async def usage(self, *, limit: int = 100, cursor: int | None = None) -> Usage:
+        data = await self._request("GET", self._usage_path(limit, cursor), idempotent=True)
+        return Usage.from_json(data if isinstance(data, dict) else {})
 
     async def jwks(self) -> dict[str, Any]:
         data = await self._request("GET", "/api/v1/webhooks/jwks.json", idempotent=True, auth=False)
