@@ -1,0 +1,3 @@
+from genhook.cli import main
+
+main()

@@ -1,0 +1,233 @@
+"""Shared fixtures: databases (SQLite and a real PostgreSQL), settings, the app in-process,
+and the whole service as a subprocess (``live_service``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from genhook.accounts import NewAccount, create_account
+from genhook.api import AppState, build_state, create_app
+from genhook.config import Settings
+from genhook.db import Database
+from genhook.db.migrate import upgrade_in_thread
+from genhook.engines.registry import build_registry
+from genhook.tasks import Worker
+from tests.support.postgres import PostgresServer, running_postgres
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    with running_postgres() as server:
+        yield server
+
+
+@pytest.fixture
+def pg_url(pg_server: PostgresServer) -> str:
+    """A fresh, empty PostgreSQL database for one test."""
+    name = "t_" + uuid.uuid4().hex[:12]
+    pg_server.psql(f"CREATE DATABASE {name}")
+    return pg_server.url(name)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'genhook.db'}"
+    url: str = request.getfixturevalue("pg_url")
+    return url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite+aiosqlite:///{tmp_path / 'genhook.db'}"
+
+
+def make_settings(tmp_path: Path, database_url: str, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "data_dir": tmp_path / "data",
+        "database_url": database_url,
+        "public_base_url": "http://testserver",
+        "extra_engines": ["tests.support.engines:register"],
+        "webhook_allow_private_targets": True,
+        "lease_seconds": 5.0,
+        "sweep_interval_seconds": 0.2,
+        "worker_poll_seconds": 0.02,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture
+def settings(tmp_path: Path, database_url: str) -> Settings:
+    return make_settings(tmp_path, database_url)
+
+
+@pytest.fixture
+async def db(settings: Settings) -> AsyncIterator[Database]:
+    upgrade_in_thread(settings.resolved_database_url)
+    database = Database(settings.resolved_database_url)
+    yield database
+    await database.dispose()
+
+
+@dataclass
+class Harness:
+    """The app in-process over ASGI, an account with its key, and a worker to run tasks."""
+
+    state: AppState
+    client: httpx.AsyncClient
+    account: NewAccount
+    worker: Worker
+    headers: dict[str, str] = field(default_factory=dict)
+
+    async def submit(self, body: dict[str, Any], path: str = "generateImage") -> httpx.Response:
+        return await self.client.post(f"/api/v1/model/{path}", json=body, headers=self.headers)
+
+    async def result(self, task_id: str) -> dict[str, Any]:
+        response = await self.client.get(f"/api/v1/model/result/{task_id}", headers=self.headers)
+        assert response.status_code == 200, response.text
+        data: dict[str, Any] = response.json()
+        return data
+
+    async def run_all(self) -> int:
+        ran = 0
+        while await self.worker.run_once():
+            ran += 1
+        return ran
+
+
+async def make_harness(settings: Settings) -> Harness:
+    upgrade_in_thread(settings.resolved_database_url)
+    state = build_state(settings, registry=build_registry(settings))
+    app = create_app(state, background=False)
+    account = await create_account(state.db, "test")
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver")
+    worker = Worker(state.settings, state.db, state.storage, state.registry, state.policy, "w-test")
+    return Harness(state, client, account, worker, {"Authorization": f"Bearer {account.api_key}"})
+
+
+@pytest.fixture
+async def harness(settings: Settings) -> AsyncIterator[Harness]:
+    h = await make_harness(settings)
+    yield h
+    await h.client.aclose()
+    await h.state.db.dispose()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LiveService:
+    """``genhook serve`` running as a real subprocess on loopback."""
+
+    base_url: str
+    api_key: str
+    account_id: str
+    signing_secret: str
+    data_dir: Path
+    env: dict[str, str]
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "genhook.cli", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+
+def start_service(tmp_path: Path, database_url: str | None = None, **env: str) -> LiveService:
+    port = free_port()
+    data_dir = tmp_path / "service-data"
+    full_env = {
+        **os.environ,
+        "GENHOOK_DATA_DIR": str(data_dir),
+        "GENHOOK_PORT": str(port),
+        "GENHOOK_HOST": "127.0.0.1",
+        "GENHOOK_WORKERS": "1",
+        "GENHOOK_EXTRA_ENGINES": '["tests.support.engines:register"]',
+        "GENHOOK_WEBHOOK_ALLOW_PRIVATE_TARGETS": "true",
+        "GENHOOK_LEASE_SECONDS": "2",
+        "GENHOOK_SWEEP_INTERVAL_SECONDS": "0.2",
+        "GENHOOK_WORKER_POLL_SECONDS": "0.02",
+        "GENHOOK_SHUTDOWN_GRACE_SECONDS": "10",
+        "PYTHONPATH": str(ROOT),
+        **env,
+    }
+    if database_url:
+        full_env["GENHOOK_DATABASE_URL"] = database_url
+    log_path = tmp_path / "service.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "genhook.cli", "serve"],
+        env=full_env,
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError("genhook serve exited:\n" + log_path.read_text(errors="replace"))
+        try:
+            if httpx.get(base_url + "/readyz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    else:
+        process.kill()
+        raise RuntimeError("genhook serve did not become ready:\n" + log_path.read_text())
+    credentials = json.loads((data_dir / "credentials.json").read_text())
+    return LiveService(
+        base_url=base_url,
+        api_key=credentials["api_key"],
+        account_id=credentials["account_id"],
+        signing_secret=credentials["signing_secret"],
+        data_dir=data_dir,
+        env=full_env,
+        process=process,
+        log_path=log_path,
+    )
+
+
+def stop_service(service: LiveService) -> None:
+    if service.process.poll() is None:
+        service.process.terminate()
+        try:
+            service.process.wait(30)
+        except subprocess.TimeoutExpired:
+            service.process.kill()
+            service.process.wait(5)
+
+
+@pytest.fixture
+def live_service(tmp_path: Path) -> Iterator[LiveService]:
+    service = start_service(tmp_path)
+    yield service
+    stop_service(service)

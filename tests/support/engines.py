@@ -1,0 +1,90 @@
+"""Stand-ins for model servers, registered through ``GENHOOK_EXTRA_ENGINES``.
+
+They fake the outside world (a model backend) while every service path around them runs
+for real: validation, storage, leases, outputs, billing, webhooks.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from typing import Any
+
+from PIL import Image
+
+from genhook.config import Settings
+from genhook.engines.base import Engine, EngineJob, EngineOutput, EngineResult, ModelKind, ModelSpec
+from genhook.engines.edit_request import EditRequest, parse_size
+from genhook.engines.registry import Registry, edit_pricing
+from genhook.errors import ErrorCode, TaskFailure
+
+
+class FakeEditEngine:
+    """Renders a solid image of the requested size whose colour is the mean of the inputs.
+
+    Prompt words steer it: ``sleep=<seconds>`` waits, ``fail`` fails with INSTRUCTION_INVALID,
+    ``crash`` raises an unexpected error, ``nsfw`` flags the output.
+    """
+
+    loads = 0
+
+    def load(self) -> None:
+        FakeEditEngine.loads += 1
+
+    def run(self, job: EngineJob) -> EngineResult:
+        prompt = str(job.params["prompt"])
+        for word in prompt.split():
+            if word.startswith("sleep="):
+                time.sleep(float(word.split("=", 1)[1]))
+        if "fail" in prompt.split():
+            raise TaskFailure(ErrorCode.INSTRUCTION_INVALID, "the prompt asked to fail")
+        if "crash" in prompt.split():
+            raise RuntimeError("unexpected engine bug")
+        width, height = parse_size(str(job.params["size"]))
+        colours = []
+        for data in job.images:
+            with Image.open(io.BytesIO(data)) as img:
+                colours.append(img.convert("RGB").resize((1, 1)).getpixel((0, 0)))
+        mean = tuple(sum(c[i] for c in colours) // len(colours) for i in range(3))
+        fmt = str(job.params["output_format"])
+        buffer = io.BytesIO()
+        Image.new("RGB", (width, height), mean).save(buffer, "JPEG" if fmt == "jpeg" else "PNG")
+        info: dict[str, Any] = {"inputs": len(job.images), "pid": os.getpid()}
+        return EngineResult(
+            outputs=[
+                EngineOutput(
+                    data=buffer.getvalue(),
+                    content_type=f"image/{fmt}",
+                    nsfw="nsfw" in prompt.split(),
+                )
+            ],
+            info=info,
+        )
+
+
+def _fake(settings: Settings) -> Engine:
+    return FakeEditEngine()
+
+
+FAKE_EDIT = ModelSpec(
+    id="test/fake-edit",
+    kind=ModelKind.IMAGE,
+    request_schema=EditRequest,
+    engine_factory=_fake,
+    pricing=edit_pricing,
+    deadline_seconds=float(os.environ.get("GENHOOK_TEST_DEADLINE", "60")),
+    accepted_on=frozenset({ModelKind.VIDEO}),
+)
+FAKE_AUDIO = ModelSpec(
+    id="test/fake-audio",
+    kind=ModelKind.AUDIO,
+    request_schema=EditRequest,
+    engine_factory=_fake,
+    pricing=edit_pricing,
+)
+
+
+def register(registry: Registry) -> None:
+    registry.register(FAKE_EDIT)
+    registry.register(FAKE_AUDIO)

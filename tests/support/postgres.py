@@ -1,0 +1,105 @@
+"""A real PostgreSQL server for the test run, started in a temporary directory.
+
+Uses the image's ``initdb``/``pg_ctl`` (``scripts/ensure-postgres.sh`` installs them when
+missing). PostgreSQL refuses to run as root, so as root the server runs as ``postgres``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+CANDIDATE_BIN_DIRS = [Path(p) for p in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)]
+
+
+def _find(binary: str) -> str:
+    found = shutil.which(binary)
+    if found:
+        return found
+    for directory in CANDIDATE_BIN_DIRS:
+        if (directory / binary).exists():
+            return str(directory / binary)
+    raise RuntimeError(
+        f"{binary} not found: run scripts/ensure-postgres.sh (installs Debian's postgresql)"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class PostgresServer:
+    port: int
+    datadir: Path
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/{database}"
+
+    def psql(self, sql: str) -> None:
+        subprocess.run(
+            [_find("psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
+             "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-q", "-c", sql],
+            check=True,
+            capture_output=True,
+        )
+
+
+def _as_postgres(cmd: list[str]) -> list[str]:
+    if os.geteuid() == 0:
+        return ["runuser", "-u", "postgres", "--", *cmd]
+    return cmd
+
+
+@contextlib.contextmanager
+def running_postgres() -> Iterator[PostgresServer]:
+    root = Path(tempfile.mkdtemp(prefix="genhook-pg-"))
+    datadir = root / "data"
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres", "postgres")
+    port = _free_port()
+    env = {**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
+    subprocess.run(
+        _as_postgres([_find("initdb"), "-D", str(datadir), "-U", "postgres", "--auth=trust",
+                      "-E", "UTF8", "--no-sync"]),
+        check=True,
+        capture_output=True,
+        env=env,
+    )
+    options = (
+        f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off "
+        "-c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
+    )
+    subprocess.run(
+        _as_postgres([_find("pg_ctl"), "-D", str(datadir), "-o", options, "-l",
+                      str(root / "log"), "-w", "-t", "60", "start"]),
+        check=True,
+        capture_output=True,
+        env=env,
+    )
+    try:
+        server = PostgresServer(port, datadir)
+        for _ in range(100):
+            try:
+                server.psql("SELECT 1")
+                break
+            except subprocess.CalledProcessError:
+                time.sleep(0.1)
+        yield server
+    finally:
+        subprocess.run(
+            _as_postgres([_find("pg_ctl"), "-D", str(datadir), "-m", "immediate", "-w", "stop"]),
+            capture_output=True,
+            env=env,
+        )
+        shutil.rmtree(root, ignore_errors=True)
