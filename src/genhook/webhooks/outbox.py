@@ -1,0 +1,114 @@
+"""The transactional outbox: the delivery row commits with the task's terminal state.
+
+The body (contract 2.3, 6.3) is serialized once, here, and every attempt sends exactly
+these bytes; only the timestamp and signatures change per attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import event, insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from genhook.db import Task, WebhookDelivery
+
+# A timeout carries a generic message (contract 7); it does not vary with the task.
+TIMEOUT_ERROR = "The task did not finish before its deadline."
+FAILED_ERROR = "The task failed."
+TERMINAL_STATUSES = ("completed", "failed", "timeout")
+
+_wake_listeners: set[Callable[[], None]] = set()
+
+
+def add_wake_listener(listener: Callable[[], None]) -> None:
+    """Called after a transaction that enqueued a delivery commits, in this process."""
+    _wake_listeners.add(listener)
+
+
+def remove_wake_listener(listener: Callable[[], None]) -> None:
+    _wake_listeners.discard(listener)
+
+
+def _wake() -> None:
+    for listener in list(_wake_listeners):
+        listener()
+
+
+def new_delivery_id() -> str:
+    return "whd_" + secrets.token_hex(12)
+
+
+def event_type_for(kind: str) -> str:
+    """``image.task.terminal`` and so on: from the model's kind, not the submit path."""
+    return f"{kind}.task.terminal"
+
+
+def build_body(task: Task, event_type: str, payload: dict[str, Any]) -> bytes:
+    """Contract 2.3: ``payload`` is the prediction response of the terminal task."""
+    if task.status not in TERMINAL_STATUSES:
+        raise ValueError(f"task {task.id} is {task.status}, not terminal")
+    data = dict(payload)
+    data["status"] = task.status
+    data.setdefault("model", task.model)
+    body: dict[str, Any] = {
+        "session_id": task.id,
+        "event_type": event_type,
+        "status": "OK" if task.status == "completed" else "ERROR",
+        "created_at": int(task.created_at),
+        "payload": data,
+    }
+    if task.status != "completed":
+        if task.error_code is not None:
+            data["error_code"] = int(task.error_code)
+        if task.status == "timeout":
+            body["error"] = TIMEOUT_ERROR
+        else:
+            body["error"] = task.error_message or FAILED_ERROR
+        data.setdefault("error", body["error"])
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+async def enqueue_delivery(
+    session: AsyncSession,
+    *,
+    task: Task,
+    event_type: str,
+    payload: dict[str, Any],
+    now: int,
+) -> str:
+    """Add the delivery row to the caller's transaction; returns its id.
+
+    Due at once. The in-process dispatcher is woken when the transaction commits; other
+    processes find the row on their next poll.
+    """
+    if not task.webhook_url:
+        raise ValueError(f"task {task.id} has no webhook_url")
+    delivery_id = new_delivery_id()
+    await session.execute(
+        insert(WebhookDelivery).values(
+            id=delivery_id,
+            task_id=task.id,
+            account_id=task.account_id,
+            url=task.webhook_url,
+            event_type=event_type,
+            body=build_body(task, event_type, payload),
+            status="pending",
+            attempts=0,
+            round_start=0,
+            redeliveries=0,
+            next_attempt_at=now,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    if _wake_listeners:
+        event.listen(session.sync_session, "after_commit", _after_commit, once=True)
+    return delivery_id
+
+
+def _after_commit(_session: Any) -> None:
+    _wake()

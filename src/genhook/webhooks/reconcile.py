@@ -1,0 +1,135 @@
+"""The reconciliation safety net (contract 6.4.3).
+
+Every ``webhook_reconcile_interval_seconds`` it finds terminal tasks with a
+``webhook_url`` but no delivery (enqueuing them), deliveries whose lease expired
+mid-flight (clearing the lease; they are already due again), due deliveries nobody has
+picked up (waking the dispatcher), and rotated signing keys past their overlap. Every
+query is bounded by an index on a time column, so a pass costs in proportion to the rows
+it finds, not to the size of the tables.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy import and_, func, select, update
+from sqlalchemy.exc import IntegrityError
+
+from genhook.config import Settings
+from genhook.db import Database, Task, WebhookDelivery, now_ms
+from genhook.storage import open_blob_store
+from genhook.webhooks.keys import retire_expired_keys
+from genhook.webhooks.outbox import TERMINAL_STATUSES, enqueue_delivery, event_type_for
+
+log = logging.getLogger(__name__)
+
+# The first pass looks this far back for terminal tasks missing a delivery; later passes
+# look back from the previous pass's start by ``OVERLAP_MS`` (slow commits).
+INITIAL_LOOKBACK_MS = 7 * 86_400_000
+OVERLAP_MS = 5 * 60_000
+# A due delivery this late is reported as missed by the fast path.
+OVERDUE_MS = 60_000
+BATCH = 500
+
+
+@dataclass
+class PassReport:
+    enqueued: int = 0
+    expired_leases: int = 0
+    overdue: int = 0
+    retired_keys: int = 0
+
+
+class Reconciler:
+    def __init__(
+        self, settings: Settings, db: Database, *, wake: Callable[[], None] | None = None
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.wake = wake
+        self.since: int | None = None
+        self.storage = open_blob_store(settings, db)
+
+    async def run_once(self, *, now: int | None = None) -> PassReport:
+        moment = now if now is not None else now_ms()
+        report = PassReport()
+        since = self.since if self.since is not None else moment - INITIAL_LOOKBACK_MS
+        report.enqueued = await self._enqueue_missing(since, moment)
+        self.since = moment - OVERLAP_MS
+        report.expired_leases = await self._clear_expired_leases(moment)
+        report.overdue = await self._count_overdue(moment)
+        report.retired_keys = await retire_expired_keys(self.db, now=moment)
+        if (report.enqueued or report.expired_leases or report.overdue) and self.wake:
+            self.wake()
+        if report.enqueued or report.expired_leases or report.overdue:
+            log.warning(
+                "webhook reconciliation: %d missing deliveries enqueued, %d expired leases "
+                "cleared, %d overdue deliveries",
+                report.enqueued,
+                report.expired_leases,
+                report.overdue,
+            )
+        return report
+
+    async def _enqueue_missing(self, since: int, now: int) -> int:
+        from genhook.tasks.views import prediction_view
+
+        missing = (
+            select(Task)
+            .outerjoin(WebhookDelivery, WebhookDelivery.task_id == Task.id)
+            .where(
+                Task.finished_at >= since,
+                Task.finished_at <= now,
+                Task.status.in_(TERMINAL_STATUSES),
+                Task.webhook_url.is_not(None),
+                WebhookDelivery.id.is_(None),
+            )
+            .order_by(Task.finished_at)
+            .limit(BATCH)
+        )
+        async with self.db.read() as session:
+            tasks = (await session.scalars(missing)).all()
+        enqueued = 0
+        for task in tasks:
+            payload = await prediction_view(task, self.settings, self.storage, for_webhook=True)
+            try:
+                async with self.db.write() as session:
+                    await enqueue_delivery(
+                        session,
+                        task=task,
+                        event_type=event_type_for(task.kind),
+                        payload=payload,
+                        now=now,
+                    )
+            except IntegrityError:
+                continue  # enqueued meanwhile by the task's own transaction or another sweeper
+            enqueued += 1
+        return enqueued
+
+    async def _clear_expired_leases(self, now: int) -> int:
+        async with self.db.write() as session:
+            result = await session.execute(
+                update(WebhookDelivery)
+                .where(
+                    WebhookDelivery.status == "pending",
+                    WebhookDelivery.lease_expires_at < now,
+                )
+                .values(lease_owner=None, lease_expires_at=None, updated_at=now)
+                .execution_options(synchronize_session=False)
+            )
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
+    async def _count_overdue(self, now: int) -> int:
+        async with self.db.read() as session:
+            overdue = select(WebhookDelivery.id).where(
+                and_(
+                    WebhookDelivery.status == "pending",
+                    WebhookDelivery.next_attempt_at <= now - OVERDUE_MS,
+                )
+            )
+            count = await session.scalar(
+                select(func.count()).select_from(overdue.limit(BATCH).subquery())
+            )
+        return int(count or 0)
