@@ -412,3 +412,83 @@ async def test_async_client_same_contract(api, tmp_path):
         with pytest.raises(InvalidRequest) as exc:
             await c.submit("genhook/image-edit", prompt="x", images=[], size="1*1")
         assert exc.value.errors[0].field == "size"
+
+
+# The client commands of the ``genhook`` CLI, on the same scripted server.
+
+
+def cli(api: FakeApi, *args: str) -> Any:
+    from typer.testing import CliRunner
+
+    from genhook.cli import app
+
+    env = {"GENHOOK_BASE_URL": api.base_url, "GENHOOK_API_KEY": "ghk_cli", "COLUMNS": "200"}
+    return CliRunner().invoke(app, list(args), env=env)
+
+
+def test_cli_submit_sends_files_and_fields(api, tmp_path):
+    path = tmp_path / "in.png"
+    path.write_bytes(PNG_1PX)
+    api.reply(Reply(body=prediction()))
+    out = cli(
+        api,
+        "submit",
+        "-p",
+        "blur it",
+        "-i",
+        str(path),
+        "-i",
+        "https://example.test/b.png",
+        "--size",
+        "1024*1024",
+        "-f",
+        "thinking=disabled",
+        "-f",
+        "enable_base64_output=true",
+    )
+    assert out.exit_code == 0, out.output
+    assert "task_1" in out.output and "created" in out.output
+    body = api.seen[0].json()
+    assert api.seen[0].headers["authorization"] == "Bearer ghk_cli"
+    assert body["images"][0].startswith("data:image/png;base64,")
+    assert body["images"][1] == "https://example.test/b.png"
+    assert body["thinking"] == "disabled" and body["enable_base64_output"] is True
+
+
+def test_cli_submit_wait_exit_codes(api):
+    api.reply(
+        Reply(body=prediction()),
+        Reply(body=prediction("processing")),
+        Reply(body=prediction("completed", outputs=["http://o/1.jpeg"])),
+    )
+    out = cli(api, "submit", "-p", "x", "-i", "https://example.test/a.png", "--wait")
+    assert out.exit_code == 0, out.output
+    assert "completed" in out.output and "http://o/1.jpeg" in out.output
+    api.reply(Reply(body=prediction("failed", error="no operation", error_code=3001)))
+    out = cli(api, "wait", "task_1")
+    assert out.exit_code == 1 and "3001" in out.output
+
+
+def test_cli_errors_show_message_and_fields(api):
+    api.reply(
+        Reply(
+            400,
+            {
+                "code": 400,
+                "message": "the request is invalid",
+                "errors": [{"field": "images[0]", "message": "not an image"}],
+            },
+        )
+    )
+    out = cli(api, "submit", "-p", "x", "-i", "https://example.test/a.png")
+    assert out.exit_code == 3
+    assert "the request is invalid" in out.output and "images[0]" in out.output
+    api.reply(Reply(404, {"code": 404, "message": "no such task"}))
+    out = cli(api, "result", "nope", "--json")
+    assert out.exit_code == 3 and "no such task" in out.output
+
+
+def test_cli_result_json(api):
+    api.reply(Reply(body=prediction("completed", outputs=["http://o/1"])))
+    out = cli(api, "result", "task_1", "--json")
+    assert out.exit_code == 0 and json.loads(out.output)["outputs"] == ["http://o/1"]

@@ -1,0 +1,342 @@
+"""Client-side commands: ``listen``, ``submit``, ``result`` and ``wait``.
+
+They use only the SDK (``genhook.client``), so they work on the bare ``pip install genhook``.
+The root app registers them with ``register(app)``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import datetime
+from typing import Any, cast
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from genhook.client import (
+    EDIT_MODEL,
+    Client,
+    GenhookError,
+    Prediction,
+    WaitTimeout,
+    WebhookVerifier,
+)
+from genhook.client._client import Kind
+from genhook.client._images import image_items
+from genhook.client._listen import Delivery, Listener
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+BASE_URL = typer.Option(
+    None, "--base-url", envvar="GENHOOK_BASE_URL", help="Service URL (default 127.0.0.1:8000)."
+)
+API_KEY = typer.Option(None, "--api-key", envvar="GENHOOK_API_KEY", help="API key.")
+AS_JSON = typer.Option(False, "--json", help="Print the raw JSON answer.")
+
+# Exit codes of submit --wait / wait: scripts can tell a failed task from an unfinished one.
+EXIT_TASK_FAILED = 1
+EXIT_WAIT_TIMEOUT = 2
+EXIT_REQUEST_ERROR = 3
+
+
+def register(app: typer.Typer) -> None:
+    """Add the client commands to the root ``genhook`` app."""
+    app.command("listen")(listen)
+    app.command("submit")(submit)
+    app.command("result")(result)
+    app.command("wait")(wait)
+
+
+def _fail_request(exc: GenhookError) -> typer.Exit:
+    status = f"HTTP {exc.status_code}: " if exc.status_code else ""
+    err_console.print(f"[red]error:[/red] {status}{escape(exc.message)}")
+    for item in exc.errors:
+        err_console.print(f"  [yellow]{escape(item.field)}[/yellow]: {escape(item.message)}")
+    return typer.Exit(EXIT_REQUEST_ERROR)
+
+
+def _status_style(status: str) -> str:
+    return {"completed": "green", "OK": "green", "failed": "red", "timeout": "red"}.get(
+        status, "yellow"
+    )
+
+
+def print_prediction(prediction: Prediction, as_json: bool) -> None:
+    if as_json:
+        console.print_json(json.dumps(prediction.raw))
+        return
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    style = _status_style(prediction.status)
+    table.add_row("id", prediction.id)
+    table.add_row("model", prediction.model)
+    table.add_row("status", f"[{style}]{prediction.status}[/{style}]")
+    if prediction.created_at:
+        table.add_row("created_at", prediction.created_at)
+    for index, url in enumerate(prediction.outputs):
+        flags = prediction.has_nsfw_contents
+        nsfw = " [red](nsfw)[/red]" if index < len(flags) and flags[index] else ""
+        table.add_row(f"output {index}", escape(url[:200]) + nsfw)
+    if prediction.error_code is not None or prediction.error:
+        table.add_row(
+            "error", f"[red]{prediction.error_code}[/red] {escape(prediction.error or '')}"
+        )
+    if prediction.info:
+        table.add_row("info", escape(json.dumps(prediction.info, ensure_ascii=False)))
+    if "get" in prediction.urls:
+        table.add_row("result", prediction.urls["get"])
+    console.print(table)
+
+
+def _parse_field(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise typer.BadParameter(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def _wait_with_progress(client: Client, task_id: str, timeout: float, as_json: bool) -> Prediction:
+    started = time.monotonic()
+    with console.status(f"waiting for {task_id}", spinner="dots") as status:
+
+        def on_update(prediction: Prediction) -> None:
+            elapsed = time.monotonic() - started
+            status.update(f"{task_id}: [bold]{prediction.status}[/bold] ({elapsed:.1f} s)")
+
+        try:
+            return client.wait(task_id, timeout=timeout, on_update=None if as_json else on_update)
+        except WaitTimeout as exc:
+            err_console.print(f"[yellow]{escape(exc.message)}[/yellow]")
+            print_prediction(exc.last, as_json)
+            raise typer.Exit(EXIT_WAIT_TIMEOUT) from None
+
+
+def _exit_for(prediction: Prediction) -> None:
+    if prediction.status in ("failed", "timeout"):
+        raise typer.Exit(EXIT_TASK_FAILED)
+
+
+def submit(
+    prompt: str = typer.Option(..., "--prompt", "-p", help="What to do with the images."),
+    image: list[str] = typer.Option(
+        [], "--image", "-i", help="Image file, URL or data URL; repeat for several (1..10)."
+    ),
+    model: str = typer.Option(EDIT_MODEL, "--model", "-m"),
+    kind: str = typer.Option("image", "--kind", help="image, video or audio submit path."),
+    size: str | None = typer.Option(None, "--size", help="WIDTH*HEIGHT, e.g. 2048*2048."),
+    output_format: str | None = typer.Option(None, "--output-format", help="jpeg or png."),
+    webhook_url: str | None = typer.Option(None, "--webhook-url", help="https callback URL."),
+    field: list[str] = typer.Option(
+        [], "--field", "-f", help="Extra body field KEY=VALUE (VALUE parsed as JSON if it can)."
+    ),
+    wait_for_it: bool = typer.Option(False, "--wait", help="Wait for the terminal state."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds --wait waits at most."),
+    base_url: str | None = BASE_URL,
+    api_key: str | None = API_KEY,
+    as_json: bool = AS_JSON,
+) -> None:
+    """Submit a task (an image edit by default) and print it; --wait follows it to the end."""
+    if kind not in ("image", "video", "audio"):
+        raise typer.BadParameter("kind must be image, video or audio")
+    fields: dict[str, Any] = {"prompt": prompt}
+    if image:
+        try:
+            fields["images"] = image_items(image)
+        except OSError as exc:
+            raise typer.BadParameter(f"cannot read image: {exc}") from None
+    for name, value in (("size", size), ("output_format", output_format)):
+        if value is not None:
+            fields[name] = value
+    if webhook_url is not None:
+        fields["webhook_url"] = webhook_url
+    fields.update(_parse_field(item) for item in field)
+    with Client(api_key, base_url=base_url) as client:
+        try:
+            created = client.submit(model, kind=cast(Kind, kind), **fields)
+            if not wait_for_it:
+                print_prediction(created, as_json)
+                return
+            if not as_json:
+                console.print(f"submitted [bold]{created.id}[/bold]")
+            final = _wait_with_progress(client, created.id, timeout, as_json)
+        except GenhookError as exc:
+            raise _fail_request(exc) from None
+    print_prediction(final, as_json)
+    _exit_for(final)
+
+
+def result(
+    task_id: str = typer.Argument(..., help="The task id."),
+    base_url: str | None = BASE_URL,
+    api_key: str | None = API_KEY,
+    as_json: bool = AS_JSON,
+) -> None:
+    """Print a task's current state."""
+    with Client(api_key, base_url=base_url) as client:
+        try:
+            prediction = client.result(task_id)
+        except GenhookError as exc:
+            raise _fail_request(exc) from None
+    print_prediction(prediction, as_json)
+
+
+def wait(
+    task_id: str = typer.Argument(..., help="The task id."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds to wait at most."),
+    base_url: str | None = BASE_URL,
+    api_key: str | None = API_KEY,
+    as_json: bool = AS_JSON,
+) -> None:
+    """Poll a task with backoff until it ends; exit 1 if it failed, 2 if still running."""
+    with Client(api_key, base_url=base_url) as client:
+        try:
+            prediction = _wait_with_progress(client, task_id, timeout, as_json)
+        except GenhookError as exc:
+            raise _fail_request(exc) from None
+    print_prediction(prediction, as_json)
+    _exit_for(prediction)
+
+
+def print_delivery(delivery: Delivery, show_body: bool) -> None:
+    clock = datetime.fromtimestamp(delivery.received_at).strftime("%H:%M:%S")
+    event = delivery.event
+    if event is not None:
+        kid = f" kid {event.key_id}" if event.key_id else ""
+        check = f"[green]✔ verified {event.scheme}{kid}[/green]"
+    elif delivery.error is not None:
+        check = f"[red]✘ {delivery.error.reason.value}[/red] {escape(delivery.error.message)}"
+    else:
+        check = "[yellow]not verified[/yellow]"
+    console.print(f"[dim]{clock}[/dim] {delivery.method} {escape(delivery.path)}  {check}")
+    data: dict[str, Any] | None = event.raw if event is not None else None
+    if data is None:
+        try:
+            parsed = json.loads(delivery.body)
+            data = parsed if isinstance(parsed, dict) else None
+        except ValueError:
+            data = None
+    if data is not None:
+        payload = data.get("payload") if isinstance(data.get("payload"), dict) else {}
+        assert isinstance(payload, dict)
+        status = str(data.get("status", "?"))
+        style = _status_style(status)
+        console.print(
+            f"  [bold]{escape(str(data.get('event_type', '?')))}[/bold]  "
+            f"task [bold]{escape(str(data.get('session_id', '?')))}[/bold]  "
+            f"[{style}]{escape(status)}[/{style}] / {escape(str(payload.get('status', '?')))}"
+        )
+        outputs = payload.get("outputs")
+        for url in outputs if isinstance(outputs, list) else []:
+            console.print(f"  → {escape(str(url)[:200])}")
+        if data.get("error") or payload.get("error_code") is not None:
+            code = payload.get("error_code")
+            console.print(f"  [red]error {code}[/red]: {escape(str(data.get('error', '')))}")
+    if show_body:
+        console.print(escape(delivery.body.decode("utf-8", "replace")))
+    if delivery.forwarded_status is not None:
+        style = "green" if delivery.forwarded_status < 300 else "red"
+        console.print(
+            f"  forwarded → [{style}]{delivery.forwarded_status}[/{style}] "
+            f"({delivery.forward_ms or 0:.0f} ms)"
+        )
+    elif delivery.forward_error is not None:
+        console.print(f"  [red]forward failed[/red]: {escape(delivery.forward_error)}")
+    console.print(f"  answered {delivery.answered}")
+
+
+def listen(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to receive on."),
+    port: int = typer.Option(4242, "--port", help="Port to receive on (0 picks one)."),
+    forward_to: str | None = typer.Option(
+        None, "--forward-to", help="Re-POST each delivery's exact bytes and headers here."
+    ),
+    jwks_url: str | None = typer.Option(
+        None, "--jwks-url", help="Key set URL (default: <base-url>/api/v1/webhooks/jwks.json)."
+    ),
+    hmac_secret: str | None = typer.Option(
+        None, "--hmac-secret", envvar="GENHOOK_SIGNING_SECRET", help="Account signing secret."
+    ),
+    ed25519: bool = typer.Option(True, "--ed25519/--no-ed25519", help="Verify Ed25519."),
+    verify: bool = typer.Option(True, "--verify/--no-verify", help="Verify deliveries at all."),
+    forward_unverified: bool = typer.Option(
+        False, "--forward-unverified", help="Forward deliveries that fail verification too."
+    ),
+    brand: str = typer.Option(
+        "Service", "--brand", envvar="GENHOOK_WEBHOOK_HEADER_BRAND", help="Header brand."
+    ),
+    tolerance: float = typer.Option(300.0, "--tolerance", help="Replay window, seconds."),
+    max_deliveries: int = typer.Option(
+        0, "--max-deliveries", help="Exit after this many deliveries (0: run until Ctrl-C)."
+    ),
+    print_body: bool = typer.Option(False, "--print-body", help="Print each raw body."),
+    base_url: str | None = BASE_URL,
+) -> None:
+    """Receive webhook deliveries locally, verify and print them, optionally forward them."""
+    verifier: WebhookVerifier | None = None
+    keys_url: str | None = None
+    if verify:
+        if ed25519:
+            service = (base_url or "http://127.0.0.1:8000").rstrip("/")
+            keys_url = jwks_url or f"{service}/api/v1/webhooks/jwks.json"
+        if keys_url is None and not hmac_secret:
+            raise typer.BadParameter("--no-ed25519 needs --hmac-secret (or use --no-verify)")
+        verifier = WebhookVerifier(
+            jwks_url=keys_url, hmac_secret=hmac_secret, tolerance=tolerance, brand=brand
+        )
+    done = _Countdown(max_deliveries)
+
+    def on_delivery(delivery: Delivery) -> None:
+        print_delivery(delivery, print_body)
+        done.tick()
+
+    listener = Listener(
+        verifier=verifier,
+        on_delivery=on_delivery,
+        forward_to=forward_to,
+        forward_unverified=forward_unverified,
+        host=host,
+        port=port,
+    )
+    checks = []
+    if keys_url:
+        checks.append(f"Ed25519 keys from {keys_url}")
+    if verifier is not None and hmac_secret:
+        checks.append("HMAC secret")
+    console.print(f"[bold]Ready![/bold] Listening on {listener.url}")
+    console.print("  verifying with " + (" and ".join(checks) if checks else "nothing"))
+    if forward_to:
+        console.print(f"  forwarding to {forward_to}")
+    listener.start()
+    try:
+        done.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        listener.close()
+
+
+class _Countdown:
+    """Blocks ``wait`` until ``tick`` was called ``limit`` times (forever when limit is 0)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._count = 0
+        self._event = threading.Event()
+
+    def tick(self) -> None:
+        self._count += 1
+        if self.limit and self._count >= self.limit:
+            self._event.set()
+
+    def wait(self) -> None:
+        while not self._event.wait(0.5):
+            pass
