@@ -33,7 +33,8 @@ def remove_wake_listener(listener: Callable[[], None]) -> None:
     _wake_listeners.discard(listener)
 
 
-def _wake() -> None:
+def wake_dispatchers() -> None:
+    """Tell this process's dispatchers that a delivery became due (others poll)."""
     for listener in list(_wake_listeners):
         listener()
 
@@ -111,4 +112,4 @@ async def enqueue_delivery(
 
 
 def _after_commit(_session: Any) -> None:
-    _wake()
+    wake_dispatchers()

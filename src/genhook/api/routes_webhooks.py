@@ -1,0 +1,85 @@
+"""Webhook endpoints: the public key set (contract 4.4), the attempt log and redelivery."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Query, Response
+from pydantic import BaseModel
+
+from genhook.api.deps import AccountDep, StateDep
+from genhook.api.errors import ERROR_RESPONSES, ErrorResponse
+from genhook.webhooks.deliveries import (
+    MAX_PAGE,
+    DeliveryPage,
+    DeliveryView,
+    list_deliveries,
+    redeliver,
+)
+from genhook.webhooks.keys import jwks
+
+router = APIRouter(tags=["webhooks"])
+
+# Receivers cache the key set and re-fetch on an unknown kid (contract 5.1.5); a rotated
+# key stays published for days, so five minutes of caching never breaks verification.
+JWKS_CACHE_CONTROL = "public, max-age=300"
+
+
+class Jwk(BaseModel):
+    kty: Literal["OKP"]
+    crv: Literal["Ed25519"]
+    x: str
+    use: Literal["sig"]
+    alg: Literal["EdDSA"]
+    kid: str
+
+
+class JwkSet(BaseModel):
+    keys: list[Jwk]
+
+
+@router.get(
+    "/api/v1/webhooks/jwks.json",
+    response_model=JwkSet,
+    summary="Public Ed25519 keys that verify webhook signatures (no authentication)",
+)
+async def get_jwks(state: StateDep, response: Response) -> JwkSet:
+    response.headers["Cache-Control"] = JWKS_CACHE_CONTROL
+    return JwkSet.model_validate(await jwks(state.db))
+
+
+@router.get(
+    "/api/v1/webhooks/deliveries",
+    response_model=DeliveryPage,
+    responses=ERROR_RESPONSES,
+    summary="Webhook deliveries of this account, newest first, with their attempt log",
+)
+async def get_deliveries(
+    state: StateDep,
+    account: AccountDep,
+    session_id: str | None = Query(None, description="Only the delivery of this task."),
+    status: Literal["pending", "delivered", "undeliverable"] | None = Query(None),
+    limit: int = Query(50, ge=1, le=MAX_PAGE),
+    before: str | None = Query(None, description="The next_before of the previous page."),
+) -> DeliveryPage:
+    return await list_deliveries(
+        state.db,
+        account_id=account.id,
+        session_id=session_id,
+        status=status,
+        limit=limit,
+        before=before,
+    )
+
+
+@router.post(
+    "/api/v1/webhooks/deliveries/{delivery_id}/redeliver",
+    response_model=DeliveryView,
+    responses={
+        **ERROR_RESPONSES,
+        409: {"model": ErrorResponse, "description": "An attempt is in flight; retry later."},
+    },
+    summary="Send a delivery again now, with a fresh retry budget (also when undeliverable)",
+)
+async def post_redeliver(state: StateDep, account: AccountDep, delivery_id: str) -> DeliveryView:
+    return await redeliver(state.db, delivery_id, account_id=account.id)
