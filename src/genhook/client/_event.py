@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from typing import Any, Literal
 
 from genhook.client._models import Prediction
@@ -37,20 +38,18 @@ class WebhookVerificationError(Exception):
 Scheme = Literal["ed25519", "hmac"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class WebhookEvent:
     """A delivery whose signature, timestamp and id checked out.
 
-    ``payload`` is the task in the result endpoint's shape; ``scheme`` and ``key_id`` say
-    which signature was verified, ``timestamp`` is the signed delivery time (epoch seconds).
+    ``payload`` is the task in the result endpoint's shape, built on first access so a
+    receiver that only enqueues the event pays nothing for it. ``scheme`` and ``key_id`` say
+    which signature was verified; ``timestamp`` is the signed delivery time (epoch seconds).
     """
 
     session_id: str
     event_type: str
     status: str
-    created_at: int | None
-    payload: Prediction
-    error: str | None
     scheme: Scheme
     key_id: str | None
     timestamp: int
@@ -65,6 +64,25 @@ class WebhookEvent:
     def task_id(self) -> str:
         return self.session_id
 
+    @property
+    def created_at(self) -> int | None:
+        """Task creation time, epoch milliseconds."""
+        value = self.raw.get("created_at")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def error(self) -> str | None:
+        """Why the task failed or timed out; only when ``status`` is ``ERROR``."""
+        value = self.raw.get("error")
+        return value if isinstance(value, str) else None
+
+    @cached_property
+    def payload(self) -> Prediction:
+        payload = self.raw.get("payload")
+        return Prediction.from_json(
+            payload if isinstance(payload, dict) else {}, default_id=self.session_id
+        )
+
     @classmethod
     def from_body(
         cls,
@@ -74,21 +92,10 @@ class WebhookEvent:
         key_id: str | None,
         timestamp: int,
     ) -> WebhookEvent:
-        session_id = str(body.get("session_id", ""))
-        payload = body.get("payload")
-        created_at = body.get("created_at")
-        error = body.get("error")
         return cls(
-            session_id=session_id,
+            session_id=str(body.get("session_id", "")),
             event_type=str(body.get("event_type", "")),
             status=str(body.get("status", "")),
-            created_at=created_at
-            if isinstance(created_at, int) and not isinstance(created_at, bool)
-            else None,
-            payload=Prediction.from_json(
-                payload if isinstance(payload, dict) else {}, default_id=session_id
-            ),
-            error=error if isinstance(error, str) else None,
             scheme=scheme,
             key_id=key_id,
             timestamp=timestamp,
