@@ -72,6 +72,9 @@ class Settings(BaseSettings):
     nsfw_threshold: float = Field(default=0.6, ge=0, le=1)
     moderation_blocked_terms: list[str] = Field(default_factory=list)
     moderation_reject_nsfw_inputs: bool = True
+    # When true, a small built-in list of blocked prompt terms applies on top of
+    # ``moderation_blocked_terms`` (see docs/engines/image-edit.md).
+    moderation_builtin_terms: bool = True
 
     # Extra engines to register, as ``module:function`` names called with the registry.
     extra_engines: list[str] = Field(default_factory=list)

@@ -1,0 +1,165 @@
+"""Input decoding: bytes in, an RGB or RGBA picture out, or a documented ``TaskFailure``.
+
+Hostile input must never take a worker down, so the declared pixel count is checked from the
+header before any pixel is decoded, Pillow is only allowed the one decoder the magic bytes
+name, and every decoder error becomes ``INPUT_CORRUPT``.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import struct
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from genhook.errors import ErrorCode, TaskFailure
+from genhook.media import ACCEPTED_FORMATS, sniff_image_format
+
+log = logging.getLogger(__name__)
+
+_PIL_FORMATS: dict[str, str] = {
+    "jpeg": "JPEG",
+    "png": "PNG",
+    "webp": "WEBP",
+    "bmp": "BMP",
+    "tiff": "TIFF",
+    "gif": "GIF",
+    "heic": "HEIF",
+    "heif": "HEIF",
+}
+_DECODER_ERRORS = (
+    OSError,
+    SyntaxError,
+    ValueError,
+    struct.error,
+    EOFError,
+    IndexError,
+    KeyError,
+    TypeError,
+    ZeroDivisionError,
+    RuntimeError,
+    UnidentifiedImageError,
+)
+_heif_lock = threading.Lock()
+_heif_ready = False
+
+
+def register_heif() -> None:
+    """Teach Pillow HEIC/HEIF once per process (pillow-heif ships libheif in its wheel)."""
+    global _heif_ready
+    with _heif_lock:
+        if not _heif_ready:
+            import pillow_heif
+
+            pillow_heif.register_heif_opener()
+            _heif_ready = True
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedImage:
+    image: Image.Image  # mode RGB or RGBA
+    format: str
+    width: int  # as stored, before EXIF orientation and any reduction
+    height: int
+    frames: int
+
+
+def decode_image(
+    data: bytes, number: int, *, max_pixels: int, reduce_to: int | None = None
+) -> DecodedImage:
+    """Decode input ``number`` (1-based, for messages).
+
+    ``reduce_to`` lets JPEG decode at a DCT-reduced scale when the picture is far larger
+    than the output needs, which costs nothing in quality after the final resize.
+    """
+    fmt = sniff_image_format(data)
+    if fmt is None:
+        head = data[:8].hex(" ")
+        raise TaskFailure(
+            ErrorCode.INPUT_UNSUPPORTED_FORMAT,
+            f"image {number} is not one of {', '.join(f.upper() for f in ACCEPTED_FORMATS)} "
+            f"(its first bytes are {head or 'empty'})",
+        )
+    if fmt in ("heic", "heif"):
+        register_heif()
+    try:
+        image = Image.open(io.BytesIO(data), formats=[_PIL_FORMATS[fmt]])
+    except Image.DecompressionBombError:
+        raise _too_many(number, None, max_pixels) from None
+    except _DECODER_ERRORS as exc:
+        raise TaskFailure(
+            ErrorCode.INPUT_CORRUPT, f"image {number} ({fmt.upper()}) cannot be read: {_why(exc)}"
+        ) from None
+    width, height = image.size
+    if width <= 0 or height <= 0:
+        raise TaskFailure(ErrorCode.INPUT_CORRUPT, f"image {number} declares an empty size")
+    if width * height > max_pixels:
+        raise _too_many(number, (width, height), max_pixels)
+    try:
+        frames = int(getattr(image, "n_frames", 1) or 1)
+        image.seek(0)
+        if reduce_to and fmt == "jpeg" and max(width, height) > 2 * reduce_to:
+            image.draft(None, (reduce_to, reduce_to))
+        image.load()
+        oriented: Image.Image = image
+        try:
+            oriented = ImageOps.exif_transpose(image)
+        except _DECODER_ERRORS as exc:  # a broken EXIF block is no reason to refuse a picture
+            log.info("image %d: ignoring unreadable EXIF orientation: %s", number, exc)
+        normalized = normalize_mode(oriented)
+    except Image.DecompressionBombError:
+        raise _too_many(number, (width, height), max_pixels) from None
+    except MemoryError:
+        raise TaskFailure(
+            ErrorCode.INPUT_TOO_MANY_PIXELS, f"image {number} needs more memory than available"
+        ) from None
+    except _DECODER_ERRORS as exc:
+        raise TaskFailure(
+            ErrorCode.INPUT_CORRUPT,
+            f"image {number} ({fmt.upper()}) is truncated or corrupt: {_why(exc)}",
+        ) from None
+    return DecodedImage(normalized, fmt, width, height, frames)
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text[:200]
+
+
+def _too_many(number: int, size: tuple[int, int] | None, max_pixels: int) -> TaskFailure:
+    declared = f" declares {size[0]}×{size[1]} = {size[0] * size[1]:,} pixels" if size else ""
+    return TaskFailure(
+        ErrorCode.INPUT_TOO_MANY_PIXELS,
+        f"image {number}{declared or ' declares too many pixels'}; the limit is "
+        f"{max_pixels:,} pixels (refused before decoding)",
+    )
+
+
+def normalize_mode(image: Image.Image) -> Image.Image:
+    """Bring any Pillow mode to RGB, or RGBA when the picture has transparency."""
+    mode = image.mode
+    if mode in ("RGB", "RGBA"):
+        return image
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+        array = np.asarray(image, dtype=np.float64)
+        top = float(array.max()) if array.size else 0.0
+        if mode == "F" and top <= 1.0:
+            array = array * 255.0
+        elif top > 255.0:
+            array = array / (65535.0 if top <= 65535.0 else top) * 255.0
+        gray = np.clip(array, 0, 255).astype(np.uint8)
+        return Image.fromarray(gray).convert("RGB")
+    if mode == "P":
+        has_alpha = "transparency" in image.info or (
+            image.palette is not None and (image.palette.mode == "RGBA")
+        )
+        return image.convert("RGBA" if has_alpha else "RGB")
+    if mode in ("LA", "PA", "La", "RGBa"):
+        return image.convert("RGBA")
+    if mode in ("L", "1") and "transparency" in image.info:
+        return image.convert("RGBA")
+    return image.convert("RGB")
