@@ -94,8 +94,7 @@ ERROR_CODE_DESCRIPTIONS: dict[ErrorCode, str] = {
     ErrorCode.INPUT_CORRUPT: "An input image is truncated or cannot be decoded.",
     ErrorCode.INPUT_TOO_MANY_PIXELS: "An input image declares more pixels than the "
     "decompression-bomb limit; refused before decoding.",
-    ErrorCode.MODERATION_PROMPT_BLOCKED: "The prompt contains a term the moderation policy "
-    "blocks.",
+    ErrorCode.MODERATION_PROMPT_BLOCKED: "The prompt contains a term the moderation policy blocks.",
     ErrorCode.MODERATION_NSFW_INPUT: "An input image was classified NSFW and the moderation "
     "policy rejects NSFW inputs.",
     ErrorCode.PROMPT_NOT_UNDERSTOOD: "The prompt names no operation the engine supports; the "

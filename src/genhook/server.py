@@ -15,8 +15,10 @@ import logging
 import multiprocessing
 import os
 import signal
+from collections.abc import Iterator
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import Any
 
 from genhook.config import Settings
 
@@ -59,13 +61,19 @@ async def bootstrap(settings: Settings) -> dict[str, str] | None:
     return credentials
 
 
+EXIT_TAINTED = 3
+
+
 def worker_main(settings: Settings, index: int) -> None:
     """Entry point of one worker process."""
     configure_logging(settings)
-    asyncio.run(_worker(settings, index))
+    if asyncio.run(_worker(settings, index)):
+        # An abandoned engine thread is still computing; leave without waiting for it.
+        logging.shutdown()
+        os._exit(EXIT_TAINTED)
 
 
-async def _worker(settings: Settings, index: int) -> None:
+async def _worker(settings: Settings, index: int) -> bool:
     from genhook.api.app import build_state
     from genhook.tasks.worker import Worker, default_worker_id
 
@@ -73,6 +81,7 @@ async def _worker(settings: Settings, index: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    orphan_watch = asyncio.create_task(_stop_when_orphaned(stop))
     state = build_state(settings)
     worker = Worker(
         state.settings,
@@ -85,7 +94,19 @@ async def _worker(settings: Settings, index: int) -> None:
     try:
         await worker.run(stop)
     finally:
+        orphan_watch.cancel()
         await state.db.dispose()
+    return worker.tainted
+
+
+async def _stop_when_orphaned(stop: asyncio.Event) -> None:
+    """A worker whose parent died (kill -9) stops gracefully instead of running on alone."""
+    parent = os.getppid()
+    while not stop.is_set():
+        await asyncio.sleep(1.0)
+        if os.getppid() != parent:
+            logging.getLogger(__name__).warning("parent process is gone; stopping")
+            stop.set()
 
 
 class WorkerPool:
@@ -125,16 +146,37 @@ class WorkerPool:
                     os.kill(process.pid, signal.SIGTERM)
         deadline = asyncio.get_running_loop().time() + grace + 5
         for process in self.processes.values():
-            while process.is_alive() and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.05)
+            remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+            await asyncio.to_thread(process.join, remaining)
             if process.is_alive():
                 log.warning("%s did not stop in time; killing it", process.name)
                 process.kill()
             process.join(1)
 
 
+def _server_class() -> type[Any]:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn without its own signal handling: ours stops the API, then the workers,
+        and exits 0 (uvicorn would re-raise the signal and skip the workers' shutdown)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+        def request_exit(self) -> None:
+            if self.should_exit:
+                self.force_exit = True
+            self.should_exit = True
+
+    return Server
+
+
 def serve(settings: Settings) -> None:
     import uvicorn
+
+    _Server = _server_class()
 
     from genhook.api.app import build_state, create_app
     from genhook.db.migrate import upgrade
@@ -149,11 +191,6 @@ def serve(settings: Settings) -> None:
         print(f"  API key:        {credentials['api_key']}", flush=True)
         print(f"  signing secret: {credentials['signing_secret']}", flush=True)
         print(f"  (also written to {path}, mode 0600)", flush=True)
-    if settings.webhook_allow_private_targets:
-        log.warning(
-            "GENHOOK_WEBHOOK_ALLOW_PRIVATE_TARGETS is on: webhooks and input images may target "
-            "loopback and private addresses. Use this for local development only."
-        )
 
     async def main() -> None:
         pool = WorkerPool(settings, settings.workers)
@@ -168,7 +205,10 @@ def serve(settings: Settings) -> None:
             access_log=False,
             timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) or None,
         )
-        server = uvicorn.Server(config)
+        server = _Server(config)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, server.request_exit)
         try:
             await server.serve()
         finally:

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 from sqlalchemy import func, select
+from tests.conftest import Harness
+from tests.support.images import data_url, image_bytes
 
 from genhook.accounts import create_key, revoke_key
 from genhook.db import Task
 from genhook.engines.edit_request import ALLOWED_SIZES
-from tests.conftest import Harness
-from tests.support.images import data_url, image_bytes
 
 MODEL = "test/fake-edit"
 
@@ -223,10 +223,14 @@ async def test_auth(harness: Harness) -> None:
 async def test_revoked_key_and_second_key(harness: Harness) -> None:
     second = await create_key(harness.state.db, harness.account.account_id, "ci")
     headers = {"Authorization": f"Bearer {second.api_key}"}
-    response = await harness.client.post("/api/v1/model/generateImage", json=body(), headers=headers)
+    response = await harness.client.post(
+        "/api/v1/model/generateImage", json=body(), headers=headers
+    )
     assert response.status_code == 200
     await revoke_key(harness.state.db, second.key_id)
-    response = await harness.client.post("/api/v1/model/generateImage", json=body(), headers=headers)
+    response = await harness.client.post(
+        "/api/v1/model/generateImage", json=body(), headers=headers
+    )
     assert response.status_code == 401
     assert (await harness.submit(body())).status_code == 200
 

@@ -12,12 +12,12 @@ import pytest
 from aiohttp import web
 from PIL import Image
 from sqlalchemy import select, update
+from tests.conftest import Harness
+from tests.support.images import data_url, image_bytes
 
 from genhook.db import Task, UsageLine, now_ms
 from genhook.errors import ErrorCode
 from genhook.tasks import Lifecycle, Worker
-from tests.conftest import Harness
-from tests.support.images import data_url, image_bytes
 
 MODEL = "test/fake-edit"
 
@@ -165,10 +165,12 @@ async def test_lost_lease_requeues_then_fails(harness: Harness) -> None:
 
 async def test_deadline_times_out_queued_and_running_tasks(harness: Harness) -> None:
     queued = await submit(harness)
-    running = await submit(harness, prompt="sleep=30")
+    running = await submit(harness, prompt="sleep=2.5")
     lifecycle = Lifecycle(harness.state.settings, harness.state.db, harness.state.storage)
     async with harness.state.db.write() as session:
-        await session.execute(update(Task).where(Task.id == queued).values(deadline_at=now_ms() - 1))
+        await session.execute(
+            update(Task).where(Task.id == queued).values(deadline_at=now_ms() - 1)
+        )
         await session.execute(
             update(Task).where(Task.id == running).values(deadline_at=now_ms() + 1500)
         )
@@ -181,6 +183,9 @@ async def test_deadline_times_out_queued_and_running_tasks(harness: Harness) -> 
     assert await harness.worker.run_once()
     assert (await row(harness, running)).status == "timeout"
     assert (await harness.result(running))["error_code"] == ErrorCode.TIMEOUT
+    # Its engine thread is still computing, so the worker stops claiming to be replaced.
+    assert harness.worker.tainted
+    await asyncio.wait_for(harness.worker.run(asyncio.Event()), 5)  # returns without claiming
 
 
 async def test_graceful_stop_releases_task_after_grace(harness: Harness) -> None:

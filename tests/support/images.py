@@ -8,7 +8,9 @@ import io
 from PIL import Image
 
 
-def image_bytes(colour: tuple[int, int, int] = (200, 30, 30), fmt: str = "PNG", size: int = 32) -> bytes:
+def image_bytes(
+    colour: tuple[int, int, int] = (200, 30, 30), fmt: str = "PNG", size: int = 32
+) -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", (size, size), colour).save(buffer, fmt)
     return buffer.getvalue()

@@ -17,7 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-CANDIDATE_BIN_DIRS = [Path(p) for p in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)]
+CANDIDATE_BIN_DIRS = [
+    Path(p) for p in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
+]
 
 
 def _find(binary: str) -> str:
@@ -48,8 +50,22 @@ class PostgresServer:
 
     def psql(self, sql: str) -> None:
         subprocess.run(
-            [_find("psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
-             "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-q", "-c", sql],
+            [
+                _find("psql"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-q",
+                "-c",
+                sql,
+            ],
             check=True,
             capture_output=True,
         )
@@ -70,8 +86,19 @@ def running_postgres() -> Iterator[PostgresServer]:
     port = _free_port()
     env = {**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
     subprocess.run(
-        _as_postgres([_find("initdb"), "-D", str(datadir), "-U", "postgres", "--auth=trust",
-                      "-E", "UTF8", "--no-sync"]),
+        _as_postgres(
+            [
+                _find("initdb"),
+                "-D",
+                str(datadir),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ]
+        ),
         check=True,
         capture_output=True,
         env=env,
@@ -81,8 +108,21 @@ def running_postgres() -> Iterator[PostgresServer]:
         "-c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
     )
     subprocess.run(
-        _as_postgres([_find("pg_ctl"), "-D", str(datadir), "-o", options, "-l",
-                      str(root / "log"), "-w", "-t", "60", "start"]),
+        _as_postgres(
+            [
+                _find("pg_ctl"),
+                "-D",
+                str(datadir),
+                "-o",
+                options,
+                "-l",
+                str(root / "log"),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ]
+        ),
         check=True,
         capture_output=True,
         env=env,

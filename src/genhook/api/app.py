@@ -43,7 +43,9 @@ def build_state(
         db=db,
         registry=registry or build_registry(settings),
         storage=open_blob_store(settings, db),
-        policy=AddressPolicy(allow_private=settings.webhook_allow_private_targets, resolver=resolver),
+        policy=AddressPolicy(
+            allow_private=settings.webhook_allow_private_targets, resolver=resolver
+        ),
     )
 
 

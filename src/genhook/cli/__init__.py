@@ -14,7 +14,9 @@ from rich.table import Table
 
 T = TypeVar("T")
 
-app = typer.Typer(no_args_is_help=True, help="genhook: async generation tasks with signed webhooks.")
+app = typer.Typer(
+    no_args_is_help=True, help="genhook: async generation tasks with signed webhooks."
+)
 accounts_app = typer.Typer(no_args_is_help=True, help="Accounts and their signing secrets.")
 keys_app = typer.Typer(no_args_is_help=True, help="API keys.")
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
@@ -143,7 +145,9 @@ def keys_create(
         _fail(exc.message)
         return
     if as_json:
-        print(json.dumps({"key_id": key.key_id, "account_id": key.account_id, "api_key": key.api_key}))
+        print(
+            json.dumps({"key_id": key.key_id, "account_id": key.account_id, "api_key": key.api_key})
+        )
         return
     console.print(f"key id:  {key.key_id}\nAPI key: {key.api_key}")
 

@@ -31,9 +31,7 @@ def _sync_url(url: str) -> str:
     if backend == "postgresql":
         # asyncpg is the only PostgreSQL driver we install; run it through the async env.
         return url
-    return parsed.set(drivername=driver.get(backend, backend)).render_as_string(
-        hide_password=False
-    )
+    return parsed.set(drivername=driver.get(backend, backend)).render_as_string(hide_password=False)
 
 
 def upgrade(url: str) -> None:

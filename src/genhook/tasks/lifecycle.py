@@ -94,7 +94,9 @@ class Lifecycle:
         async with self.db.write() as session:
             result = await session.execute(
                 update(Task)
-                .where(Task.id == task_id, Task.status == "processing", Task.lease_owner == worker_id)
+                .where(
+                    Task.id == task_id, Task.status == "processing", Task.lease_owner == worker_id
+                )
                 .values(
                     status="created",
                     lease_owner=None,
@@ -202,7 +204,9 @@ class Lifecycle:
         async with self.db.read() as session:
             overdue = (
                 await session.scalars(
-                    select(Task.id).where(Task.status.in_(ACTIVE), Task.deadline_at <= now).limit(500)
+                    select(Task.id)
+                    .where(Task.status.in_(ACTIVE), Task.deadline_at <= now)
+                    .limit(500)
                 )
             ).all()
             expired = (

@@ -12,7 +12,9 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from genhook.config import Settings
 from genhook.db import Database, Task, now_ms
@@ -50,6 +52,9 @@ class Worker:
         self.lifecycle = Lifecycle(self.settings, self.db, self.storage)
         self._engines: dict[str, Engine] = {}
         self._models = [spec.id for spec in self.registry]
+        self._engine_busy = threading.Event()
+        # Set when an abandoned engine call is still computing: the process should be replaced.
+        self.tainted = False
 
     def engine(self, model: str) -> Engine:
         engine = self._engines.get(model)
@@ -64,7 +69,7 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> None:
         """Claim and run tasks until ``stop`` is set; the task in hand finishes first."""
         log.info("worker %s started (models: %s)", self.worker_id, ", ".join(self._models))
-        while not stop.is_set():
+        while not stop.is_set() and not self.tainted:
             try:
                 ran = await self.run_once(stop)
             except Exception:
@@ -92,13 +97,17 @@ class Worker:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await heartbeat
+        if self._engine_busy.is_set():
+            # A thread cannot be killed: stop claiming so the supervisor replaces this process.
+            log.warning("task %s: the engine is still running after being abandoned", task.id)
+            self.tainted = True
 
     async def _supervise(
         self, task: Task, work: asyncio.Task[None], lost: asyncio.Event, stop: asyncio.Event | None
     ) -> None:
         remaining = max(0.0, (task.deadline_at - now_ms()) / 1000)
-        waiters: set[asyncio.Future[object]] = {work, asyncio.ensure_future(lost.wait())}
-        stop_waiter: asyncio.Future[object] | None = None
+        waiters: set[asyncio.Future[Any]] = {work, asyncio.ensure_future(lost.wait())}
+        stop_waiter: asyncio.Future[Any] | None = None
         if stop is not None:
             stop_waiter = asyncio.ensure_future(stop.wait())
             waiters.add(stop_waiter)
@@ -155,7 +164,7 @@ class Worker:
             images = await self._load_inputs(task)
             engine = await asyncio.to_thread(self.engine, task.model)
             job = EngineJob(task_id=task.id, model=task.model, params=task.params, images=images)
-            result = await asyncio.to_thread(engine.run, job)
+            result = await asyncio.to_thread(self._run_engine, engine, job)
             keys = await self._store_outputs(result)
         except TaskFailure as failure:
             log.info("task %s failed: %s", task.id, failure)
@@ -180,6 +189,13 @@ class Worker:
         if not done:
             for key in keys:
                 await self.storage.delete_prefix(key)
+
+    def _run_engine(self, engine: Engine, job: EngineJob) -> EngineResult:
+        self._engine_busy.set()
+        try:
+            return engine.run(job)
+        finally:
+            self._engine_busy.clear()
 
     async def _load_inputs(self, task: Task) -> list[bytes]:
         images: list[bytes] = []

@@ -1,0 +1,43 @@
+# The two set-up commands of the README:
+#   make serve   installs what is needed and starts the service on its embedded defaults
+#   make test    installs what is needed and runs the whole test suite (what CI runs)
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: serve test install install-dev lint typecheck pytest bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[server]'
+
+install-dev: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[server,dev]'
+	bash scripts/ensure-postgres.sh
+
+serve: install
+	$(BIN)/genhook serve
+
+lint:
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+
+typecheck:
+	$(BIN)/mypy
+
+pytest:
+	$(BIN)/python -m pytest -p no:cacheprovider
+
+test: install-dev lint typecheck pytest
+
+bench: install-dev
+	$(BIN)/python benchmarks/submit.py
+	$(BIN)/python benchmarks/image_edit.py
+	$(BIN)/python benchmarks/webhook_delivery.py
+	$(BIN)/python benchmarks/verify.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

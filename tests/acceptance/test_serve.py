@@ -1,0 +1,140 @@
+"""The whole service as a user runs it: ``genhook serve`` in a subprocess, real HTTP."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from PIL import Image
+
+from tests.conftest import LiveService, start_service, stop_service
+from tests.support.images import data_url
+
+MODEL = "test/fake-edit"
+
+
+def submit(service: LiveService, **fields: Any) -> dict[str, Any]:
+    body = {"model": MODEL, "prompt": "edit", "images": [data_url()], "size": "1024*1024"}
+    body.update(fields)
+    response = httpx.post(
+        f"{service.base_url}/api/v1/model/generateImage",
+        json=body,
+        headers={"Authorization": f"Bearer {service.api_key}"},
+        timeout=10,
+    )
+    assert response.status_code == 200, response.text
+    data: dict[str, Any] = response.json()
+    return data
+
+
+def poll(service: LiveService, task_id: str, until: tuple[str, ...], timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = httpx.get(
+            f"{service.base_url}/api/v1/model/result/{task_id}",
+            headers={"Authorization": f"Bearer {service.api_key}"},
+            timeout=10,
+        ).json()
+        if result["status"] in until:
+            return result
+        time.sleep(0.05)
+    raise AssertionError(f"task {task_id} never reached {until}:\n{service.log()[-3000:]}")
+
+
+def worker_pids(service: LiveService) -> list[int]:
+    out = subprocess.run(
+        ["pgrep", "-P", str(service.process.pid)], capture_output=True, text=True
+    ).stdout
+    pids = []
+    for pid in out.split():
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        if b"multiprocessing" in cmdline and b"resource_tracker" not in cmdline:
+            pids.append(int(pid))
+    return pids
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def service(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    url = None if request.param == "sqlite" else request.getfixturevalue("pg_url")
+    live = start_service(tmp_path, url)
+    yield live
+    stop_service(live)
+
+
+def test_first_start_bootstraps_and_serves_a_task(service: LiveService) -> None:
+    mode = (service.data_dir / "credentials.json").stat().st_mode & 0o777
+    assert mode == 0o600
+    assert "Created the default account" in service.log()
+    assert service.api_key in service.log()
+    task = submit(service)
+    result = poll(service, task["id"], ("completed", "failed"))
+    assert result["status"] == "completed", result
+    image = httpx.get(result["outputs"][0], timeout=10)
+    assert image.headers["content-type"] == "image/jpeg"
+    with Image.open(io.BytesIO(image.content)) as img:
+        assert img.size == (1024, 1024)
+
+
+def test_killed_worker_task_is_retried_by_another(service: LiveService) -> None:
+    task = submit(service, prompt="sleep=3")
+    poll(service, task["id"], ("processing",))
+    (victim,) = worker_pids(service)
+    os.kill(victim, signal.SIGKILL)
+    result = poll(service, task["id"], ("completed", "failed"), timeout=90)
+    assert result["status"] == "completed", result
+    assert result["info"]["pid"] != victim
+    assert "lost its lease" in service.log()
+
+
+def test_deadline_ends_task_as_timeout(tmp_path: Path) -> None:
+    live = start_service(tmp_path, GENHOOK_TASK_DEADLINE_SECONDS="1")
+    try:
+        task = submit(live, prompt="sleep=4")
+        result = poll(live, task["id"], ("failed", "completed"), timeout=30)
+        assert result["status"] == "failed" and result["error_code"] == 4002
+        # The worker whose engine overran is replaced, and the next task still runs.
+        quick = submit(live)
+        assert poll(live, quick["id"], ("completed", "failed"))["status"] == "completed"
+    finally:
+        stop_service(live)
+
+
+def test_sigterm_finishes_in_flight_work(tmp_path: Path) -> None:
+    live = start_service(tmp_path)
+    task = submit(live, prompt="sleep=1.5")
+    poll(live, task["id"], ("processing",))
+    live.process.send_signal(signal.SIGTERM)
+    assert live.process.wait(40) == 0
+    restarted = start_service(tmp_path)
+    try:
+        assert poll(restarted, task["id"], ("completed",), timeout=5)["status"] == "completed"
+        assert "Created the default account" not in restarted.log()
+    finally:
+        stop_service(restarted)
+
+
+def test_cli_accounts_and_keys(live_service: LiveService) -> None:
+    created = live_service.cli("accounts", "create", "acme", "--json")
+    assert created.returncode == 0, created.stderr
+    account = json.loads(created.stdout)
+    assert set(account) == {"account_id", "api_key", "signing_secret"}
+    key = json.loads(live_service.cli("keys", "create", "acme", "--json").stdout)
+    listed = json.loads(live_service.cli("keys", "list", "--account", "acme", "--json").stdout)
+    assert {item["key_id"] for item in listed} >= {key["key_id"]}
+    assert all(key["api_key"] not in json.dumps(item) for item in listed)
+    url = f"{live_service.base_url}/api/v1/usage"
+    headers = {"Authorization": f"Bearer {key['api_key']}"}
+    assert httpx.get(url, headers=headers).status_code == 200
+    revoked = live_service.cli("keys", "revoke", key["key_id"])
+    assert revoked.returncode == 0, revoked.stderr
+    assert httpx.get(url, headers=headers).status_code == 401
+    assert live_service.cli("keys", "revoke", "key_missing").returncode == 1
+    assert live_service.cli("keys", "create", "nobody").returncode == 1
