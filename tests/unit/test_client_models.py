@@ -1,0 +1,86 @@
+"""Parsing of the service's answers and of image inputs, without any network."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+
+from genhook.client import GenhookError, InvalidRequest, Prediction, TaskFailed, TooManyRequests
+from genhook.client._errors import error_from_response
+from genhook.client._images import data_url, image_item, image_items
+from genhook.client._models import Usage
+
+JPEG = b"\xff\xd8\xff\xe0" + b"\x00" * 16
+
+
+def test_prediction_tolerates_missing_and_mistyped_fields():
+    p = Prediction.from_json(
+        {
+            "id": 5,
+            "status": "processing",
+            "outputs": "nope",
+            "has_nsfw_contents": [0, 1],
+            "urls": {"get": "u"},
+            "error_code": True,
+            "info": [],
+            "created_at": 17,
+        }
+    )
+    assert p.id == "" and p.model == "" and p.status == "processing"
+    assert p.outputs == [] and p.has_nsfw_contents == [False, True]
+    assert p.urls == {"get": "u"} and p.error_code is None and p.info == {}
+    assert p.created_at == "17" and not p.done
+
+
+@pytest.mark.parametrize(
+    ("status", "done", "ok"),
+    [
+        ("completed", True, True),
+        ("failed", True, False),
+        ("timeout", True, False),
+        ("created", False, False),
+    ],
+)
+def test_prediction_states(status, done, ok):
+    p = Prediction.from_json({"id": "t", "status": status, "error_code": 4002, "error": "slow"})
+    assert p.done is done and p.succeeded is ok
+    if status in ("failed", "timeout"):
+        with pytest.raises(TaskFailed, match="4002"):
+            p.raise_for_failure()
+    else:
+        assert p.raise_for_failure() is p
+
+
+def test_error_mapping_from_bodies():
+    exc = error_from_response(
+        400, b'{"code": 400, "message": "bad", "errors": [{"field": "prompt"}, 3]}'
+    )
+    assert isinstance(exc, InvalidRequest) and exc.message == "bad"
+    assert [(e.field, e.message) for e in exc.errors] == [("prompt", "")]
+    exc = error_from_response(429, b"")
+    assert isinstance(exc, TooManyRequests) and exc.message == "HTTP 429"
+    exc = error_from_response(418, b"<h1>teapot</h1>")
+    assert type(exc) is GenhookError and exc.status_code == 418 and exc.message == "<h1>teapot</h1>"
+
+
+def test_usage_parsing_ignores_garbage():
+    usage = Usage.from_json(
+        {"total_usd": "x", "items": [{"lines": [["a", "0.1"], ["bad"]]}, "junk"]}
+    )
+    assert usage.total_usd == 0 and len(usage.items) == 1 and len(usage.items[0].lines) == 1
+
+
+def test_image_inputs(tmp_path: Path):
+    assert data_url(JPEG) == "data:image/jpeg;base64," + base64.b64encode(JPEG).decode()
+    assert data_url(b"plain text").startswith("data:application/octet-stream;base64,")
+    path = tmp_path / "x.png"  # the name says PNG, the bytes say JPEG: the bytes win
+    path.write_bytes(JPEG)
+    assert image_item(str(path)).startswith("data:image/jpeg;")
+    assert image_item(bytearray(JPEG)) == image_item(memoryview(JPEG)) == image_item(JPEG)
+    assert image_items(("http://a/1.png", path)) == ["http://a/1.png", image_item(path)]
+    with pytest.raises(TypeError):
+        image_item(42)  # type: ignore[arg-type]
+    with pytest.raises(FileNotFoundError):
+        image_item(str(tmp_path / "missing.jpg"))
