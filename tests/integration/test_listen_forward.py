@@ -266,3 +266,25 @@ def _file_handler(path: Path) -> type[BaseHTTPRequestHandler]:
             pass
 
     return Handler
+
+
+def _ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback")
+def test_listens_on_ipv6_loopback():
+    deliveries: list[Delivery] = []
+    body, headers = signed()
+    verifier = WebhookVerifier(jwks=JWKS)
+    with Listener(verifier=verifier, on_delivery=deliveries.append, host="::1", port=0) as lst:
+        assert lst.url.startswith("http://[::1]:")
+        assert httpx.post(lst.url, content=body, headers=headers).status_code == 200
+    assert deliveries[0].verified
