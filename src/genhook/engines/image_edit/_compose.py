@@ -114,7 +114,7 @@ def blend(images: list[Image.Image], weight_percent: float | None, fast: bool) -
     for image, weight in zip(images, weights, strict=True):
         fitted = _cover(image.convert(mode), size, fast)
         total += np.asarray(fitted, dtype=np.float32) * weight
-    return Image.fromarray(np.clip(total, 0, 255).astype(np.uint8), mode)
+    return Image.fromarray(np.clip(total, 0, 255).astype(np.uint8))
 
 
 def _cover(image: Image.Image, size: tuple[int, int], fast: bool) -> Image.Image:

@@ -130,7 +130,7 @@ def gaussian(image: Image.Image, sigma: float) -> Image.Image:
         return gaussian_array(a, sigma)
 
     if image.mode == "RGBA":
-        return Image.fromarray(fn(np.asarray(image)), "RGBA")
+        return Image.fromarray(fn(np.asarray(image)))
     return Image.fromarray(fn(np.asarray(image)))
 
 

@@ -35,7 +35,7 @@ def resize(image: Image.Image, size: tuple[int, int], fast: bool) -> Image.Image
     else:
         interpolation = cv2.INTER_CUBIC
     array = cv2.resize(np.asarray(image), size, interpolation=interpolation)
-    return Image.fromarray(array, image.mode)
+    return Image.fromarray(array)
 
 
 def fit(

@@ -1,0 +1,228 @@
+"""Prompt -> edit plan: vocabulary, order, parameters, image references, failures."""
+
+from __future__ import annotations
+
+import pytest
+
+from genhook.engines.image_edit import OPERATIONS, parse_prompt
+from genhook.engines.image_edit._plan import OPERATION_NAMES
+from genhook.errors import ErrorCode, TaskFailure
+
+
+def ops(prompt: str, images: int = 1, loose: bool = False) -> list[str]:
+    return [step.op for step in parse_prompt(prompt, images, loose=loose).steps]
+
+
+@pytest.mark.parametrize("doc", OPERATIONS, ids=lambda d: d.name)
+def test_every_documented_example_parses_to_its_operation(doc: object) -> None:
+    name, example = doc.name, doc.example  # type: ignore[attr-defined]
+    images = 3 if name in {"side_by_side", "stack_vertical", "grid", "overlay", "blend"} else 1
+    assert name in ops(example, images), example
+
+
+def test_order_follows_the_prompt_across_separators() -> None:
+    prompt = "grayscale, then rotate 90 degrees; flip horizontally and add a red border"
+    assert ops(prompt) == ["grayscale", "rotate", "flip", "border"]
+
+
+def test_several_operations_in_one_clause_keep_their_order() -> None:
+    assert ops("make it grayscale with a thick gray border") == ["grayscale", "border"]
+
+
+def test_black_and_white_is_not_split_on_and() -> None:
+    plan = parse_prompt("make it black and white and blur it", 1, loose=False)
+    assert [s.op for s in plan.steps] == ["grayscale", "blur"]
+    assert plan.ignored == []
+
+
+@pytest.mark.parametrize(
+    ("prompt", "factor"),
+    [
+        ("increase brightness by 20%", 1.2),
+        ("make it darker by 30%", 0.7),
+        ("reduce contrast by 50 percent", 0.5),
+        ("set saturation to 150%", 1.5),
+        ("desaturate by 40%", 0.6),
+        ("lower sharpness by 25%", 0.75),
+        ("brighten it slightly", 1.1),
+        ("boost saturation a lot", 1.5),
+        ("make it brighter", 1.25),
+    ],
+)
+def test_adjustment_direction_and_amount(prompt: str, factor: float) -> None:
+    (step,) = parse_prompt(prompt, 1, loose=False).steps
+    assert step.params["factor"] == pytest.approx(factor)
+
+
+def test_adjustment_percent_stays_with_its_property() -> None:
+    steps = parse_prompt("increase brightness by 20% and contrast by 10%", 1, loose=False).steps
+    assert [(s.op, s.params["factor"]) for s in steps] == [
+        ("brightness", pytest.approx(1.2)),
+        ("contrast", pytest.approx(1.1)),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "degrees"),
+    [
+        ("rotate 90 degrees", 90.0),
+        ("rotate by 45° counterclockwise", -45.0),
+        ("rotate left", -90.0),
+        ("rotate it 30 degrees to the right", 30.0),
+        ("turn it upside down", 180.0),
+        ("rotate 270 degrees", -90.0),
+    ],
+)
+def test_rotation_angles_are_clockwise_degrees(prompt: str, degrees: float) -> None:
+    (step,) = parse_prompt(prompt, 1, loose=False).steps
+    assert step.op == "rotate"
+    assert step.params["degrees_clockwise"] == pytest.approx(degrees)
+
+
+def test_turn_into_is_not_a_rotation() -> None:
+    assert ops("turn it into a painting") == ["painting"]
+
+
+def test_flip_axes() -> None:
+    assert parse_prompt("flip vertically", 1, loose=False).steps[0].params == {"axis": "vertical"}
+    assert parse_prompt("mirror it", 1, loose=False).steps[0].params == {"axis": "horizontal"}
+
+
+def test_crop_aspect_and_anchor() -> None:
+    (step,) = parse_prompt("crop to 16:9 keeping the top", 1, loose=False).steps
+    assert step.params == {"aspect": "16:9", "anchor": "top"}
+    assert parse_prompt("make it square", 1, loose=False).steps[0].params["aspect"] == "1:1"
+
+
+def test_crop_without_ratio_is_an_invalid_instruction() -> None:
+    with pytest.raises(TaskFailure) as info:
+        parse_prompt("crop it", 1, loose=False)
+    assert info.value.code == ErrorCode.INSTRUCTION_INVALID
+    assert "aspect ratio" in info.value.message
+
+
+def test_caption_keeps_quoted_text_verbatim_with_commas_and_and() -> None:
+    (step,) = parse_prompt(
+        'add the caption "Fish, Chips and Peas" at the top left in yellow', 1, loose=False
+    ).steps
+    assert step.params == {
+        "text": "Fish, Chips and Peas",
+        "position": "top-left",
+        "color": "#ffff00",
+        "size": "medium",
+    }
+
+
+def test_border_color_width_and_named_colors() -> None:
+    (step,) = parse_prompt("add a 40px light blue frame", 1, loose=False).steps
+    assert step.params == {"color": "#add8e6", "width_px": 40.0}
+
+
+@pytest.mark.parametrize(
+    ("prompt", "op"),
+    [
+        ("remove the background", "remove_background"),
+        ("make the background transparent", "remove_background"),
+        ("blur the background", "blur_background"),
+        ("replace the background with green", "color_background"),
+        ("blur all faces", "blur_faces"),
+        ("pixelate the faces", "pixelate_faces"),
+        ("blur it", "blur"),
+        ("pixelate it", "pixelate"),
+    ],
+)
+def test_specific_phrases_win_over_general_ones(prompt: str, op: str) -> None:
+    assert ops(prompt) == [op]
+
+
+def test_image_references_resolve_to_request_order() -> None:
+    plan = parse_prompt(
+        "make the second image sepia, then put image 1 and image 2 side by side", 2, loose=False
+    )
+    assert [(s.op, s.targets) for s in plan.steps] == [("sepia", (1,)), ("side_by_side", (0, 1))]
+
+
+def test_overlay_reads_placed_and_base_images() -> None:
+    (step,) = parse_prompt(
+        "place image 2 onto image 1 at the bottom right at 25%", 2, loose=False
+    ).steps
+    assert step.op == "overlay"
+    assert step.targets == (1, 0)
+    assert step.params == {"position": "bottom-right", "scale_percent": 25.0}
+
+
+def test_image_lists_with_commas_stay_one_instruction() -> None:
+    (step,) = parse_prompt("images 1, 2 and 3 in a grid with 3 columns", 3, loose=False).steps
+    assert step.op == "grid"
+    assert step.targets == (0, 1, 2)
+    assert step.params == {"columns": 3}
+
+
+def test_reference_to_a_missing_image_is_invalid() -> None:
+    with pytest.raises(TaskFailure) as info:
+        parse_prompt("make image 3 grayscale", 2, loose=False)
+    assert info.value.code == ErrorCode.INSTRUCTION_INVALID
+    assert "image 3" in info.value.message
+
+
+def test_combining_one_image_is_invalid() -> None:
+    with pytest.raises(TaskFailure) as info:
+        parse_prompt("put them side by side", 1, loose=False)
+    assert info.value.code == ErrorCode.INSTRUCTION_INVALID
+
+
+def test_nothing_understood_lists_every_supported_operation() -> None:
+    with pytest.raises(TaskFailure) as info:
+        parse_prompt("make it look expensive", 1, loose=False)
+    assert info.value.code == ErrorCode.PROMPT_NOT_UNDERSTOOD
+    for name in OPERATION_NAMES:
+        assert name in info.value.message
+
+
+def test_unrecognized_clauses_are_reported_not_dropped_silently() -> None:
+    plan = parse_prompt("grayscale and make it look expensive", 1, loose=False)
+    assert [s.op for s in plan.steps] == ["grayscale"]
+    assert plan.ignored == ["make it look expensive"]
+
+
+def test_fit_instruction_alone_is_no_edit() -> None:
+    with pytest.raises(TaskFailure) as info:
+        parse_prompt("letterbox it", 1, loose=False)
+    assert info.value.code == ErrorCode.PROMPT_NOT_UNDERSTOOD
+    assert "resize" in info.value.message
+
+
+def test_fit_policy_words() -> None:
+    assert parse_prompt("grayscale, letterbox with white", 1, loose=False).fit.mode == "contain"
+    assert (
+        parse_prompt("grayscale, letterbox with white", 1, loose=False).fit.pad_color == "#ffffff"
+    )
+    assert parse_prompt("sepia and stretch it", 1, loose=False).fit.mode == "stretch"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "op"),
+    [
+        ("give it a vintage look", "sepia"),
+        ("make it grayscle", "grayscale"),
+        ("make the colors more vivid", "saturation"),
+        ("anonymize everyone", "pixelate_faces"),
+        ("comic book style", "cartoon"),
+        ("posterzie it", "posterize"),
+    ],
+)
+def test_thinking_widens_interpretation_and_says_so(prompt: str, op: str) -> None:
+    with pytest.raises(TaskFailure) as info:
+        parse_prompt(prompt, 1, loose=False)
+    assert info.value.code == ErrorCode.PROMPT_NOT_UNDERSTOOD
+    plan = parse_prompt(prompt, 1, loose=True)
+    assert [s.op for s in plan.steps] == [op]
+    assert plan.interpretations, "a loose reading must be reported"
+
+
+def test_describe_is_plain_json_with_one_based_images() -> None:
+    plan = parse_prompt("make image 2 grayscale, then blend image 1 and image 2", 2, loose=False)
+    described = plan.describe()
+    assert described[0] == {"op": "grayscale", "images": [2], "from": "make image 2 grayscale"}
+    assert described[1]["op"] == "blend"
+    assert "grayscale" in plan.summary() and "blend" in plan.summary()
