@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
 from dataclasses import dataclass
 
 from sqlalchemy import select, update
@@ -114,7 +115,39 @@ async def revoke_key(db: Database, key_id: str) -> None:
                 raise NotFound(f"no API key {key_id!r}")
 
 
-async def authenticate(db: Database, authorization: str | None) -> Account:
+class AuthCache:
+    """Remembers verified keys for ``ttl`` seconds, so a busy client costs no database read
+    per request. A revocation therefore takes effect within ``ttl`` seconds everywhere (at
+    once in the process that revoked). Failed lookups are never cached."""
+
+    def __init__(self, ttl: float, max_entries: int = 10_000) -> None:
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self._entries: dict[str, tuple[float, Account]] = {}
+
+    def get(self, digest: str) -> Account | None:
+        entry = self._entries.get(digest)
+        if entry is None:
+            return None
+        if entry[0] < time.monotonic():
+            self._entries.pop(digest, None)
+            return None
+        return entry[1]
+
+    def put(self, digest: str, account: Account) -> None:
+        if self.ttl <= 0:
+            return
+        if len(self._entries) >= self.max_entries:
+            self._entries.clear()
+        self._entries[digest] = (time.monotonic() + self.ttl, account)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+async def authenticate(
+    db: Database, authorization: str | None, cache: AuthCache | None = None
+) -> Account:
     """Resolve ``Authorization: Bearer <key>`` to its account, or raise 401."""
     if not authorization:
         raise Unauthorized("missing Authorization header; send 'Authorization: Bearer <API key>'")
@@ -123,6 +156,8 @@ async def authenticate(db: Database, authorization: str | None) -> Account:
     if scheme.lower() != "bearer" or not token:
         raise Unauthorized("the Authorization header must have the form 'Bearer <API key>'")
     digest = hash_key(token)
+    if cache is not None and (cached := cache.get(digest)) is not None:
+        return cached
     async with db.read() as session:
         row = (
             await session.execute(
@@ -134,4 +169,6 @@ async def authenticate(db: Database, authorization: str | None) -> Account:
     if row is None or not hmac.compare_digest(row[0], digest) or row[1] is not None:
         raise Unauthorized("invalid or revoked API key")
     account: Account = row[2]
+    if cache is not None:
+        cache.put(digest, account)
     return account

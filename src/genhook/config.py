@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
     task_deadline_seconds: float | None = Field(default=None, gt=0)
 
+    # A verified API key is remembered this long; a revocation takes effect within it.
+    auth_cache_seconds: float = Field(default=2.0, ge=0)
+
     # Requests and inputs.
     max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     input_max_bytes: int = Field(default=25 * 1024 * 1024, gt=0)

@@ -135,6 +135,9 @@ def test_cli_accounts_and_keys(live_service: LiveService) -> None:
     assert httpx.get(url, headers=headers).status_code == 200
     revoked = live_service.cli("keys", "revoke", key["key_id"])
     assert revoked.returncode == 0, revoked.stderr
-    assert httpx.get(url, headers=headers).status_code == 401
+    deadline = time.monotonic() + 5  # auth_cache_seconds (2 s) plus slack
+    while httpx.get(url, headers=headers).status_code != 401:
+        assert time.monotonic() < deadline, "revoked key still accepted"
+        time.sleep(0.1)
     assert live_service.cli("keys", "revoke", "key_missing").returncode == 1
     assert live_service.cli("keys", "create", "nobody").returncode == 1

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import time
 from typing import Any
 
 import pytest
@@ -228,9 +230,15 @@ async def test_revoked_key_and_second_key(harness: Harness) -> None:
     )
     assert response.status_code == 200
     await revoke_key(harness.state.db, second.key_id)
-    response = await harness.client.post(
-        "/api/v1/model/generateImage", json=body(), headers=headers
-    )
+    # A verified key is cached for auth_cache_seconds; the revocation lands within that.
+    deadline = time.monotonic() + harness.state.settings.auth_cache_seconds + 2
+    while True:
+        response = await harness.client.post(
+            "/api/v1/model/generateImage", json=body(), headers=headers
+        )
+        if response.status_code == 401 or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
     assert response.status_code == 401
     assert (await harness.submit(body())).status_code == 200
 

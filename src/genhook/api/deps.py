@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from genhook.accounts import authenticate
+from genhook.accounts import AuthCache, authenticate
 from genhook.config import Settings
 from genhook.db import Account, Database
 from genhook.engines.registry import Registry
@@ -26,6 +26,7 @@ class AppState:
 
     def __post_init__(self) -> None:
         self.submitter = Submitter(self.settings, self.db, self.registry, self.storage, self.policy)
+        self.auth_cache = AuthCache(self.settings.auth_cache_seconds)
 
 
 def get_state(request: Request) -> AppState:
@@ -37,7 +38,7 @@ StateDep = Annotated[AppState, Depends(get_state)]
 
 
 async def current_account(request: Request, state: StateDep) -> Account:
-    return await authenticate(state.db, request.headers.get("authorization"))
+    return await authenticate(state.db, request.headers.get("authorization"), state.auth_cache)
 
 
 AccountDep = Annotated[Account, Depends(current_account)]

@@ -6,6 +6,7 @@ hold a read snapshot and then fail to upgrade it to a write lock; reads stay def
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -44,6 +45,10 @@ class Database:
                 url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
             )
             self.read_engine = self.write_engine
+        # SQLite allows one writer at a time; queueing this process's writers here costs
+        # nothing, while letting them collide makes SQLite's busy handler sleep for
+        # milliseconds. Other processes still wait through busy_timeout.
+        self._write_lock: asyncio.Lock | None = asyncio.Lock() if self.is_sqlite else None
         self._write_sessions = async_sessionmaker(self.write_engine, expire_on_commit=False)
         self._read_sessions = async_sessionmaker(self.read_engine, expire_on_commit=False)
 
@@ -70,7 +75,11 @@ class Database:
     @asynccontextmanager
     async def write(self) -> AsyncIterator[AsyncSession]:
         """A session in one write transaction, committed on success, rolled back on error."""
-        async with self._write_sessions() as session, session.begin():
+        if self._write_lock is None:
+            async with self._write_sessions() as session, session.begin():
+                yield session
+            return
+        async with self._write_lock, self._write_sessions() as session, session.begin():
             yield session
 
     @asynccontextmanager

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
+import contextlib
 import re
 import secrets
 from pathlib import Path
@@ -31,11 +31,38 @@ class BlobStore(Protocol):
 
     async def get(self, key: str) -> tuple[bytes, str] | None: ...
 
-    async def delete_prefix(self, prefix: str) -> None: ...
+    async def delete(self, key: str) -> None: ...
+
+
+CONTENT_TYPE_BY_EXTENSION = {
+    ".jpeg": "image/jpeg",
+    ".jpg": "image/jpeg",
+    ".png": "image/png",
+    ".webp": "image/webp",
+    ".bmp": "image/bmp",
+    ".tiff": "image/tiff",
+    ".gif": "image/gif",
+    ".heic": "image/heic",
+    ".heif": "image/heif",
+}
+
+
+def extension_of(content_type: str) -> str:
+    for extension, known in CONTENT_TYPE_BY_EXTENSION.items():
+        if known == content_type:
+            return extension
+    raise ValueError(f"no blob extension for content type {content_type!r}")
+
+
+def content_type_of(key: str) -> str:
+    dot = key.rfind(".")
+    return CONTENT_TYPE_BY_EXTENSION.get(key[dot:] if dot > key.rfind("/") else "", "")
 
 
 class FileBlobStore:
-    """Blobs as files; the content type is kept in a sidecar so serving needs no guessing."""
+    """Blobs as files. Keys end in an extension that names the content type, so a blob is
+    one file write; keys are unique and referenced only after the write, so readers never
+    see a partial file."""
 
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
@@ -46,27 +73,28 @@ class FileBlobStore:
             raise ValueError(f"invalid blob key {key!r}")
         return self.root / key
 
-    def _write(self, path: Path, data: bytes, content_type: str) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-        path.with_name(path.name + ".type").write_text(content_type)
+    def _write(self, path: Path, data: bytes) -> None:
+        try:
+            path.write_bytes(data)
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
 
     def _read(self, path: Path) -> tuple[bytes, str] | None:
         try:
             data = path.read_bytes()
-            content_type = path.with_name(path.name + ".type").read_text()
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError):
             return None
-        return data, content_type
+        return data, content_type_of(path.name) or "application/octet-stream"
 
     async def put(self, key: str, data: bytes, content_type: str) -> None:
+        if content_type_of(key) != content_type:
+            raise ValueError(f"blob key {key!r} does not end in the extension of {content_type}")
         path = self._path(key)
         if len(data) < 256 * 1024:
-            self._write(path, data, content_type)
+            self._write(path, data)
         else:
-            await asyncio.to_thread(self._write, path, data, content_type)
+            await asyncio.to_thread(self._write, path, data)
 
     async def get(self, key: str) -> tuple[bytes, str] | None:
         try:
@@ -75,11 +103,9 @@ class FileBlobStore:
             return None
         return await asyncio.to_thread(self._read, path)
 
-    async def delete_prefix(self, prefix: str) -> None:
-        import shutil
-
-        path = self._path(prefix)
-        await asyncio.to_thread(shutil.rmtree, path, True)
+    async def delete(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            self._path(key).unlink()
 
 
 class DatabaseBlobStore:
@@ -105,9 +131,9 @@ class DatabaseBlobStore:
             ).first()
         return (bytes(row[0]), row[1]) if row else None
 
-    async def delete_prefix(self, prefix: str) -> None:
+    async def delete(self, key: str) -> None:
         async with self.db.write() as session:
-            await session.execute(delete(Blob).where(Blob.key.startswith(prefix + "/")))
+            await session.execute(delete(Blob).where(Blob.key == key))
 
 
 def open_blob_store(settings: Settings, db: Database) -> BlobStore:

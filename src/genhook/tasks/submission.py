@@ -6,11 +6,14 @@ submit creates nothing and charges nothing.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from sqlalchemy import insert
 
 from genhook.config import Settings
 from genhook.db import Database, Task, now_ms
@@ -23,6 +26,67 @@ from genhook.net import AddressPolicy
 from genhook.storage import BlobStore
 
 
+class GroupInserter:
+    """Inserts rows from concurrent requests in shared transactions (group commit).
+
+    A submit waits for the transaction holding its row, so the id it returns is durable;
+    under load, one commit serves many submits instead of one each. A batch that fails is
+    retried row by row, so one bad row never fails its neighbours.
+    """
+
+    def __init__(self, db: Database, max_batch: int = 256) -> None:
+        self.db = db
+        self.max_batch = max_batch
+        self._pending: list[tuple[Task, asyncio.Future[None]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def insert(self, row: Task) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((row, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        await asyncio.shield(future)
+
+    async def _flush(self) -> None:
+        while self._pending:
+            batch = self._pending[: self.max_batch]
+            del self._pending[: self.max_batch]
+            try:
+                async with self.db.write() as session:
+                    await session.execute(insert(Task), [_values(row) for row, _ in batch])
+            except Exception:
+                if len(batch) == 1:
+                    _settle(batch, sys.exc_info()[1])
+                    continue
+                for item in batch:
+                    try:
+                        async with self.db.write() as session:
+                            await session.execute(insert(Task), [_values(item[0])])
+                    except Exception as exc:
+                        _settle([item], exc)
+                    else:
+                        _settle([item], None)
+            else:
+                _settle(batch, None)
+
+
+_COLUMNS = [column.key for column in Task.__table__.columns]
+
+
+def _values(row: Task) -> dict[str, Any]:
+    return {name: getattr(row, name) for name in _COLUMNS}
+
+
+def _settle(batch: list[tuple[Task, asyncio.Future[None]]], error: BaseException | None) -> None:
+    for _, future in batch:
+        if future.done():
+            continue
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+
 @dataclass
 class Submitter:
     settings: Settings
@@ -30,6 +94,9 @@ class Submitter:
     registry: Registry
     storage: BlobStore
     policy: AddressPolicy
+
+    def __post_init__(self) -> None:
+        self._inserter = GroupInserter(self.db)
 
     async def submit(self, account_id: str, path_name: str, body: Any) -> Task:
         path_kind = PATH_KINDS[path_name]
@@ -71,11 +138,11 @@ class Submitter:
             },
         )
         try:
-            async with self.db.write() as session:
-                session.add(task)
+            await self._inserter.insert(task)
         except BaseException:
-            if any("blob" in item for item in inputs):
-                await self.storage.delete_prefix(f"inputs/{task_id}")
+            for item in inputs:
+                if "blob" in item:
+                    await self.storage.delete(item["blob"])
             raise
         return task
 
@@ -112,7 +179,7 @@ class Submitter:
         for index, item in enumerate(images):
             ref = parse_image_ref(item)
             if ref.data is not None and ref.format is not None:
-                key = f"inputs/{task_id}/{index}"
+                key = f"inputs/{task_id}_{index}.{ref.format}"
                 await self.storage.put(key, ref.data, CONTENT_TYPES[ref.format])
                 inputs.append({"blob": key, "format": ref.format})
             else:

@@ -23,12 +23,10 @@ from genhook.engines.registry import Registry
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.net import AddressPolicy, fetch_input_image
 from genhook.storage import BlobStore
-from genhook.storage.blobs import new_blob_key
+from genhook.storage.blobs import extension_of, new_blob_key
 from genhook.tasks.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
-
-_EXTENSIONS = {"image/jpeg": ".jpeg", "image/png": ".png", "image/webp": ".webp"}
 
 
 class LeaseLost(Exception):
@@ -188,7 +186,7 @@ class Worker:
         )
         if not done:
             for key in keys:
-                await self.storage.delete_prefix(key)
+                await self.storage.delete(key)
 
     def _run_engine(self, engine: Engine, job: EngineJob) -> EngineResult:
         self._engine_busy.set()
@@ -222,7 +220,7 @@ class Worker:
     async def _store_outputs(self, result: EngineResult) -> list[str]:
         keys = []
         for output in result.outputs:
-            key = new_blob_key("outputs", _EXTENSIONS.get(output.content_type, ""))
+            key = new_blob_key("outputs", extension_of(output.content_type))
             await self.storage.put(key, output.data, output.content_type)
             keys.append(key)
         return keys
