@@ -1,0 +1,208 @@
+"""Benchmark of the built-in image-edit engine.
+
+Per operation: median and p95 wall time of ``ImageEditEngine.run`` for a 1024×1024 JPEG
+input (a portrait, so face and background operations have a subject) to a 2048*2048 JPEG
+output, everything included: decoding, NSFW check of the input, the edit, the fit, the
+NSFW flag of the output and encoding. Throughput: the same job list run by 1 and by 2
+worker processes (multiprocessing, spawn, one engine per process as the service runs it).
+
+    .venv/bin/python benchmarks/image_edit.py            # everything, standard mode
+    .venv/bin/python benchmarks/image_edit.py --runs 5 --jobs 40 --mode fast --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from genhook.config import Settings
+from genhook.engines.base import EngineJob
+from genhook.engines.image_edit import ImageEditEngine
+
+PIXEL_OPS: dict[str, str] = {
+    "grayscale": "make it black and white",
+    "sepia": "sepia",
+    "invert": "invert the colors",
+    "brightness": "increase brightness by 20%",
+    "contrast": "increase contrast by 20%",
+    "saturation": "boost saturation by 30%",
+    "sharpness": "reduce sharpness by 30%",
+    "blur": "blur it",
+    "sharpen": "sharpen",
+    "rotate": "rotate 30 degrees",
+    "flip": "flip horizontally",
+    "crop": "crop to 16:9",
+    "pixelate": "pixelate",
+    "posterize": "posterize to 4 levels",
+    "edges": "detect edges",
+    "sketch": "pencil sketch",
+    "cartoon": "make it look like a cartoon",
+    "painting": "make it look like a painting",
+    "vignette": "add a vignette",
+    "border": "add a 40px gold border",
+    "caption": 'add the caption "genhook" at the bottom in white',
+}
+DETECTOR_OPS: dict[str, str] = {
+    "blur_faces": "blur the faces",
+    "pixelate_faces": "pixelate the faces",
+    "remove_background": "remove the background",
+    "blur_background": "blur the background",
+    "color_background": "make the background light blue",
+}
+
+
+def input_jpeg() -> bytes:
+    """Grace Hopper's portrait from matplotlib's wheel, cover-fitted to 1024×1024."""
+    import matplotlib.cbook
+
+    path = matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
+    image = Image.open(path).convert("RGB")
+    side = min(image.size)
+    image = image.crop((0, 0, side, side)).resize((1024, 1024), Image.Resampling.LANCZOS)
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def job(prompt: str, data: bytes, mode: str, index: int = 0) -> EngineJob:
+    params = {
+        "model": "genhook/image-edit",
+        "prompt": prompt,
+        "size": "2048*2048",
+        "output_format": "jpeg",
+        "thinking": "enabled",
+        "prompt_optimization_mode": mode,
+        "enable_base64_output": False,
+    }
+    return EngineJob(f"bench-{index}", "genhook/image-edit", params, [data])
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    rank = fraction * (len(ordered) - 1)
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def per_operation(runs: int, mode: str, data: bytes) -> dict[str, dict[str, float]]:
+    engine = ImageEditEngine(Settings())
+    engine.load()
+    figures: dict[str, dict[str, float]] = {}
+    for kind, table in (("pixel", PIXEL_OPS), ("detector", DETECTOR_OPS)):
+        for name, prompt in table.items():
+            task = job(prompt, data, mode)
+            engine.run(task)  # warm-up
+            times = []
+            for _ in range(runs):
+                start = time.perf_counter()
+                engine.run(task)
+                times.append((time.perf_counter() - start) * 1000)
+            figures[name] = {
+                "kind": kind,  # type: ignore[dict-item]
+                "median_ms": statistics.median(times),
+                "p95_ms": percentile(times, 0.95),
+            }
+            print(
+                f"  {name:18s} {kind:8s} median {figures[name]['median_ms']:7.1f} ms"
+                f"   p95 {figures[name]['p95_ms']:7.1f} ms",
+                flush=True,
+            )
+    return figures
+
+
+def _worker(jobs: Queue[EngineJob | None], ready: Queue[int], go: Event, warm: EngineJob) -> None:
+    engine = ImageEditEngine(Settings())
+    engine.load()
+    engine.run(warm)
+    ready.put(1)
+    go.wait()
+    while (task := jobs.get()) is not None:
+        engine.run(task)
+
+
+def throughput(processes: int, tasks: list[EngineJob]) -> float:
+    ctx = mp.get_context("spawn")
+    jobs: Queue[EngineJob | None] = ctx.Queue()
+    ready: Queue[int] = ctx.Queue()
+    go = ctx.Event()
+    for task in tasks:
+        jobs.put(task)
+    for _ in range(processes):
+        jobs.put(None)
+    workers = [
+        ctx.Process(target=_worker, args=(jobs, ready, go, tasks[0])) for _ in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    for _ in range(processes):
+        ready.get(timeout=300)
+    start = time.perf_counter()
+    go.set()
+    for worker in workers:
+        worker.join()
+    elapsed = time.perf_counter() - start
+    if any(worker.exitcode != 0 for worker in workers):
+        raise SystemExit("a benchmark worker failed")
+    return len(tasks) / elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=15, help="timed runs per operation")
+    parser.add_argument("--jobs", type=int, default=48, help="tasks in the throughput job list")
+    parser.add_argument("--mode", choices=["standard", "fast"], default="standard")
+    parser.add_argument("--skip-operations", action="store_true")
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+
+    data = input_jpeg()
+    report: dict[str, Any] = {
+        "input": "1024x1024 JPEG",
+        "output": "2048*2048 JPEG",
+        "mode": args.mode,
+        "cpus": mp.cpu_count(),
+    }
+    if not args.skip_operations:
+        print(f"per operation ({args.runs} runs each, {args.mode} mode):", flush=True)
+        ops = per_operation(args.runs, args.mode, data)
+        report["operations"] = ops
+        pixel = [v["median_ms"] for v in ops.values() if v["kind"] == "pixel"]
+        detector = [v["median_ms"] for v in ops.values() if v["kind"] == "detector"]
+        report["pixel_median_of_medians_ms"] = statistics.median(pixel)
+        report["pixel_worst_median_ms"] = max(pixel)
+        report["detector_worst_median_ms"] = max(detector)
+        print(
+            f"pixel operations: median of medians {statistics.median(pixel):.1f} ms, "
+            f"worst median {max(pixel):.1f} ms; face/background worst median "
+            f"{max(detector):.1f} ms"
+        )
+    if not args.skip_throughput:
+        prompts = list(PIXEL_OPS.values()) + list(DETECTOR_OPS.values())
+        tasks = [job(prompts[i % len(prompts)], data, args.mode, i) for i in range(args.jobs)]
+        one = throughput(1, tasks)
+        two = throughput(2, tasks)
+        report["tasks_per_second"] = {"1": one, "2": two, "scaling": two / one}
+        print(
+            f"throughput over {len(tasks)} mixed tasks: 1 worker {one:.2f} tasks/s, "
+            f"2 workers {two:.2f} tasks/s, scaling {two / one:.2f}x"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
