@@ -80,6 +80,7 @@ def test_image_inputs(tmp_path: Path):
     assert image_item(str(path)).startswith("data:image/jpeg;")
     assert image_item(bytearray(JPEG)) == image_item(memoryview(JPEG)) == image_item(JPEG)
     assert image_items(("http://a/1.png", path)) == ["http://a/1.png", image_item(path)]
+    assert image_item("ftp://example.test/a.png") == "ftp://example.test/a.png"
     with pytest.raises(TypeError):
         image_item(42)  # type: ignore[arg-type]
     with pytest.raises(FileNotFoundError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import io
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias, runtime_checkable
@@ -28,7 +29,9 @@ class SavableImage(Protocol):
 ImageInput: TypeAlias = str | os.PathLike[str] | bytes | bytearray | memoryview | SavableImage
 """A URL, a data URL, a local file path, raw image bytes, or a PIL image."""
 
-_PASSTHROUGH_PREFIXES = ("http://", "https://", "data:")
+# Anything URL-shaped passes through, even a scheme the service refuses: the service's
+# answer names the item (``images[2]``) and says why.
+_URL_RE = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*://|data:)")
 
 
 def data_url(data: bytes) -> str:
@@ -41,7 +44,7 @@ def data_url(data: bytes) -> str:
 def image_item(value: ImageInput) -> str:
     """Convert one input to an ``images`` item; raise FileNotFoundError for a missing path."""
     if isinstance(value, str):
-        if value.startswith(_PASSTHROUGH_PREFIXES):
+        if _URL_RE.match(value):
             return value
         return data_url(Path(value).expanduser().read_bytes())
     if isinstance(value, os.PathLike):
