@@ -103,7 +103,9 @@ async def get_usage(
     state: StateDep,
     account: AccountDep,
     limit: int = Query(default=100, ge=1, le=1000),
-    cursor: int | None = Query(default=None, ge=0, description="next_cursor of the last page"),
+    cursor: int | None = Query(
+        default=None, ge=0, le=2**62, description="next_cursor of the last page"
+    ),
 ) -> Any:
     async with state.db.read() as session:
         total, count = (

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-22 08:37:24.276454
+Create Date: 2026-11-22 08:56:24.380636
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ def upgrade() -> None:
         batch_op.create_index(
             "ix_tasks_account_created", ["account_id", "created_at"], unique=False
         )
+        batch_op.create_index("ix_tasks_finished", ["finished_at"], unique=False)
         batch_op.create_index("ix_tasks_status_available", ["status", "available_at"], unique=False)
         batch_op.create_index("ix_tasks_status_deadline", ["status", "deadline_at"], unique=False)
         batch_op.create_index("ix_tasks_status_lease", ["status", "lease_expires_at"], unique=False)
@@ -142,6 +143,8 @@ def upgrade() -> None:
         sa.Column("body", sa.LargeBinary(), nullable=False),
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("attempts", sa.Integer(), nullable=False),
+        sa.Column("round_start", sa.Integer(), nullable=False),
+        sa.Column("redeliveries", sa.Integer(), nullable=False),
         sa.Column("next_attempt_at", sa.BigInteger(), nullable=True),
         sa.Column("lease_owner", sa.String(length=100), nullable=True),
         sa.Column("lease_expires_at", sa.BigInteger(), nullable=True),
@@ -150,6 +153,7 @@ def upgrade() -> None:
         sa.Column("created_at", sa.BigInteger(), nullable=False),
         sa.Column("updated_at", sa.BigInteger(), nullable=False),
         sa.Column("delivered_at", sa.BigInteger(), nullable=True),
+        sa.Column("last_attempt_at", sa.BigInteger(), nullable=True),
         sa.ForeignKeyConstraint(
             ["account_id"],
             ["accounts.id"],
@@ -217,6 +221,7 @@ def downgrade() -> None:
         batch_op.drop_index("ix_tasks_status_lease")
         batch_op.drop_index("ix_tasks_status_deadline")
         batch_op.drop_index("ix_tasks_status_available")
+        batch_op.drop_index("ix_tasks_finished")
         batch_op.drop_index("ix_tasks_account_created")
 
     op.drop_table("tasks")
