@@ -228,8 +228,9 @@ def test_client_error_mapping_live(service):
         fields = {e.field for e in exc.value.errors}
         assert "images[1]" in fields and "size" in fields
         with pytest.raises(InvalidRequest) as exc:
-            client.edit("x", red_png(), model=MODEL, webhook_url="https://10.0.0.1/hook")
-        assert "routable public address" in exc.value.message
+            client.edit("x", red_png(), model=MODEL, webhook_url="https://127.0.0.1/" + "a" * 1100)
+        assert "1024" in exc.value.message
+        assert [e.field for e in exc.value.errors] == ["webhook_url"]
         assert client.usage().currency == "USD"
 
 
