@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 from sqlalchemy import func, select
-from tests.conftest import Harness
-from tests.support.images import data_url, image_bytes
 
 from genhook.accounts import create_key, revoke_key
 from genhook.db import Task
 from genhook.engines.edit_request import ALLOWED_SIZES
+from tests.conftest import Harness
+from tests.support.images import data_url, image_bytes
 
 MODEL = "test/fake-edit"
 

@@ -12,12 +12,12 @@ import pytest
 from aiohttp import web
 from PIL import Image
 from sqlalchemy import select, update
-from tests.conftest import Harness
-from tests.support.images import data_url, image_bytes
 
 from genhook.db import Task, UsageLine, now_ms
 from genhook.errors import ErrorCode
 from genhook.tasks import Lifecycle, Worker
+from tests.conftest import Harness
+from tests.support.images import data_url, image_bytes
 
 MODEL = "test/fake-edit"
 

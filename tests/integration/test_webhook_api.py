@@ -14,14 +14,6 @@ import httpx
 import pytest
 from nacl.signing import VerifyKey
 from sqlalchemy import update
-from tests.support.images import data_url
-from tests.support.webhook_receiver import (
-    Receiver,
-    create_schema,
-    sequence,
-    status,
-    webhook_settings,
-)
 
 from genhook.accounts import NewAccount, create_account
 from genhook.api import AppState, build_state, create_app
@@ -31,6 +23,14 @@ from genhook.engines.registry import build_registry
 from genhook.tasks import Worker
 from genhook.webhooks.keys import ensure_signing_key
 from genhook.webhooks.service import WebhookService
+from tests.support.images import data_url
+from tests.support.webhook_receiver import (
+    Receiver,
+    create_schema,
+    sequence,
+    status,
+    webhook_settings,
+)
 
 MODEL = "test/fake-edit"
 

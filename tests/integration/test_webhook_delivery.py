@@ -15,6 +15,14 @@ import pytest
 from aiohttp import web
 from nacl.signing import VerifyKey
 from sqlalchemy import select
+
+from genhook.client._signature import b64url_decode
+from genhook.config import Settings
+from genhook.db import Database, Task, WebhookAttempt, WebhookDelivery
+from genhook.net import AddressPolicy
+from genhook.webhooks.keys import ensure_signing_key, jwks, rotate_signing_key
+from genhook.webhooks.outbox import enqueue_delivery
+from genhook.webhooks.service import WebhookService
 from tests.support.webhook_receiver import (
     MapResolver,
     Receiver,
@@ -28,14 +36,6 @@ from tests.support.webhook_receiver import (
     terminal_task,
     webhook_settings,
 )
-
-from genhook.client._signature import b64url_decode
-from genhook.config import Settings
-from genhook.db import Database, Task, WebhookAttempt, WebhookDelivery
-from genhook.net import AddressPolicy
-from genhook.webhooks.keys import ensure_signing_key, jwks, rotate_signing_key
-from genhook.webhooks.outbox import enqueue_delivery
-from genhook.webhooks.service import WebhookService
 
 __all__ = ["loopback_only"]
 

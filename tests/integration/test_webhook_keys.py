@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
-from tests.support.webhook_receiver import add_account, create_schema, webhook_settings
 from typer.testing import CliRunner
 
 from genhook.config import Settings
@@ -27,6 +26,7 @@ from genhook.webhooks.keys import (
     retire_signing_key,
     rotate_signing_key,
 )
+from tests.support.webhook_receiver import add_account, create_schema, webhook_settings
 
 
 @pytest.fixture

@@ -14,6 +14,14 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from sqlalchemy import insert, select, text
+
+from genhook.config import Settings
+from genhook.db import Database, WebhookAttempt, WebhookDelivery, now_ms
+from genhook.webhooks.dispatcher import Dispatcher
+from genhook.webhooks.keys import KeyRing, ensure_signing_key
+from genhook.webhooks.outbox import enqueue_delivery
+from genhook.webhooks.reconcile import Reconciler
+from genhook.webhooks.service import WebhookService
 from tests.support.webhook_receiver import (
     Receiver,
     add_account,
@@ -23,14 +31,6 @@ from tests.support.webhook_receiver import (
     terminal_task,
     webhook_settings,
 )
-
-from genhook.config import Settings
-from genhook.db import Database, WebhookAttempt, WebhookDelivery, now_ms
-from genhook.webhooks.dispatcher import Dispatcher
-from genhook.webhooks.keys import KeyRing, ensure_signing_key
-from genhook.webhooks.outbox import enqueue_delivery
-from genhook.webhooks.reconcile import Reconciler
-from genhook.webhooks.service import WebhookService
 
 ROOT = Path(__file__).resolve().parents[2]
 

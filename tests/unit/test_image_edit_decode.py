@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
-from tests.unit.image_edit_fixtures import BLUE, GREEN, RED, YELLOW, close, encode, mean, quadrants
 
 from genhook.engines.image_edit._decode import decode_image, register_heif
 from genhook.errors import ErrorCode, TaskFailure
+from tests.unit.image_edit_fixtures import BLUE, GREEN, RED, YELLOW, close, encode, mean, quadrants
 
 LIMIT = 40_000_000
 
@@ -181,6 +181,7 @@ _MAGICS = [
 ]
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(magic=st.sampled_from(_MAGICS), tail=st.binary(max_size=300))
 def test_garbage_behind_valid_magic_fails_cleanly(magic: bytes, tail: bytes) -> None:

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from tests.unit.image_edit_fixtures import encode, gradient, make_engine, noise, run
 
 from genhook.engines.image_edit import ImageEditEngine
 from genhook.errors import ErrorCode, TaskFailure
+from tests.unit.image_edit_fixtures import encode, gradient, make_engine, noise, run
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,11 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from PIL import Image
+
+from genhook.engines.edit_request import ALLOWED_SIZES, parse_size
+from genhook.engines.image_edit import ImageEditEngine
+from genhook.engines.image_edit._plan import OPERATIONS
+from genhook.errors import ErrorCode, TaskFailure
 from tests.unit.image_edit_fixtures import (
     BLUE,
     GREEN,
@@ -24,11 +29,6 @@ from tests.unit.image_edit_fixtures import (
     solid,
     subject_on_background,
 )
-
-from genhook.engines.edit_request import ALLOWED_SIZES, parse_size
-from genhook.engines.image_edit import ImageEditEngine
-from genhook.engines.image_edit._plan import OPERATIONS
-from genhook.errors import ErrorCode, TaskFailure
 
 
 @pytest.fixture(scope="module")
@@ -362,3 +362,18 @@ def test_engine_errors_are_task_failures(engine: ImageEditEngine) -> None:
         run(engine, "grayscale", [QUADS, b"not an image"])
     assert info.value.code == ErrorCode.INPUT_UNSUPPORTED_FORMAT
     assert "image 2" in info.value.message
+
+
+@pytest.mark.parametrize("size", [(1, 1), (3, 700)])
+def test_every_operation_survives_degenerate_pictures(
+    engine: ImageEditEngine, size: tuple[int, int]
+) -> None:
+    source = encode(noise(size))
+    for doc in OPERATIONS:
+        try:
+            out, _ = run(engine, doc.example, [source] * 3, output_format="jpeg")
+        except TaskFailure as failure:
+            # Refusing is fine (no face in noise, no subject to cut out); crashing is not.
+            assert failure.code == ErrorCode.INSTRUCTION_INVALID, (doc.name, failure)
+        else:
+            assert out.size == (1024, 1024), doc.name

@@ -7,6 +7,12 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from PIL import Image
+
+from genhook.config import Settings
+from genhook.engines.image_edit import BUILTIN_BLOCKED_TERMS, ImageEditEngine
+from genhook.engines.image_edit._detector import Detector
+from genhook.engines.image_edit._moderation import blocked_terms, check_prompt
+from genhook.errors import ErrorCode, TaskFailure
 from tests.unit.image_edit_fixtures import (
     encode,
     make_engine,
@@ -15,12 +21,6 @@ from tests.unit.image_edit_fixtures import (
     quadrants,
     run,
 )
-
-from genhook.config import Settings
-from genhook.engines.image_edit import BUILTIN_BLOCKED_TERMS, ImageEditEngine
-from genhook.engines.image_edit._detector import Detector
-from genhook.engines.image_edit._moderation import blocked_terms, check_prompt
-from genhook.errors import ErrorCode, TaskFailure
 
 # Where the face is in grace_hopper.jpg (512×600), measured by eye on the picture.
 FACE_CENTER = (262, 240)

@@ -9,7 +9,6 @@ import json
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from nacl.signing import VerifyKey
-from tests.support.webhook_receiver import payload_for, terminal_task
 
 from genhook.client._signature import b64url_decode
 from genhook.webhooks.keys import (
@@ -21,6 +20,7 @@ from genhook.webhooks.keys import (
 )
 from genhook.webhooks.outbox import TIMEOUT_ERROR, build_body, event_type_for
 from genhook.webhooks.signing import HeaderSigner
+from tests.support.webhook_receiver import payload_for, terminal_task
 
 
 def test_completed_body() -> None:

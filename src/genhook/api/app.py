@@ -20,12 +20,14 @@ from genhook import __version__
 from genhook.api.deps import AppState
 from genhook.api.errors import install_error_handlers
 from genhook.api.routes_tasks import router as tasks_router
+from genhook.api.routes_webhooks import router as webhooks_router
 from genhook.config import Settings
 from genhook.db import Database
 from genhook.engines.registry import Registry, build_registry
 from genhook.net import AddressPolicy, Resolver
 from genhook.storage import open_blob_store
 from genhook.tasks.lifecycle import Lifecycle
+from genhook.webhooks.service import WebhookService, ensure_signing_key
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +100,7 @@ def create_app(
     app.state.genhook = state
     install_error_handlers(app)
     app.include_router(tasks_router)
-    _include_webhook_routes(app)
+    app.include_router(webhooks_router)
 
     @app.get("/healthz", tags=["operations"], summary="Liveness: the process answers")
     async def healthz() -> dict[str, str]:
@@ -119,18 +121,6 @@ def create_app(
     return app
 
 
-def _include_webhook_routes(app: FastAPI) -> None:
-    try:
-        from genhook.api.routes_webhooks import router
-    except ImportError:  # pragma: no cover - only while the module is absent
-        return
-    app.include_router(router)
-
-
 async def _run_webhooks(state: AppState, stop: asyncio.Event) -> None:
-    try:
-        from genhook.webhooks.service import WebhookService, ensure_signing_key
-    except ImportError:  # pragma: no cover - only while the module is absent
-        return
     await ensure_signing_key(state.db, state.settings)
     await WebhookService(state.settings, state.db).run(stop)

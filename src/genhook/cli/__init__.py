@@ -201,25 +201,18 @@ def keys_revoke(key_id: str) -> None:
     console.print(f"revoked {key_id}")
 
 
-def _register_optional() -> None:
-    """Attach the webhook and SDK command groups that live in their own modules."""
-    try:
-        from genhook.cli import webhooks as webhook_cli
-    except ImportError:
-        webhook_cli = None  # type: ignore[assignment]
-    if webhook_cli is not None:
-        app.add_typer(webhook_cli.signing_keys_app, name="signing-keys")
-        app.add_typer(webhook_cli.deliveries_app, name="deliveries")
-        accounts_app.command("rotate-secret")(webhook_cli.rotate_secret)
-    try:
-        from genhook.cli import client_cmds
-    except ImportError:
-        client_cmds = None  # type: ignore[assignment]
-    if client_cmds is not None:
-        client_cmds.register(app)
+def _register_command_groups() -> None:
+    """Attach the webhook and client command groups, which live in their own modules."""
+    from genhook.cli import client_cmds
+    from genhook.cli import webhooks as webhook_cli
+
+    app.add_typer(webhook_cli.signing_keys_app, name="signing-keys")
+    app.add_typer(webhook_cli.deliveries_app, name="deliveries")
+    accounts_app.command("rotate-secret")(webhook_cli.rotate_secret)
+    client_cmds.register(app)
 
 
-_register_optional()
+_register_command_groups()
 
 
 def main() -> None:

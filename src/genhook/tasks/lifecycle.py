@@ -22,6 +22,7 @@ from genhook.db import Database, Task, UsageLine, now_ms
 from genhook.errors import ErrorCode
 from genhook.storage import BlobStore
 from genhook.tasks.views import TIMEOUT_MESSAGE, prediction_view
+from genhook.webhooks.outbox import enqueue_delivery
 
 log = logging.getLogger(__name__)
 
@@ -182,8 +183,6 @@ class Lifecycle:
                 )
             )
         if task.webhook_url:
-            from genhook.webhooks.outbox import enqueue_delivery
-
             payload = await prediction_view(task, self.settings, self.storage, for_webhook=True)
             await enqueue_delivery(
                 session,
