@@ -19,9 +19,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import cast
 
 import aiohttp
-from sqlalchemy import insert, select, update
+from sqlalchemy import Table, bindparam, func, insert, select, update
 
 from genhook.config import Settings
 from genhook.db import Account, Database, WebhookAttempt, WebhookDelivery, now_ms
@@ -380,6 +381,7 @@ class Dispatcher:
                 .with_for_update()
             )
             current = {row.id: (row.attempts, row.round_start) for row in held.all()}
+            changes: list[dict[str, object]] = []
             attempts: list[dict[str, object]] = []
             for outcome in outcomes:
                 state = current.pop(outcome.delivery.id, None)
@@ -387,21 +389,15 @@ class Dispatcher:
                     log.info("lease on %s was lost; outcome discarded", outcome.delivery.id)
                     continue
                 number = state[0] + 1
-                values = self._next_state(outcome, number - state[1], now)
-                await session.execute(
-                    update(WebhookDelivery)
-                    .where(WebhookDelivery.id == outcome.delivery.id)
-                    .values(
-                        attempts=number,
-                        lease_owner=None,
-                        lease_expires_at=None,
-                        last_status_code=outcome.status_code,
-                        last_error=outcome.error,
-                        last_attempt_at=outcome.started_at,
-                        updated_at=now,
-                        **values,
-                    )
-                    .execution_options(synchronize_session=False)
+                changes.append(
+                    {
+                        "b_id": outcome.delivery.id,
+                        "b_attempts": number,
+                        "b_code": outcome.status_code,
+                        "b_error": outcome.error,
+                        "b_last": outcome.started_at,
+                        **self._next_state(outcome, number - state[1], now),
+                    }
                 )
                 attempts.append(
                     {
@@ -415,23 +411,45 @@ class Dispatcher:
                         "kid": outcome.kid,
                     }
                 )
-            if attempts:
-                await session.execute(insert(WebhookAttempt), attempts)
+            if changes:
+                conn = await session.connection()
+                await conn.execute(_RECORD.values(updated_at=now), changes)
+                await conn.execute(insert(_ATTEMPTS), attempts)
 
     def _next_state(self, outcome: Outcome, in_round: int, now: int) -> dict[str, object]:
+        """Status, next attempt time and delivery time, as ``_RECORD`` parameters."""
         settings = self.settings
         if outcome.acknowledged:
-            return {"status": "delivered", "delivered_at": now, "next_attempt_at": None}
-        if outcome.status_code == 410:
-            return {"status": "undeliverable", "next_attempt_at": None}
-        if in_round >= settings.webhook_retry_max_attempts:
-            return {"status": "undeliverable", "next_attempt_at": None}
+            return {"b_status": "delivered", "b_next": None, "b_delivered": now}
+        if outcome.status_code == 410 or in_round >= settings.webhook_retry_max_attempts:
+            return {"b_status": "undeliverable", "b_next": None, "b_delivered": None}
         cap = settings.webhook_retry_cap_seconds
         if outcome.retry_after is not None:
             delay = clamp(outcome.retry_after, RETRY_AFTER_MIN_SECONDS, cap)
         else:
             delay = backoff_delay(in_round, settings.webhook_retry_base_seconds, cap)
-        return {"status": "pending", "next_attempt_at": now + int(delay * 1000)}
+        return {"b_status": "pending", "b_next": now + int(delay * 1000), "b_delivered": None}
+
+
+_DELIVERIES = cast(Table, WebhookDelivery.__table__)
+_ATTEMPTS = cast(Table, WebhookAttempt.__table__)
+_D = _DELIVERIES.c
+# One executemany UPDATE records a whole batch of outcomes.
+_RECORD = (
+    update(_DELIVERIES)
+    .where(_D.id == bindparam("b_id"))
+    .values(
+        attempts=bindparam("b_attempts"),
+        status=bindparam("b_status"),
+        next_attempt_at=bindparam("b_next"),
+        delivered_at=func.coalesce(bindparam("b_delivered"), _D.delivered_at),
+        lease_owner=None,
+        lease_expires_at=None,
+        last_status_code=bindparam("b_code"),
+        last_error=bindparam("b_error"),
+        last_attempt_at=bindparam("b_last"),
+    )
+)
 
 
 async def _read_up_to(response: aiohttp.ClientResponse, limit: int) -> bytes:

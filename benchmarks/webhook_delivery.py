@@ -1,0 +1,350 @@
+"""Webhook delivery benchmark: sustained signed deliveries/s against a bare aiohttp ceiling,
+and terminal-to-receipt latency at a fixed offered rate.
+
+    .venv/bin/python benchmarks/webhook_delivery.py [--count 6000] [--rate 200] [--seconds 10]
+        [--database-url URL]
+
+A fast sink (aiohttp, 127.0.0.1) runs in its own process and records when each delivery
+arrives. Throughput: ``--count`` deliveries are made due at once and the real service
+(claims, signing with HMAC + Ed25519, the shared keep-alive session, batched outcome
+writes) delivers them; in the same run a bare aiohttp loop POSTs the same bodies to the
+same sink with the same concurrency, the ceiling. Latency: terminal transitions are
+committed one per transaction at ``--rate`` per second for ``--seconds``; latency is from
+each commit to the sink's receipt. It is measured twice: with the in-process wake-up (the
+producer shares the process with the dispatcher) and with polling only (a producer in
+another process, the API/worker split).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from sqlalchemy import insert, update
+
+from genhook.config import Settings
+from genhook.db import Account, Base, Database, Task, WebhookDelivery, now_ms
+from genhook.webhooks import outbox
+from genhook.webhooks.outbox import build_body, enqueue_delivery
+from genhook.webhooks.service import WebhookService
+
+CONCURRENCY = 128
+
+
+# -- the sink -----------------------------------------------------------------------------
+
+
+def _sink_main(conn: Any) -> None:
+    received: dict[str, float] = {}
+
+    async def hook(request: web.Request) -> web.Response:
+        await request.read()
+        received[request.headers.get("X-Service-Webhook-Id", "")] = time.time()
+        return web.Response(text="ok")
+
+    async def stats(_: web.Request) -> web.Response:
+        return web.json_response(received)
+
+    async def reset(_: web.Request) -> web.Response:
+        received.clear()
+        return web.Response(text="ok")
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/hook", hook)
+        app.router.add_get("/stats", stats)
+        app.router.add_post("/reset", reset)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
+        await site.start()
+        conn.send(runner.addresses[0][1])
+        await asyncio.Event().wait()
+
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(main())
+
+
+class Sink:
+    def __init__(self) -> None:
+        parent, child = multiprocessing.Pipe()
+        ctx = multiprocessing.get_context("spawn")
+        self.process = ctx.Process(target=_sink_main, args=(child,), daemon=True)
+        self.process.start()
+        self.port: int = parent.recv()
+        self.url = f"http://127.0.0.1:{self.port}/hook"
+
+    async def stats(self, session: aiohttp.ClientSession) -> dict[str, float]:
+        async with session.get(f"http://127.0.0.1:{self.port}/stats") as r:
+            data: dict[str, float] = await r.json()
+            return data
+
+    async def reset(self, session: aiohttp.ClientSession) -> None:
+        async with session.post(f"http://127.0.0.1:{self.port}/reset") as r:
+            await r.read()
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.join(5)
+
+
+# -- fixtures -----------------------------------------------------------------------------
+
+PAYLOAD_OUTPUTS = ["https://genhook.example/api/v1/outputs/" + "a" * 40 + ".jpeg"]
+
+
+def make_task(task_id: str, url: str, now: int) -> Task:
+    return Task(
+        id=task_id,
+        account_id="acct_bench",
+        model="genhook/image-edit",
+        kind="image",
+        status="completed",
+        params={"prompt": "make the sky purple", "size": "1024*1024"},
+        inputs=[],
+        webhook_url=url,
+        created_at=now,
+        updated_at=now,
+        available_at=now,
+        deadline_at=now + 300_000,
+        finished_at=now,
+        attempts=1,
+        lease_losses=0,
+        outputs=["x.jpeg"],
+        has_nsfw_contents=[False],
+        info={},
+        charge={},
+    )
+
+
+def payload(task: Task) -> dict[str, Any]:
+    return {
+        "id": task.id,
+        "model": task.model,
+        "status": task.status,
+        "outputs": PAYLOAD_OUTPUTS,
+        "has_nsfw_contents": [False],
+        "created_at": "2026-11-22T08:00:00.000Z",
+        "urls": {"get": f"https://genhook.example/api/v1/model/result/{task.id}"},
+    }
+
+
+async def bulk_enqueue(db: Database, url: str, prefix: str, count: int) -> list[bytes]:
+    """Tasks and due deliveries, inserted in bulk (setup, not measured)."""
+    now = now_ms()
+    bodies: list[bytes] = []
+    for start in range(0, count, 1000):
+        tasks, deliveries = [], []
+        for i in range(start, min(count, start + 1000)):
+            task = make_task(f"{prefix}{i:06d}", url, now)
+            body = build_body(task, "image.task.terminal", payload(task))
+            bodies.append(body)
+            tasks.append({c.name: getattr(task, c.name) for c in Task.__table__.columns})
+            deliveries.append(
+                dict(
+                    id=f"whd_{prefix}{i:06d}",
+                    task_id=task.id,
+                    account_id="acct_bench",
+                    url=url,
+                    event_type="image.task.terminal",
+                    body=body,
+                    status="pending",
+                    attempts=0,
+                    round_start=0,
+                    redeliveries=0,
+                    next_attempt_at=2**62,  # made due all at once when the run starts
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+        async with db.write() as session:
+            await session.execute(insert(Task), tasks)
+            await session.execute(insert(WebhookDelivery), deliveries)
+    return bodies
+
+
+# -- measurements -------------------------------------------------------------------------
+
+
+async def bare_ceiling(url: str, bodies: list[bytes]) -> float:
+    """The same bodies, same sink, same concurrency, no database and no signing."""
+    connector = aiohttp.TCPConnector(limit=CONCURRENCY)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        queue = iter(enumerate(bodies))
+
+        async def worker() -> None:
+            for i, body in queue:
+                headers = {"Content-Type": "application/json", "X-Service-Webhook-Id": f"bare{i}"}
+                async with session.post(url, data=body, headers=headers) as r:
+                    await r.read()
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+        return len(bodies) / (time.perf_counter() - started)
+
+
+async def wait_delivered(db: Database, prefix: str, count: int) -> None:
+    from sqlalchemy import func, select
+
+    while True:
+        async with db.read() as session:
+            done = await session.scalar(
+                select(func.count())
+                .select_from(WebhookDelivery)
+                .where(
+                    WebhookDelivery.status == "delivered", WebhookDelivery.task_id.like(f"{prefix}%")
+                )
+            )
+        if done == count:
+            return
+        await asyncio.sleep(0.05)
+
+
+async def service_throughput(settings: Settings, db: Database, prefix: str, count: int) -> float:
+    stop = asyncio.Event()
+    service = WebhookService(settings, db)
+    run = asyncio.create_task(service.run(stop))
+    await asyncio.sleep(0.5)  # key ring and sessions ready
+    started = time.perf_counter()
+    async with db.write() as session:
+        await session.execute(
+            update(WebhookDelivery)
+            .where(WebhookDelivery.id.like(f"whd_{prefix}%"))
+            .values(next_attempt_at=0)
+        )
+    service.wake()
+    await wait_delivered(db, prefix, count)
+    elapsed = time.perf_counter() - started
+    stop.set()
+    await run
+    return count / elapsed
+
+
+async def latency(
+    settings: Settings,
+    db: Database,
+    sink: Sink,
+    client: aiohttp.ClientSession,
+    prefix: str,
+    rate: float,
+    seconds: float,
+    *,
+    wake: bool,
+) -> list[float]:
+    stop = asyncio.Event()
+    service = WebhookService(settings, db)
+    run = asyncio.create_task(service.run(stop))
+    await asyncio.sleep(0.5)
+    if not wake:
+        outbox._wake_listeners.clear()  # as if the producer ran in another process
+    committed: dict[str, float] = {}
+    total = int(rate * seconds)
+    interval = 1.0 / rate
+    begin = time.perf_counter()
+    for i in range(total):
+        target = begin + i * interval
+        delay = target - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        now = now_ms()
+        task = make_task(f"{prefix}{i:06d}", sink.url, now)
+        async with db.write() as session:
+            session.add(task)
+            await session.flush()
+            await enqueue_delivery(
+                session, task=task, event_type="image.task.terminal", payload=payload(task), now=now
+            )
+        committed[task.id] = time.time()
+    await wait_delivered(db, prefix, total)
+    stop.set()
+    await run
+    received = await sink.stats(client)
+    return sorted((received[k] - t) * 1000 for k, t in committed.items())
+
+
+def pct(values: list[float], p: float) -> float:
+    return values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]
+
+
+async def main(args: argparse.Namespace) -> int:
+    tmp = Path(tempfile.mkdtemp(prefix="genhook-bench-"))
+    url = args.database_url or f"sqlite+aiosqlite:///{tmp / 'bench.db'}"
+    settings = Settings(
+        data_dir=tmp,
+        database_url=url,
+        webhook_allow_private_targets=True,
+        webhook_concurrency=CONCURRENCY,
+        log_level="WARNING",
+    )
+    db = Database(url)
+    async with db.write_engine.begin() as conn:
+        await conn.run_sync(Base.metadata.create_all)
+    async with db.write() as session:
+        session.add(
+            Account(id="acct_bench", name="bench", signing_secret="whsec_bench", created_at=0)
+        )
+    sink = Sink()
+    results: dict[str, Any] = {"database": db.dialect, "count": args.count}
+    try:
+        async with aiohttp.ClientSession() as client:
+            bodies = await bulk_enqueue(db, sink.url, "tp", args.count)
+            print(f"body size {len(bodies[0])} bytes; {args.count} deliveries", flush=True)
+            ceiling = await bare_ceiling(sink.url, bodies)
+            await sink.reset(client)
+            signed = await service_throughput(settings, db, "tp", args.count)
+            results.update(
+                signed_per_s=round(signed),
+                ceiling_per_s=round(ceiling),
+                ratio=round(signed / ceiling, 3),
+            )
+            print(
+                f"signed deliveries/s {signed:,.0f}  bare aiohttp ceiling {ceiling:,.0f}  "
+                f"ratio {signed / ceiling:.0%}",
+                flush=True,
+            )
+            for wake in (True, False):
+                await sink.reset(client)
+                prefix = "lw" if wake else "lp"
+                lat = await latency(
+                    settings, db, sink, client, prefix, args.rate, args.seconds, wake=wake
+                )
+                label = "in-process wake" if wake else "poll only"
+                key = "wake" if wake else "poll"
+                results[f"latency_{key}_p50_ms"] = round(pct(lat, 50), 1)
+                results[f"latency_{key}_p99_ms"] = round(pct(lat, 99), 1)
+                results[f"latency_{key}_max_ms"] = round(lat[-1], 1)
+                print(
+                    f"terminal-to-receipt at {args.rate:g}/s ({label}, n={len(lat)}): "
+                    f"p50 {pct(lat, 50):.1f} ms  p99 {pct(lat, 99):.1f} ms  "
+                    f"max {lat[-1]:.1f} ms  mean {statistics.fmean(lat):.1f} ms",
+                    flush=True,
+                )
+    finally:
+        sink.stop()
+        await db.dispose()
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=6000)
+    parser.add_argument("--rate", type=float, default=200.0)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--database-url", default=None)
+    sys.exit(asyncio.run(main(parser.parse_args())))
