@@ -15,7 +15,7 @@ from typing import Any
 import cv2
 import numpy as np
 import numpy.typing as npt
-from PIL import Image, ImageEnhance, ImageFilter, ImageOps
+from PIL import Image, ImageDraw, ImageEnhance, ImageFilter, ImageOps
 
 from genhook.engines.image_edit._detector import Box, Detector
 from genhook.engines.image_edit._plan import Step
@@ -349,8 +349,6 @@ def faces(image: Image.Image, ctx: Context, op: str, strength: str, clause: str)
             sigma = max(region.size) / {"light": 12.0, "strong": 4.0}.get(strength, 7.0)
             hidden = gaussian(region, sigma)
             mask = Image.new("L", region.size, 0)
-            from PIL import ImageDraw
-
             ImageDraw.Draw(mask).ellipse((0, 0, region.width - 1, region.height - 1), fill=255)
             mask = mask.filter(ImageFilter.GaussianBlur(max(1.0, max(region.size) / 30)))
             out.paste(hidden, (x0, y0), mask)

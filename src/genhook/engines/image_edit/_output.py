@@ -65,8 +65,10 @@ def fit(
     inner = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
     scaled = resize(image, inner, fast)
     if image.mode == "RGBA":
+        # Pasted without a mask, so the picture keeps its own transparency (a cut-out
+        # subject stays cut out); only the padding is the opaque pad color.
         canvas = Image.new("RGBA", size, (*rgb(pad_color), 255))
-        canvas.paste(scaled, ((width - inner[0]) // 2, (height - inner[1]) // 2), scaled)
+        canvas.paste(scaled, ((width - inner[0]) // 2, (height - inner[1]) // 2))
         return canvas
     canvas = Image.new("RGB", size, rgb(pad_color))
     canvas.paste(scaled, ((width - inner[0]) // 2, (height - inner[1]) // 2))
@@ -111,18 +113,27 @@ def caption(image: Image.Image, params: dict[str, Any]) -> Image.Image:
     if not text:
         return image
     width, height = image.size
-    font_px = max(10, round(min(width, height) * _CAPTION_SIZES.get(str(params.get("size")), 0.07)))
+    share = _CAPTION_SIZES.get(str(params.get("size")), 0.08)
+    font_px = max(10, round(min(width, height) * share))
+    margin = round(min(width, height) * 0.04)
+    # Wrap to the picture's width (an average glyph is about 0.55 of the font size); shrink
+    # the font until the text fits the height, and cut what still does not fit with "…".
+    while True:
+        chars = max(4, int((width - 2 * margin) / (font_px * 0.55)))
+        lines = textwrap.wrap(text, chars) or [text]
+        room = max(1, int((height - 2 * margin) / (font_px * 1.25)))
+        if len(lines) <= room or font_px <= 12:
+            break
+        font_px = max(12, int(font_px * 0.8))
+    if len(lines) > room:
+        lines = [*lines[: room - 1], lines[room - 1][: max(1, chars - 1)] + "…"]
     font: Any = ImageFont.load_default(size=font_px)
     color = rgb(str(params.get("color", "#ffffff")))
     luminance = 0.299 * color[0] + 0.587 * color[1] + 0.114 * color[2]
     stroke = (0, 0, 0) if luminance > 110 else (255, 255, 255)
     stroke_width = max(1, font_px // 14)
-    margin = round(min(width, height) * 0.04)
     out = image.copy()
     draw = ImageDraw.Draw(out)
-    # Wrap to the picture's width: average glyph width is about 0.55 of the font size.
-    chars = max(4, int((width - 2 * margin) / (font_px * 0.55)))
-    lines = textwrap.wrap(text, chars) or [text]
     block = "\n".join(lines)
     left, top, right, bottom = draw.multiline_textbbox(
         (0, 0), block, font=font, stroke_width=stroke_width, align="center"
@@ -134,6 +145,7 @@ def caption(image: Image.Image, params: dict[str, Any]) -> Image.Image:
         vertical = horizontal = "center"
     x = {"left": margin, "right": width - margin - text_w}.get(horizontal, (width - text_w) // 2)
     y = {"top": margin, "bottom": height - margin - text_h}.get(vertical, (height - text_h) // 2)
+    x, y = max(0, x), max(0, y)
     align = horizontal if horizontal in ("left", "right") else "center"
     fill: tuple[int, ...] = (*color, 255) if out.mode == "RGBA" else color
     stroke_fill: tuple[int, ...] = (*stroke, 255) if out.mode == "RGBA" else stroke
