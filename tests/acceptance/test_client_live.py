@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import io
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -315,3 +317,56 @@ def test_listen_forwards_real_deliveries_byte_identical(service):
     event = WebhookVerifier(jwks_url=jwks_url(service)).verify(dict(headers), body)
     assert event.session_id == created.id
     assert base64.urlsafe_b64decode(dict(headers)["X-Service-Webhook-Signature-Ed25519"] + "==")
+
+
+def test_listen_command_with_the_live_service(service):
+    sink = _Sink()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "genhook.cli",
+            "listen",
+            "--port",
+            "0",
+            "--base-url",
+            service.base_url,
+            "--hmac-secret",
+            service.signing_secret,
+            "--forward-to",
+            sink.url,
+            "--max-deliveries",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**service.env, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"},
+    )
+    try:
+        assert proc.stdout is not None
+        lines: list[str] = []
+        url = ""
+        for line in proc.stdout:
+            lines.append(line)
+            if "Listening on " in line:
+                url = line.split("Listening on ", 1)[1].strip()
+                break
+        assert url, "".join(lines)
+        with Client(service.api_key, base_url=service.base_url) as client:
+            created = client.edit(
+                "x", red_png(), model=MODEL, size="1024*1024", webhook_url=url + "/cb"
+            )
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sink.close()
+    text = "".join(lines) + out
+    assert proc.returncode == 0, text
+    assert "verified ed25519" in text and created.id in text and "forwarded → 204" in text
+    [(body, headers)] = sink.received
+    event = WebhookVerifier(jwks_url=jwks_url(service), hmac_secret=service.signing_secret).verify(
+        dict(headers), body
+    )
+    assert event.session_id == created.id
