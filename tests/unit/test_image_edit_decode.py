@@ -69,12 +69,12 @@ def test_exif_orientation_is_applied() -> None:
     assert close(mean(decoded.image, (40, 8, 56, 40)), RED)
 
 
-def test_gif_uses_the_first_frame_and_counts_frames() -> None:
+def test_gif_uses_the_first_frame() -> None:
     frames = [Image.new("RGB", (32, 32), color).convert("P") for color in (RED, GREEN, BLUE)]
     buffer = io.BytesIO()
     frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:], duration=50)
     decoded = decode_image(buffer.getvalue(), 1, max_pixels=LIMIT)
-    assert decoded.frames == 3
+    assert decoded.animated
     assert close(mean(decoded.image, (0, 0, 32, 32)), RED, tol=10)
 
 
@@ -212,3 +212,12 @@ def test_damaged_real_files_fail_cleanly(cut: int, flips: list[int]) -> None:
             ErrorCode.INPUT_UNSUPPORTED_FORMAT,
             ErrorCode.INPUT_TOO_MANY_PIXELS,
         }
+
+
+def test_multi_page_tiff_uses_the_first_page() -> None:
+    pages = [Image.new("RGB", (24, 24), color) for color in (GREEN, RED)]
+    buffer = io.BytesIO()
+    pages[0].save(buffer, "TIFF", save_all=True, append_images=pages[1:])
+    decoded = decode_image(buffer.getvalue(), 1, max_pixels=LIMIT)
+    assert decoded.animated
+    assert close(mean(decoded.image, (0, 0, 24, 24)), GREEN, tol=2)

@@ -377,3 +377,23 @@ def test_every_operation_survives_degenerate_pictures(
             assert failure.code == ErrorCode.INSTRUCTION_INVALID, (doc.name, failure)
         else:
             assert out.size == (1024, 1024), doc.name
+
+
+def test_letterboxed_cutout_keeps_its_transparency(engine: ImageEditEngine) -> None:
+    wide = encode(subject_on_background(320).crop((0, 40, 320, 280)))
+    out, result = run(engine, "remove the background, letterbox with red", [wide])
+    assert result.info["fit"]["policy"] == "contain"
+    rgba = np.asarray(out.convert("RGBA"), dtype=np.int32)
+    assert rgba[:100, :, 3].min() == 255 and close(mean(out, (0, 0, 1024, 100)), (255, 0, 0), 2)
+    assert rgba[150:250, 0:100, 3].mean() < 10  # cut-out background stays transparent
+    assert rgba[462:562, 462:562, 3].mean() > 245
+
+
+def test_animated_input_is_reported(engine: ImageEditEngine) -> None:
+    frames = [solid(color, (64, 64)).convert("P") for color in (RED, GREEN)]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:], duration=40)
+    out, result = run(engine, "invert", [buffer.getvalue()])
+    assert result.info["inputs"][0]["animated"] is True
+    assert result.info["inputs"][0]["frame_used"] == 1
+    assert close(mean(out, (0, 0, 1024, 1024)), (255 - RED[0], 255 - RED[1], 255 - RED[2]), 6)

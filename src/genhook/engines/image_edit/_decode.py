@@ -65,7 +65,7 @@ class DecodedImage:
     format: str
     width: int  # as stored, before EXIF orientation and any reduction
     height: int
-    frames: int
+    animated: bool  # more than one frame or page; only the first is used
 
 
 def decode_image(
@@ -100,8 +100,11 @@ def decode_image(
     if width * height > max_pixels:
         raise _too_many(number, (width, height), max_pixels)
     try:
-        frames = int(getattr(image, "n_frames", 1) or 1)
-        image.seek(0)
+        # ``is_animated`` looks at most one frame ahead; ``n_frames`` would walk (and for GIF
+        # decode) every frame, a cost a hostile file could multiply.
+        animated = bool(getattr(image, "is_animated", False))
+        if animated:
+            image.seek(0)
         if reduce_to and fmt == "jpeg" and max(width, height) > 2 * reduce_to:
             image.draft(None, (reduce_to, reduce_to))
         image.load()
@@ -122,7 +125,7 @@ def decode_image(
             ErrorCode.INPUT_CORRUPT,
             f"image {number} ({fmt.upper()}) is truncated or corrupt: {_why(exc)}",
         ) from None
-    return DecodedImage(normalized, fmt, width, height, frames)
+    return DecodedImage(normalized, fmt, width, height, animated)
 
 
 def _why(exc: BaseException) -> str:

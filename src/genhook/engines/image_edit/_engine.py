@@ -127,7 +127,7 @@ class ImageEditEngine:
                     "format": d.format,
                     "width": d.width,
                     "height": d.height,
-                    **({"frames": d.frames, "frame_used": 1} if d.frames > 1 else {}),
+                    **({"animated": True, "frame_used": 1} if d.animated else {}),
                 }
                 for number, d in enumerate(decoded, start=1)
             ],
