@@ -259,3 +259,23 @@ async def test_async_verify_flood_shares_one_fetch(jwks_server, clock):
         for r in results
     )
     assert jwks_server.hits == 2
+
+
+def test_one_verifier_serves_several_event_loops(jwks_server, clock):
+    k1 = Ed25519PrivateKey.generate()
+    jwks_server.document = {"keys": [jwk(k1, "k1")]}
+    v = make(jwks_server, clock, min_refetch_interval=0)
+
+    async def burst(tag: str) -> list[Any]:
+        return await asyncio.gather(
+            *(v.averify(*delivery(k1, f"{tag}-{i}", int(clock.now))) for i in range(5)),
+            return_exceptions=True,
+        )
+
+    for tag in ("first", "second"):  # each asyncio.run is a new loop
+        results = asyncio.run(burst(tag))
+        assert all(
+            isinstance(r, WebhookVerificationError) and r.reason is VerificationFailure.UNKNOWN_KEY
+            for r in results
+        )
+    assert asyncio.run(v.averify(*delivery(k1, "k1", int(clock.now)))).key_id == "k1"

@@ -61,7 +61,11 @@ class SQLiteDedupStore:
             self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
         )
         if self.path != ":memory:":
+            # WAL lets readers and the writer overlap; NORMAL sync survives a process crash,
+            # and a power cut can at worst forget a few ids, which the dedup of a retried
+            # delivery tolerates (the task is then processed twice, never lost).
             self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS genhook_webhook_seen ("
             "session_id TEXT PRIMARY KEY, first_seen_ms INTEGER NOT NULL)"

@@ -94,7 +94,7 @@ class RemoteKeys:
         self._attempted_at: float | None = None
         self._last_error: Exception | None = None
         self._lock = threading.Lock()
-        self._alock: asyncio.Lock | None = None
+        self._alock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
         self.fetches = 0
         """How many fetches were started; exposed for metrics and tests."""
 
@@ -159,9 +159,11 @@ class RemoteKeys:
         key = self._fresh(kid)
         if key is not None:
             return key
-        if self._alock is None:
-            self._alock = asyncio.Lock()
-        async with self._alock:
+        # One lock per event loop: an asyncio.Lock must not be shared across loops.
+        loop = asyncio.get_running_loop()
+        if self._alock is None or self._alock[0] is not loop:
+            self._alock = (loop, asyncio.Lock())
+        async with self._alock[1]:
             key = self._fresh(kid)
             if key is not None or not self._may_fetch():
                 return key or self._settle(kid)
