@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from genhook.engines.edit_request import ALLOWED_SIZES, parse_size
@@ -397,3 +399,34 @@ def test_animated_input_is_reported(engine: ImageEditEngine) -> None:
     assert result.info["inputs"][0]["animated"] is True
     assert result.info["inputs"][0]["frame_used"] == 1
     assert close(mean(out, (0, 0, 1024, 1024)), (255 - RED[0], 255 - RED[1], 255 - RED[2]), 6)
+
+
+_PROMPT_PARTS = [doc.example for doc in OPERATIONS] + [
+    "letterbox with white",
+    "stretch it",
+    "make image 2 grayscale",
+    "rotate image 1 by 33 degrees",
+    'write "x" at the center',
+    "add a 4000px border",
+    "pixelate with 1px blocks",
+    "blur it by 900 px",
+]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    parts=st.lists(st.sampled_from(_PROMPT_PARTS), min_size=1, max_size=4),
+    count=st.integers(1, 3),
+    fast=st.booleans(),
+)
+def test_random_plans_give_the_exact_size_or_a_documented_failure(
+    engine: ImageEditEngine, parts: list[str], count: int, fast: bool
+) -> None:
+    sources = [encode(noise((96 + 40 * i, 64 + 30 * i), seed=i)) for i in range(count)]
+    mode = "fast" if fast else "standard"
+    try:
+        out, _ = run(engine, ", ".join(parts), sources, prompt_optimization_mode=mode)
+    except TaskFailure as failure:
+        assert failure.code in (ErrorCode.INSTRUCTION_INVALID, ErrorCode.PROMPT_NOT_UNDERSTOOD)
+    else:
+        assert out.size == (1024, 1024)

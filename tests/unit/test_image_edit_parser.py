@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from genhook.engines.image_edit import OPERATIONS, parse_prompt
 from genhook.engines.image_edit._plan import OPERATION_NAMES
@@ -226,3 +230,77 @@ def test_describe_is_plain_json_with_one_based_images() -> None:
     assert described[0] == {"op": "grayscale", "images": [2], "from": "make image 2 grayscale"}
     assert described[1]["op"] == "blend"
     assert "grayscale" in plan.summary() and "blend" in plan.summary()
+
+
+_WORDS = [
+    "rotate",
+    "90",
+    "degrees",
+    "left",
+    "crop",
+    "to",
+    "16:9",
+    "image",
+    "2",
+    "and",
+    "then",
+    ",",
+    "blur",
+    "the",
+    "background",
+    "faces",
+    "side",
+    "by",
+    "grid",
+    "border",
+    "red",
+    "20%",
+    "px",
+    "caption",
+    '"hi, and"',
+    "brightness",
+    "increase",
+    "flip",
+    "vertically",
+    "grayscale",
+    "black",
+    "white",
+    "blend",
+    "onto",
+    "image 1",
+    "posterize",
+    "levels",
+    "0",
+    "999",
+    "-5",
+    "letterbox",
+    "stretch",
+    "vintage",
+    "pixelate",
+    "blocks",
+    "'",
+    '"',
+    "%",
+    "°",
+    "second",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    words=st.lists(st.sampled_from(_WORDS), max_size=30),
+    images=st.integers(1, 4),
+    loose=st.booleans(),
+)
+def test_any_prompt_parses_or_fails_with_a_documented_code(
+    words: list[str], images: int, loose: bool
+) -> None:
+    try:
+        plan = parse_prompt(" ".join(words) or "?", images, loose=loose)
+    except TaskFailure as failure:
+        assert failure.code in (ErrorCode.PROMPT_NOT_UNDERSTOOD, ErrorCode.INSTRUCTION_INVALID)
+    else:
+        assert plan.steps
+        for step in plan.steps:
+            assert all(0 <= t < images for t in step.targets)
+            assert json.loads(json.dumps(step.describe())) == step.describe()

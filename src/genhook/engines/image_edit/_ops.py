@@ -266,7 +266,7 @@ def sketch(image: Image.Image, colored: bool) -> Image.Image:
 def cartoon(image: Image.Image, ctx: Context) -> Image.Image:
     def fn(a: Array) -> Array:
         height, width = a.shape[:2]
-        work = 512 if ctx.fast else 768
+        work = 384 if ctx.fast else 512
         scale = min(1.0, work / max(height, width))
         small = cv2.resize(
             a,
