@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+)
 
 from genhook.media import ACCEPTED_FORMATS, sniff_image_format
 
@@ -41,6 +49,9 @@ MAX_IMAGE_URL_CHARS = 4096
 
 _SIZE_RE = re.compile(r"^([1-9][0-9]{0,5})\*([1-9][0-9]{0,5})$")
 _DATA_URL_RE = re.compile(r"^data:([a-zA-Z0-9.+/-]*)((?:;[a-zA-Z0-9=._-]+)*);base64,", re.DOTALL)
+
+
+IMAGE_REFS = "image_refs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,15 +130,19 @@ class EditRequest(BaseModel):
 
     @field_validator("images")
     @classmethod
-    def _images(cls, value: list[str]) -> list[str]:
+    def _images(cls, value: list[str], info: ValidationInfo) -> list[str]:
         errors: list[tuple[int, str]] = []
+        refs: list[ImageRef] = []
         for index, item in enumerate(value):
             try:
-                parse_image_ref(item)
+                refs.append(parse_image_ref(item))
             except ValueError as exc:
                 errors.append((index, str(exc)))
         if errors:
             raise ImageItemsError(errors)
+        # Hand the decoded images to the caller, so submission does not decode them again.
+        if isinstance(info.context, dict):
+            info.context[IMAGE_REFS] = refs
         return value
 
     @field_validator("size")

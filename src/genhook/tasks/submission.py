@@ -18,7 +18,7 @@ from sqlalchemy import insert
 from genhook.config import Settings
 from genhook.db import Database, Task, now_ms
 from genhook.engines.base import ModelKind
-from genhook.engines.edit_request import ImageItemsError, parse_image_ref
+from genhook.engines.edit_request import IMAGE_REFS, ImageItemsError, ImageRef, parse_image_ref
 from genhook.engines.registry import PATH_KINDS, Registry, submit_paths
 from genhook.errors import FieldError, InvalidRequest
 from genhook.media import CONTENT_TYPES
@@ -100,14 +100,18 @@ class Submitter:
 
     async def submit(self, account_id: str, path_name: str, body: Any) -> Task:
         path_kind = PATH_KINDS[path_name]
-        request = self._validate(path_kind, body)
+        context: dict[str, Any] = {}
+        request = self._validate(path_kind, body, context)
         webhook_url: str | None = getattr(request, "webhook_url", None)
         if webhook_url is not None:
             await self.policy.check_webhook_url(webhook_url)
         spec = self.registry.get(body["model"])
         assert spec is not None
         task_id = secrets.token_hex(16)
-        inputs = await self._store_inputs(task_id, getattr(request, "images", []))
+        refs = context.get(IMAGE_REFS)
+        if refs is None:
+            refs = [parse_image_ref(item) for item in getattr(request, "images", [])]
+        inputs = await self._store_inputs(task_id, refs)
         now = now_ms()
         deadline = self.settings.task_deadline_seconds or spec.deadline_seconds
         charge = spec.pricing(self.settings, request)
@@ -146,7 +150,7 @@ class Submitter:
             raise
         return task
 
-    def _validate(self, path_kind: ModelKind, body: Any) -> BaseModel:
+    def _validate(self, path_kind: ModelKind, body: Any, context: dict[str, Any]) -> BaseModel:
         if not isinstance(body, dict):
             raise InvalidRequest(
                 "the request body must be a JSON object",
@@ -170,14 +174,13 @@ class Submitter:
             )
             raise InvalidRequest(message, [FieldError("model", message)])
         try:
-            return spec.request_schema.model_validate(body)
+            return spec.request_schema.model_validate(body, context=context)
         except ValidationError as exc:
             raise InvalidRequest("the request is invalid", field_errors(exc)) from None
 
-    async def _store_inputs(self, task_id: str, images: list[str]) -> list[dict[str, Any]]:
+    async def _store_inputs(self, task_id: str, refs: list[ImageRef]) -> list[dict[str, Any]]:
         inputs: list[dict[str, Any]] = []
-        for index, item in enumerate(images):
-            ref = parse_image_ref(item)
+        for index, ref in enumerate(refs):
             if ref.data is not None and ref.format is not None:
                 key = f"inputs/{task_id}_{index}.{ref.format}"
                 await self.storage.put(key, ref.data, CONTENT_TYPES[ref.format])
