@@ -198,20 +198,21 @@ async def bare_ceiling(url: str, bodies: list[bytes]) -> float:
         return len(bodies) / (time.perf_counter() - started)
 
 
-async def wait_delivered(db: Database, prefix: str, count: int) -> None:
+async def delivered_count(db: Database) -> int:
+    """Delivered rows, counted on the (status, next_attempt_at) index."""
     from sqlalchemy import func, select
 
-    while True:
-        async with db.read() as session:
-            done = await session.scalar(
-                select(func.count())
-                .select_from(WebhookDelivery)
-                .where(
-                    WebhookDelivery.status == "delivered", WebhookDelivery.task_id.like(f"{prefix}%")
-                )
-            )
-        if done == count:
-            return
+    async with db.read() as session:
+        count = await session.scalar(
+            select(func.count())
+            .select_from(WebhookDelivery)
+            .where(WebhookDelivery.status == "delivered")
+        )
+    return int(count or 0)
+
+
+async def wait_delivered(db: Database, target: int) -> None:
+    while await delivered_count(db) < target:
         await asyncio.sleep(0.05)
 
 
@@ -228,7 +229,7 @@ async def service_throughput(settings: Settings, db: Database, prefix: str, coun
             .values(next_attempt_at=0)
         )
     service.wake()
-    await wait_delivered(db, prefix, count)
+    await wait_delivered(db, count)
     elapsed = time.perf_counter() - started
     stop.set()
     await run
@@ -253,6 +254,7 @@ async def latency(
     if not wake:
         outbox._wake_listeners.clear()  # as if the producer ran in another process
     committed: dict[str, float] = {}
+    baseline = await delivered_count(db)
     total = int(rate * seconds)
     interval = 1.0 / rate
     begin = time.perf_counter()
@@ -270,7 +272,7 @@ async def latency(
                 session, task=task, event_type="image.task.terminal", payload=payload(task), now=now
             )
         committed[task.id] = time.time()
-    await wait_delivered(db, prefix, total)
+    await wait_delivered(db, baseline + total)
     stop.set()
     await run
     received = await sink.stats(client)
@@ -299,7 +301,7 @@ async def main(args: argparse.Namespace) -> int:
             Account(id="acct_bench", name="bench", signing_secret="whsec_bench", created_at=0)
         )
     sink = Sink()
-    results: dict[str, Any] = {"database": db.dialect, "count": args.count}
+    results: dict[str, Any] = {"database": db.dialect, "count": args.count, "loop": args.loop}
     try:
         async with aiohttp.ClientSession() as client:
             bodies = await bulk_enqueue(db, sink.url, "tp", args.count)
@@ -347,4 +349,15 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--database-url", default=None)
-    sys.exit(asyncio.run(main(parser.parse_args())))
+    parser.add_argument(
+        "--loop",
+        choices=["uvloop", "asyncio"],
+        default="uvloop",
+        help="Event loop for both measurements; uvicorn runs the service on uvloop when installed.",
+    )
+    args = parser.parse_args()
+    if args.loop == "uvloop":
+        import uvloop
+
+        uvloop.install()
+    sys.exit(asyncio.run(main(args)))

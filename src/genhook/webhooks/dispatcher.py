@@ -23,6 +23,7 @@ from typing import cast
 
 import aiohttp
 from sqlalchemy import Table, bindparam, func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.config import Settings
 from genhook.db import Account, Database, WebhookAttempt, WebhookDelivery, now_ms
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 # Extra lease time beyond the request timeout, for recording the outcome.
 LEASE_MARGIN_SECONDS = 30.0
 CLAIM_BATCH = 200
-WRITE_BATCH = 500
 # A Retry-After is honoured within these bounds (seconds); the upper one is the retry cap.
 RETRY_AFTER_MIN_SECONDS = 1.0
 RETRY_AFTER_STATUSES = frozenset({429, 503})
@@ -68,6 +68,9 @@ def _parse(url: str, allow_http: bool) -> Target:
     return _parse_target(url, schemes=schemes)
 
 
+_classify = lru_cache(maxsize=4096)(classify)
+
+
 @dataclass(frozen=True, slots=True)
 class Claimed:
     id: str
@@ -76,7 +79,9 @@ class Claimed:
     url: str
     event_type: str
     body: bytes
+    # Attempts so far and where the current retry budget began; unchanged while leased.
     attempts: int
+    round_start: int
     secret: str | None
 
 
@@ -117,7 +122,7 @@ class Dispatcher:
         self._ssl = ssl_context or build_ssl_context(settings)
         self._lease_ms = int((settings.webhook_timeout_seconds + lease_margin_seconds) * 1000)
         self._wake = asyncio.Event()
-        self._results: asyncio.Queue[Outcome] = asyncio.Queue()
+        self._outcomes: list[Outcome] = []
         self._in_flight: set[asyncio.Task[None]] = set()
         self._https: aiohttp.ClientSession | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -161,25 +166,31 @@ class Dispatcher:
     async def run(self, stop: asyncio.Event) -> None:
         """Claim and send until ``stop`` is set; then let in-flight attempts finish."""
         await self.open()
-        writer = asyncio.create_task(self._write_loop())
         capacity = self.settings.webhook_concurrency
         poll = self.settings.webhook_poll_seconds
+        # Under load, claim in chunks rather than one slot at a time: each tick is a write
+        # transaction, and one per freed slot would cost more than the sends themselves.
+        chunk = max(1, min(capacity // 4, CLAIM_BATCH))
         try:
             while not stop.is_set():
+                outcomes, self._outcomes = self._outcomes, []
                 free = capacity - len(self._in_flight)
+                want = free if free >= chunk or (free > 0 and not self._in_flight) else 0
+                want = min(want, CLAIM_BATCH)
                 claimed: Sequence[Claimed] = []
-                if free > 0:
+                if outcomes or want:
                     try:
-                        claimed = await self.claim(min(free, CLAIM_BATCH))
+                        claimed = await self.tick(outcomes, want)
                     except Exception:
-                        log.exception("claiming webhook deliveries failed; retrying")
+                        # Unrecorded outcomes are sent again when their leases expire.
+                        log.exception("webhook dispatch transaction failed; retrying")
                         await _wait(stop, 1.0)
                         continue
                     for item in claimed:
                         task = asyncio.create_task(self._attempt(item))
                         self._in_flight.add(task)
-                        task.add_done_callback(self._done)
-                if free > 0 and len(claimed) == min(free, CLAIM_BATCH):
+                        task.add_done_callback(self._in_flight.discard)
+                if (claimed and len(claimed) == want) or self._outcomes:
                     await asyncio.sleep(0)
                     continue
                 self._wake.clear()
@@ -187,33 +198,44 @@ class Dispatcher:
         finally:
             if self._in_flight:
                 await asyncio.gather(*self._in_flight, return_exceptions=True)
-            await self._results.join()
-            writer.cancel()
-            await asyncio.gather(writer, return_exceptions=True)
+            if self._outcomes:
+                outcomes, self._outcomes = self._outcomes, []
+                try:
+                    await self.tick(outcomes, 0)
+                except Exception:
+                    log.exception("recording the last webhook attempts failed")
             await self.release_leases()
             await self.close()
 
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._in_flight.discard(task)
-        self._wake.set()
+    async def tick(self, outcomes: Sequence[Outcome], limit: int) -> list[Claimed]:
+        """Record finished attempts and claim up to ``limit`` due deliveries, in one
+        transaction, so a busy dispatcher pays one write transaction per batch."""
+        async with self.db.write() as session:
+            if outcomes:
+                await self._record(session, outcomes)
+            if not limit:
+                return []
+            return await self._claim(session, limit)
 
     async def claim(self, limit: int) -> list[Claimed]:
+        return await self.tick((), limit)
+
+    async def record(self, outcomes: Sequence[Outcome]) -> None:
+        await self.tick(outcomes, 0)
+
+    async def _claim(self, session: AsyncSession, limit: int) -> list[Claimed]:
         now = now_ms()
         expires = now + self._lease_ms
         due = (
-            select(WebhookDelivery.id)
-            .where(WebhookDelivery.status == "pending", WebhookDelivery.next_attempt_at <= now)
-            .order_by(WebhookDelivery.next_attempt_at)
+            select(_D.id)
+            .where(_D.status == "pending", _D.next_attempt_at <= now)
+            .order_by(_D.next_attempt_at)
             .limit(limit)
             .with_for_update(skip_locked=True)
         )
         stmt = (
-            update(WebhookDelivery)
-            .where(
-                WebhookDelivery.id.in_(due),
-                WebhookDelivery.status == "pending",
-                WebhookDelivery.next_attempt_at <= now,
-            )
+            update(_DELIVERIES)
+            .where(_D.id.in_(due), _D.status == "pending", _D.next_attempt_at <= now)
             .values(
                 lease_owner=self.owner,
                 lease_expires_at=expires,
@@ -221,27 +243,26 @@ class Dispatcher:
                 updated_at=now,
             )
             .returning(
-                WebhookDelivery.id,
-                WebhookDelivery.task_id,
-                WebhookDelivery.account_id,
-                WebhookDelivery.url,
-                WebhookDelivery.event_type,
-                WebhookDelivery.body,
-                WebhookDelivery.attempts,
+                _D.id,
+                _D.task_id,
+                _D.account_id,
+                _D.url,
+                _D.event_type,
+                _D.body,
+                _D.attempts,
+                _D.round_start,
             )
-            .execution_options(synchronize_session=False)
         )
-        async with self.db.write() as session:
-            rows = (await session.execute(stmt)).all()
-            if not rows:
-                return []
-            secrets: dict[str, str] = {}
-            if self.signer.mode == "migration":
-                accounts = {row.account_id for row in rows}
-                result = await session.execute(
-                    select(Account.id, Account.signing_secret).where(Account.id.in_(accounts))
-                )
-                secrets = {account_id: secret for account_id, secret in result.all()}
+        rows = (await session.execute(stmt)).all()
+        if not rows:
+            return []
+        secrets: dict[str, str] = {}
+        if self.signer.mode == "migration":
+            accounts = {row.account_id for row in rows}
+            result = await session.execute(
+                select(Account.id, Account.signing_secret).where(Account.id.in_(accounts))
+            )
+            secrets = {account_id: secret for account_id, secret in result.all()}
         return [
             Claimed(
                 id=row.id,
@@ -251,6 +272,7 @@ class Dispatcher:
                 event_type=row.event_type,
                 body=bytes(row.body),
                 attempts=row.attempts,
+                round_start=row.round_start,
                 secret=secrets.get(row.account_id),
             )
             for row in rows
@@ -283,7 +305,8 @@ class Dispatcher:
         except Exception as exc:  # never lose the lease silently on an unexpected error
             log.exception("webhook attempt for %s failed unexpectedly", item.id)
             outcome = Outcome(item, now_ms(), 0, None, f"internal error: {exc}", None, None, None)
-        await self._results.put(outcome)
+        self._outcomes.append(outcome)
+        self._wake.set()
 
     async def send(self, item: Claimed) -> Outcome:
         started = now_ms()
@@ -305,7 +328,7 @@ class Dispatcher:
             return done(None, f"target refused: the URL {exc.detail}")
         plain = target.scheme == "http"
         if target.ip is not None and not self.policy.allows(
-            classify(target.ip), require_private=plain
+            _classify(target.ip), require_private=plain
         ):
             return done(None, "target refused: address not allowed")
         session = self._http if plain else self._https
@@ -352,69 +375,56 @@ class Dispatcher:
 
     # -- recording --------------------------------------------------------------------------
 
-    async def _write_loop(self) -> None:
-        while True:
-            batch = [await self._results.get()]
-            while len(batch) < WRITE_BATCH and not self._results.empty():
-                batch.append(self._results.get_nowait())
-            try:
-                await self.record(batch)
-            except Exception:
-                # The leases expire and the deliveries are sent again (at-least-once).
-                log.exception("recording %d webhook attempts failed", len(batch))
-            finally:
-                for _ in batch:
-                    self._results.task_done()
+    async def _record(self, session: AsyncSession, outcomes: Sequence[Outcome]) -> None:
+        """Attempt records and next states, only for deliveries whose lease is still ours.
 
-    async def record(self, outcomes: Sequence[Outcome]) -> None:
-        """Attempt records and next states, in one transaction, for leases still held."""
+        A lease is lost only if it expired (a stalled process) and another sender claimed
+        the delivery; its outcome is then dropped, and the attempt is the other sender's.
+        """
         now = now_ms()
-        ids = [o.delivery.id for o in outcomes]
-        async with self.db.write() as session:
-            held = await session.execute(
-                select(WebhookDelivery.id, WebhookDelivery.attempts, WebhookDelivery.round_start)
-                .where(
-                    WebhookDelivery.id.in_(ids),
-                    WebhookDelivery.lease_owner == self.owner,
-                    WebhookDelivery.status == "pending",
-                )
-                .with_for_update()
+        held = await session.execute(
+            select(_D.id)
+            .where(
+                _D.id.in_([o.delivery.id for o in outcomes]),
+                _D.lease_owner == self.owner,
+                _D.status == "pending",
             )
-            current = {row.id: (row.attempts, row.round_start) for row in held.all()}
-            changes: list[dict[str, object]] = []
-            attempts: list[dict[str, object]] = []
-            for outcome in outcomes:
-                state = current.pop(outcome.delivery.id, None)
-                if state is None:
-                    log.info("lease on %s was lost; outcome discarded", outcome.delivery.id)
-                    continue
-                number = state[0] + 1
-                changes.append(
-                    {
-                        "b_id": outcome.delivery.id,
-                        "b_attempts": number,
-                        "b_code": outcome.status_code,
-                        "b_error": outcome.error,
-                        "b_last": outcome.started_at,
-                        **self._next_state(outcome, number - state[1], now),
-                    }
-                )
-                attempts.append(
-                    {
-                        "delivery_id": outcome.delivery.id,
-                        "number": number,
-                        "started_at": outcome.started_at,
-                        "duration_ms": outcome.duration_ms,
-                        "status_code": outcome.status_code,
-                        "error": outcome.error,
-                        "response_excerpt": outcome.excerpt,
-                        "kid": outcome.kid,
-                    }
-                )
-            if changes:
-                conn = await session.connection()
-                await conn.execute(_RECORD.values(updated_at=now), changes)
-                await conn.execute(insert(_ATTEMPTS), attempts)
+            .with_for_update()
+        )
+        ours = set(held.scalars().all())
+        changes: list[dict[str, object]] = []
+        attempts: list[dict[str, object]] = []
+        for outcome in outcomes:
+            item = outcome.delivery
+            if item.id not in ours:
+                log.info("lease on %s was lost; outcome discarded", item.id)
+                continue
+            number = item.attempts + 1
+            changes.append(
+                {
+                    "b_id": item.id,
+                    "b_attempts": number,
+                    "b_code": outcome.status_code,
+                    "b_error": outcome.error,
+                    "b_last": outcome.started_at,
+                    **self._next_state(outcome, number - item.round_start, now),
+                }
+            )
+            attempts.append(
+                {
+                    "delivery_id": item.id,
+                    "number": number,
+                    "started_at": outcome.started_at,
+                    "duration_ms": outcome.duration_ms,
+                    "status_code": outcome.status_code,
+                    "error": outcome.error,
+                    "response_excerpt": outcome.excerpt,
+                    "kid": outcome.kid,
+                }
+            )
+        if changes:
+            await session.execute(_RECORD.values(updated_at=now), changes)
+            await session.execute(insert(_ATTEMPTS), attempts)
 
     def _next_state(self, outcome: Outcome, in_round: int, now: int) -> dict[str, object]:
         """Status, next attempt time and delivery time, as ``_RECORD`` parameters."""

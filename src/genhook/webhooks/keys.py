@@ -13,6 +13,7 @@ create exactly one active key.
 
 from __future__ import annotations
 
+import asyncio
 import binascii
 import os
 import secrets
@@ -272,8 +273,16 @@ class KeyRing:
         self._active: ActiveKey | None = None
         self._checked_at = 0
         self._cache: dict[str, Ed25519PrivateKey] = {}
+        self._lock = asyncio.Lock()
 
     async def active(self) -> ActiveKey:
+        if self._active is not None and now_ms() - self._checked_at < self._refresh_ms:
+            return self._active
+        # One refresh at a time: every in-flight attempt may ask at the same moment.
+        async with self._lock:
+            return await self._refresh()
+
+    async def _refresh(self) -> ActiveKey:
         now = now_ms()
         if self._active is None or now - self._checked_at >= self._refresh_ms:
             async with self._db.read() as session:
