@@ -1,21 +1,19 @@
 """Prompt to edit plan: a small, deterministic, documented vocabulary.
 
-The prompt is cut into clauses (commas, semicolons, sentences, "and", "then"); each clause is
-matched against the operation patterns in priority order, so "blur the background" is never
+The prompt is cut into clauses (``_clauses``); each clause is matched against the operation
+patterns in priority order, so "blur the background" is never
 read as a plain blur. ``loose`` (``thinking=enabled``) adds synonyms ("vintage" -> sepia) and
 typo correction, and records every such reinterpretation so the user can see it.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from PIL import ImageColor
-
+from genhook.engines.image_edit._clauses import PLACEHOLDER_RE, split_prompt
 from genhook.engines.image_edit._plan import (
     COMBINE_OPS,
     EditPlan,
@@ -24,220 +22,20 @@ from genhook.engines.image_edit._plan import (
     Step,
     supported_operations_text,
 )
+from genhook.engines.image_edit._words import (
+    AND,
+    ASPECT_NAMES,
+    COLOR_RE,
+    NUM,
+    PERCENT_RE,
+    PX_RE,
+    amount,
+    color_hex,
+    intensity,
+    loosen,
+    position,
+)
 from genhook.errors import ErrorCode, TaskFailure
-
-NUM = r"(\d+(?:\.\d+)?)"
-_AND = r"(?:and|_and_|&|n)"
-_ORDINALS = {
-    "first": 1,
-    "second": 2,
-    "third": 3,
-    "fourth": 4,
-    "fifth": 5,
-    "sixth": 6,
-    "seventh": 7,
-    "eighth": 8,
-    "ninth": 9,
-    "tenth": 10,
-}
-_IMAGE_WORD = r"(?:image|picture|photo|pic|img|input)"
-_REF_RE = re.compile(
-    rf"\b{_IMAGE_WORD}s?\s*(?:no\.?\s*|number\s*|#)?(\d+)\b"
-    rf"|\b(?:the\s+)?({'|'.join(_ORDINALS)}|last|other)\s+(?:one|{_IMAGE_WORD}s?)\b"
-    rf"|\b(?:the\s+)?({'|'.join(_ORDINALS)})(?=\s+_and_\s+(?:the\s+)?(?:{'|'.join(_ORDINALS)}|last)"
-    rf"\s+{_IMAGE_WORD}s?\b)"
-)
-# "images 1 and 2" / "image 1, 2 and 3": the bare numbers after the first reference.
-_REF_LIST_RE = re.compile(rf"\b{_IMAGE_WORD}s\s+(\d+(?:\s*(?:,|and|_and_|&)\s*\d+)+)\b")
-
-_QUOTE_RE = re.compile(
-    r"\"([^\"]*)\"|“([^”]*)”|«([^»]*)»|‘([^’]*)’|(?<![A-Za-z])'([^']+)'(?![A-Za-z])"
-)
-_PLACEHOLDER_RE = re.compile(r"⟦(\d+)⟧")
-
-# Phrases whose "and" must not split a clause.
-_PROTECT = (
-    (
-        re.compile(
-            rf"(\b{_IMAGE_WORD}s?\s*#?\d+|\b{_IMAGE_WORD}s\s+\d+(?:\s*,\s*\d+)*)\s*,\s*"
-            rf"(?=(?:and\s+)?(?:the\s+)?(?:{_IMAGE_WORD}s?\s*#?)?\d+\b)"
-        ),
-        r"\1 _and_ ",
-    ),
-    (re.compile(r"\bblack\s+and\s+white\b"), "black _and_ white"),
-    (re.compile(r"\bleft\s+and\s+right\b"), "left _and_ right"),
-    (re.compile(r"\btop\s+and\s+bottom\b"), "top _and_ bottom"),
-    (re.compile(r"\bbefore\s+and\s+after\b"), "before _and_ after"),
-    (
-        re.compile(
-            rf"(\b(?:{_IMAGE_WORD}s?\s*#?\d+|\d+|(?:the\s+)?(?:{'|'.join(_ORDINALS)})"
-            rf"(?:\s+{_IMAGE_WORD})?))\s+and\s+(?=(?:the\s+)?(?:{_IMAGE_WORD}s?\s*#?\d+|\d+\b|"
-            rf"(?:{'|'.join(_ORDINALS)}|last)\b))"
-        ),
-        r"\1 _and_ ",
-    ),
-)
-_SPLIT_RE = re.compile(
-    r"\s*(?:[;,\n!]|\.(?=\s|$)|\b(?:and\s+then|and\s+also|after\s+that|afterwards|then|also|"
-    r"finally|plus|and)\b)\s*"
-)
-
-_SLIGHT_RE = re.compile(
-    r"\b(?:slight(?:ly)?|a\s+(?:little|bit|touch|tad)(?:\s+bit)?|subtl[ey]|gentl[ey]|mild(?:ly)?|"
-    r"somewhat|light(?:ly)?|small)\b"
-)
-_STRONG_RE = re.compile(
-    r"\b(?:a\s+lot|much|strong(?:ly)?|heav(?:y|ily)|significant(?:ly)?|dramatic(?:ally)?|very|"
-    r"lots|extreme(?:ly)?|greatly|considerabl[ey]|massive(?:ly)?|big|large|huge|intense(?:ly)?)\b"
-)
-_PERCENT_RE = re.compile(rf"\b(by|to|at|of)?\s*{NUM}\s*(?:%|percent\b|per\s*cent\b)")
-_PX_RE = re.compile(rf"{NUM}\s*(?:px|pixels?)\b")
-
-
-def _color_names() -> list[str]:
-    names = set(ImageColor.colormap) | {"grey", "gold", "silver", "transparent"}
-    return sorted(names, key=len, reverse=True)
-
-
-_COLOR_RE = re.compile(
-    r"#[0-9a-f]{6}\b|#[0-9a-f]{3}\b|\b(?:" + "|".join(re.escape(n) for n in _color_names()) + r")\b"
-)
-_COLOR_PREFIX_RE = re.compile(
-    r"\b(light|dark|pale|deep|bright|medium)[\s-]+("
-    + "|".join(re.escape(n) for n in sorted(ImageColor.colormap, key=len, reverse=True))
-    + r")\b"
-)
-
-
-def color_hex(name: str) -> str:
-    if name == "transparent":
-        return "transparent"
-    r, g, b = ImageColor.getrgb(name)[:3]
-    return f"#{r:02x}{g:02x}{b:02x}"
-
-
-# thinking=enabled: loose phrasing rewritten into the vocabulary before matching.
-_SYNONYMS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(p), r)
-    for p, r in (
-        (r"\b(?:vintage|old[\s-]fashioned|old\s+photo|antique|retro|aged|nostalgic)\b", "sepia"),
-        (r"\b(?:noir|colou?rless|drained\s+of\s+colou?r|no\s+colou?rs?)\b", "grayscale"),
-        (r"\bmore\s+(?:vivid|vibrant|colou?rful)\b", "more saturation"),
-        (r"\b(?:vivid|vibrant|punchy|pop(?:ping)?|colou?rful)\b", "more saturation"),
-        (r"\b(?:muted|washed[\s-]out|faded|dull|less\s+colou?rful)\b", "less saturation"),
-        (r"\b(?:moody|dramatic)\b", "more contrast"),
-        (r"\b(?:flat|flatter)\b(?!\s+colou?rs?)", "less contrast"),
-        (
-            r"\b(?:dreamy|hazy|out\s+of\s+focus|defocus(?:ed)?|soft[\s-]focus|"
-            r"soften(?!\s+(?:the\s+)?(?:contrast|colou?rs?|saturation|sharpness)))\b",
-            "blur",
-        ),
-        (
-            r"\b(?:crisp(?:er|en)?|clearer|more\s+detail(?:ed)?|enhance\s+(?:the\s+)?details?)\b",
-            "sharpen",
-        ),
-        (
-            r"\b(?:anonymi[sz]e|protect\s+the\s+privacy\s+of|hide\s+the\s+identit(?:y|ies)\s+of)"
-            r"\s+(?:the\s+|all\s+|every\s+)?(?:people|persons?|everyone|everybody|subjects?|faces?)\b",
-            "pixelate faces",
-        ),
-        (r"\b(?:bokeh|portrait\s+mode|shallow\s+depth\s+of\s+field)\b", "blur the background"),
-        (
-            r"\b(?:isolate|cut\s+out|extract)\s+(?:the\s+)?(?:subject|person|people|object|foreground)\b",
-            "remove the background",
-        ),
-        (r"\b(?:comic(?:\s+book)?|anime|manga|toon|cel[\s-]shaded)\b", "cartoon"),
-        (
-            r"\b(?:oil(?:\s+painting)?|watercolou?r|impressionis\w*|artistic|painterly)\b",
-            "painting",
-        ),
-        (r"\b(?:drawing|charcoal|hand[\s-]drawn)\b", "pencil sketch"),
-        (r"\b(?:mosaic|8[\s-]?bit|lego|blocky)\b", "pixelate"),
-        (r"\b(?:mirror\s+image)\b", "flip horizontally"),
-    )
-)
-
-# Words typo correction may correct towards (thinking=enabled only).
-_VOCABULARY = frozenset(
-    [
-        "grayscale",
-        "greyscale",
-        "monochrome",
-        "sepia",
-        "invert",
-        "negative",
-        "brightness",
-        "brighter",
-        "brighten",
-        "darker",
-        "darken",
-        "lighter",
-        "lighten",
-        "contrast",
-        "saturation",
-        "saturate",
-        "desaturate",
-        "sharpness",
-        "sharpen",
-        "blur",
-        "blurry",
-        "rotate",
-        "rotation",
-        "clockwise",
-        "counterclockwise",
-        "anticlockwise",
-        "degrees",
-        "flip",
-        "mirror",
-        "horizontally",
-        "vertically",
-        "horizontal",
-        "vertical",
-        "crop",
-        "square",
-        "widescreen",
-        "portrait",
-        "landscape",
-        "cinematic",
-        "pixelate",
-        "posterize",
-        "levels",
-        "edges",
-        "outline",
-        "sketch",
-        "pencil",
-        "cartoon",
-        "painting",
-        "vignette",
-        "border",
-        "frame",
-        "caption",
-        "text",
-        "title",
-        "background",
-        "remove",
-        "transparent",
-        "faces",
-        "face",
-        "blend",
-        "grid",
-        "collage",
-        "overlay",
-        "stack",
-        "side",
-        "columns",
-        "resize",
-        "upscale",
-        "letterbox",
-        "stretch",
-        "increase",
-        "decrease",
-        "reduce",
-        "boost",
-        "lower",
-    ]
-)
-_WORD_RE = re.compile(r"[a-z]{4,}")
 
 
 @dataclass(slots=True)
@@ -274,55 +72,15 @@ class _Context:
     fit: FitPolicy | None = None
 
 
-def _amount(text: str, default: float = 25.0) -> tuple[float, bool]:
-    """(percent, absolute): 'by 20%' -> (20, False); 'to 120%' -> (120, True)."""
-    match = _PERCENT_RE.search(text)
-    if match:
-        return float(match.group(2)), match.group(1) == "to"
-    if _SLIGHT_RE.search(text):
-        return 10.0, False
-    if _STRONG_RE.search(text):
-        return 50.0, False
-    return default, False
-
-
-def _intensity(text: str) -> str:
-    if _SLIGHT_RE.search(text):
-        return "light"
-    if _STRONG_RE.search(text):
-        return "strong"
-    return "normal"
-
-
 def _nearest_color(clause: _Clause, anchor: int) -> tuple[str, re.Match[str]] | None:
     best: tuple[int, re.Match[str]] | None = None
-    for match in _COLOR_RE.finditer(clause.masked):
+    for match in COLOR_RE.finditer(clause.masked):
         distance = abs(match.start() - anchor)
         if best is None or distance < best[0]:
             best = (distance, match)
     if best is None:
         return None
     return color_hex(best[1].group(0)), best[1]
-
-
-def _position(text: str, default_v: str = "bottom", default_h: str = "center") -> str:
-    vertical = default_v
-    horizontal = default_h
-    if re.search(r"\b(?:top|upper|above|header)\b", text):
-        vertical = "top"
-    elif re.search(r"\b(?:bottom|lower|below|footer)\b", text):
-        vertical = "bottom"
-    elif re.search(r"\b(?:middle|cent(?:er|re))\b", text) and not re.search(
-        r"\b(?:left|right)\b", text
-    ):
-        vertical = "center"
-    if re.search(r"\bleft\b", text):
-        horizontal = "left"
-    elif re.search(r"\bright\b", text):
-        horizontal = "right"
-    if vertical == "center" and horizontal == "center":
-        return "center"
-    return f"{vertical}-{horizontal}" if vertical != "center" else f"center-{horizontal}"
 
 
 Matcher = Callable[[_Clause, _Context], None]
@@ -363,14 +121,14 @@ def _m_caption(c: _Clause, ctx: _Context) -> None:
         r"headline|subtitle\w*|watermark\w*|signature|sign|slogan|quote|add|put|insert|type)\b",
         c.masked,
     )
-    placeholder = _PLACEHOLDER_RE.search(c.masked)
+    placeholder = PLACEHOLDER_RE.search(c.masked)
     if placeholder is None or (keyword is None and not ctx.loose):
         return
     text = c.quotes[int(placeholder.group(1))]
     rest = c.masked.replace(placeholder.group(0), " " * len(placeholder.group(0)))
-    params: dict[str, Any] = {"text": text, "position": _position(rest)}
+    params: dict[str, Any] = {"text": text, "position": position(rest)}
     color_match = re.search(
-        r"\b(?:in|colou?red)\s+(" + _COLOR_RE.pattern + r")|(" + _COLOR_RE.pattern + r")\s+"
+        r"\b(?:in|colou?red)\s+(" + COLOR_RE.pattern + r")|(" + COLOR_RE.pattern + r")\s+"
         r"(?:text|letters|font|caption|words?|title)",
         rest,
     )
@@ -379,7 +137,7 @@ def _m_caption(c: _Clause, ctx: _Context) -> None:
         params["color"] = color_hex(name) if name != "transparent" else "#ffffff"
     else:
         params["color"] = "#ffffff"
-    size = _intensity(re.sub(r"\blight(?:ly)?\b", " ", rest))
+    size = intensity(re.sub(r"\blight(?:ly)?\b", " ", rest))
     params["size"] = {"light": "small", "strong": "large"}.get(size, "medium")
     if re.search(r"\b(?:tiny|small)\b", rest):
         params["size"] = "small"
@@ -404,7 +162,7 @@ def _m_background(c: _Clause, ctx: _Context) -> None:
     color = _nearest_color(c, bg.start())
     step: Step | None = None
     if blur:
-        strength = _intensity(text)
+        strength = intensity(text)
         step = Step("blur_background", {"strength": strength}, tuple(c.refs), c.original)
     elif color and color[0] != "transparent":
         step = Step("color_background", {"color": color[0]}, tuple(c.refs), c.original)
@@ -433,7 +191,7 @@ def _m_faces(c: _Clause, ctx: _Context) -> None:
         return
     pixel = re.match(r"pixel|mosaic|hid|censor|mask|cover|redact", verb.group(0))
     op = "pixelate_faces" if pixel else "blur_faces"
-    params = {"strength": _intensity(c.masked)}
+    params = {"strength": intensity(c.masked)}
     c.take(face, Step(op, params, tuple(c.refs), c.original), verb)
 
 
@@ -476,7 +234,7 @@ def _m_combine(c: _Clause, ctx: _Context) -> None:
         r"\b(?:blend\w*|mix(?:ed|ing)?|merge[ds]?|merging|cross[\s-]?fade|double\s+exposure)\b",
         text,
     ):
-        weight = _PERCENT_RE.search(text)
+        weight = PERCENT_RE.search(text)
         params = {}
         if weight:
             params["weight_percent"] = float(weight.group(2))
@@ -496,16 +254,16 @@ def _m_combine(c: _Clause, ctx: _Context) -> None:
                 placed, base = 1, 0
             if re.search(r"\boverlay\b.*\bwith\b", text) and len(refs) >= 2:
                 placed, base = refs[1], refs[0]
-            params = {"position": _position(text, default_v="center", default_h="center")}
-            scale = _PERCENT_RE.search(text)
+            params = {"position": position(text, default_v="center", default_h="center")}
+            scale = PERCENT_RE.search(text)
             params["scale_percent"] = float(scale.group(2)) if scale else 30.0
             if not scale and re.search(r"\bhalf\b", text):
                 params["scale_percent"] = 50.0
-            elif not scale and _intensity(text) == "light":
+            elif not scale and intensity(text) == "light":
                 params["scale_percent"] = 20.0
             step = Step("overlay", params, (placed, base), c.original)
     if step is not None and match is not None:
-        c.take(match, step, _PERCENT_RE.search(text))
+        c.take(match, step, PERCENT_RE.search(text))
         c.take_all(r"\b(?:top|upper|bottom|lower|left|right|middle|cent(?:er|re)|corner|half)\b")
 
 
@@ -516,9 +274,9 @@ def _m_border(c: _Clause, ctx: _Context) -> None:
     params: dict[str, Any] = {}
     color = _nearest_color(c, match.start())
     params["color"] = color[0] if color and color[0] != "transparent" else "#000000"
-    if px := _PX_RE.search(c.masked):
+    if px := PX_RE.search(c.masked):
         params["width_px"] = float(px.group(1))
-    elif pct := _PERCENT_RE.search(c.masked):
+    elif pct := PERCENT_RE.search(c.masked):
         params["width_percent"] = float(pct.group(2))
     elif re.search(r"\b(?:thin|narrow|fine|hairline)\b", c.masked):
         params["width_percent"] = 1.5
@@ -530,20 +288,9 @@ def _m_border(c: _Clause, ctx: _Context) -> None:
         match,
         Step("border", params, tuple(c.refs), c.original),
         color[1] if color else None,
-        _PX_RE.search(c.masked) or _PERCENT_RE.search(c.masked),
+        PX_RE.search(c.masked) or PERCENT_RE.search(c.masked),
     )
     c.take_all(r"\b(?:thin|narrow|fine|hairline|thick|wide|heavy|broad|fat)\b")
-
-
-_ASPECT_NAMES = {
-    "square": (1.0, 1.0),
-    "portrait": (3.0, 4.0),
-    "landscape": (4.0, 3.0),
-    "widescreen": (16.0, 9.0),
-    "cinematic": (21.0, 9.0),
-    "panorama": (3.0, 1.0),
-    "panoramic": (3.0, 1.0),
-}
 
 
 def _m_crop(c: _Clause, ctx: _Context) -> None:
@@ -555,11 +302,11 @@ def _m_crop(c: _Clause, ctx: _Context) -> None:
         return
     ratio: tuple[float, float] | None = None
     ratio_match = re.search(rf"\b{NUM}\s*[:x×/]\s*{NUM}\b", text)
-    name_match = re.search(r"\b(" + "|".join(_ASPECT_NAMES) + r")\b", text)
+    name_match = re.search(r"\b(" + "|".join(ASPECT_NAMES) + r")\b", text)
     if ratio_match:
         ratio = (float(ratio_match.group(1)), float(ratio_match.group(2)))
     elif name_match:
-        ratio = _ASPECT_NAMES[name_match.group(1)]
+        ratio = ASPECT_NAMES[name_match.group(1)]
     elif square:
         ratio = (1.0, 1.0)
     if ratio is None:
@@ -671,7 +418,7 @@ def _m_adjust(c: _Clause, ctx: _Context) -> None:
         if not match:
             continue
         text = c.masked
-        percent, absolute = _amount(text)
+        percent, absolute = amount(text)
         if absolute:
             factor = percent / 100.0
         else:
@@ -690,7 +437,7 @@ def _m_adjust(c: _Clause, ctx: _Context) -> None:
             )
         c.take(match, Step(prop, {"factor": factor}, tuple(c.refs), c.original))
         # Mask the rest of the clause's amount so another property does not reuse it.
-        if m := _PERCENT_RE.search(c.masked):
+        if m := PERCENT_RE.search(c.masked):
             c.take(m, None)
 
 
@@ -708,17 +455,17 @@ def _simple(
 
 
 def _blur_params(text: str) -> dict[str, Any]:
-    if px := _PX_RE.search(text):
+    if px := PX_RE.search(text):
         return {"radius_px": float(px.group(1))}
-    return {"strength": _intensity(text)}
+    return {"strength": intensity(text)}
 
 
 def _pixelate_params(text: str) -> dict[str, Any]:
     if m := re.search(r"(\d+)\s*(?:px|pixels?)?\s*(?:blocks?|cells?|squares?|tiles?)\b", text):
         return {"block_px": int(m.group(1))}
-    if m := re.search(r"\b(?:block|cell)\s*size\s*(?:of\s*)?(\d+)", text) or _PX_RE.search(text):
+    if m := re.search(r"\b(?:block|cell)\s*size\s*(?:of\s*)?(\d+)", text) or PX_RE.search(text):
         return {"block_px": int(float(m.group(1)))}
-    return {"strength": _intensity(text)}
+    return {"strength": intensity(text)}
 
 
 def _posterize_params(text: str) -> dict[str, Any]:
@@ -741,16 +488,16 @@ def _edges_params(text: str) -> dict[str, Any]:
 
 
 def _vignette_params(text: str) -> dict[str, Any]:
-    percent, _ = _amount(text, default=50.0)
-    if not _PERCENT_RE.search(text):
-        percent = {"light": 30.0, "strong": 75.0}.get(_intensity(text), 50.0)
+    percent, _ = amount(text, default=50.0)
+    if not PERCENT_RE.search(text):
+        percent = {"light": 30.0, "strong": 75.0}.get(intensity(text), 50.0)
     return {"strength_percent": min(percent, 100.0)}
 
 
 def _sharpen_params(text: str) -> dict[str, Any]:
-    percent, _ = _amount(text, default=100.0)
-    if not _PERCENT_RE.search(text):
-        percent = {"light": 60.0, "strong": 200.0}.get(_intensity(text), 120.0)
+    percent, _ = amount(text, default=100.0)
+    if not PERCENT_RE.search(text):
+        percent = {"light": 60.0, "strong": 200.0}.get(intensity(text), 120.0)
     return {"amount_percent": percent}
 
 
@@ -767,7 +514,7 @@ _MATCHERS: tuple[Matcher, ...] = (
     _m_adjust,
     _simple(
         "grayscale",
-        rf"\bblack[\s-]+{_AND}[\s-]+white\b|\bb\s*/\s*w\b|\bb\s*_and_\s*w\b|\bgr[ae]y[\s-]?scale\b|"
+        rf"\bblack[\s-]+{AND}[\s-]+white\b|\bb\s*/\s*w\b|\bb\s*_and_\s*w\b|\bgr[ae]y[\s-]?scale\b|"
         r"\bmonochrom\w*|\bmono\b|\bgr[ae]y[\s-]?tones?\b|\bmake\s+it\s+gr[ae]y\b",
     ),
     _simple("sepia", r"\bsepia\w*"),
@@ -801,116 +548,21 @@ _MATCHERS: tuple[Matcher, ...] = (
 )
 
 
-def _extract_quotes(prompt: str) -> tuple[str, list[str]]:
-    quotes: list[str] = []
-
-    def repl(match: re.Match[str]) -> str:
-        quotes.append(next(g for g in match.groups() if g is not None))
-        return f" ⟦{len(quotes) - 1}⟧ "
-
-    return _QUOTE_RE.sub(repl, prompt), quotes
-
-
-def _resolve_refs(text: str, image_count: int, clause: str) -> tuple[str, list[int]]:
-    refs: list[int] = []
-
-    def add(number: int) -> None:
-        if not 1 <= number <= image_count:
-            raise TaskFailure(
-                ErrorCode.INSTRUCTION_INVALID,
-                f"{clause!r} names image {number}, but the task has {image_count} image"
-                f"{'s' if image_count != 1 else ''}",
-            )
-        if number - 1 not in refs:
-            refs.append(number - 1)
-
-    def list_repl(match: re.Match[str]) -> str:
-        for number in re.findall(r"\d+", match.group(1)):
-            add(int(number))
-        return " " * len(match.group(0))
-
-    text = _REF_LIST_RE.sub(list_repl, text)
-
-    def repl(match: re.Match[str]) -> str:
-        if match.group(1):
-            add(int(match.group(1)))
-        else:
-            word = match.group(2) or match.group(3)
-            if word == "last":
-                add(image_count)
-            elif word == "other":
-                add(2 if refs == [0] or not refs else 1)
-            else:
-                add(_ORDINALS[word])
-        return " " * len(match.group(0))
-
-    text = _REF_RE.sub(repl, text)
-
-    # "image 1 _and_ 2": bare numbers joined to a reference.
-    def bare(match: re.Match[str]) -> str:
-        add(int(match.group(1)))
-        return " " * len(match.group(0))
-
-    if refs:
-        text = re.sub(r"(?<=_and_)\s+(\d+)\b", bare, text)
-    return text, refs
-
-
-def _loosen(text: str, plan_notes: list[dict[str, str]]) -> str:
-    for pattern, replacement in _SYNONYMS:
-
-        def repl(match: re.Match[str], replacement: str = replacement) -> str:
-            plan_notes.append({"read": match.group(0), "as": replacement})
-            return replacement
-
-        text = pattern.sub(repl, text)
-
-    def fix(match: re.Match[str]) -> str:
-        word = match.group(0)
-        if word in _VOCABULARY or _COLOR_RE.fullmatch(word):
-            return word
-        close = difflib.get_close_matches(word, _VOCABULARY, n=1, cutoff=0.8)
-        if close and close[0] != word:
-            plan_notes.append({"read": word, "as": close[0]})
-            return close[0]
-        return word
-
-    return _WORD_RE.sub(fix, text)
-
-
 def parse_prompt(prompt: str, image_count: int, *, loose: bool) -> EditPlan:
     """Parse ``prompt`` into an ordered plan; raise ``TaskFailure`` when nothing is understood."""
-    text, quotes = _extract_quotes(prompt)
-    text = text.lower()
-    text = _COLOR_PREFIX_RE.sub(
-        lambda m: (
-            m.group(1) + m.group(2)
-            if (m.group(1) + m.group(2)) in ImageColor.colormap
-            else m.group(0)
-        ),
-        text,
-    )
-    for pattern, replacement in _PROTECT:
-        text = pattern.sub(replacement, text)
+    raw_clauses, quotes = split_prompt(prompt, image_count)
     ctx = _Context(image_count=image_count, loose=loose)
     plan = EditPlan(steps=[])
-    for raw in _SPLIT_RE.split(text):
-        raw = raw.strip()
-        if not raw:
-            continue
-        original = _PLACEHOLDER_RE.sub(lambda m: f'"{quotes[int(m.group(1))]}"', raw)
-        original = original.replace("_and_", "and")
-        body, refs = _resolve_refs(raw, image_count, original)
-        if loose:
-            body = _loosen(body, plan.interpretations)
-        clause = _Clause(text=body, original=original, refs=refs, quotes=quotes)
+    for raw in raw_clauses:
+        body = loosen(raw.body, plan.interpretations) if loose else raw.body
+        clause = _Clause(text=body, original=raw.original, refs=raw.refs, quotes=quotes)
         fit_before = ctx.fit
         for matcher in _MATCHERS:
             matcher(clause, ctx)
         clause.found.sort(key=lambda item: item[0])
         plan.steps.extend(step for _, step in clause.found)
         if not clause.found and ctx.fit is fit_before:
-            plan.ignored.append(original)
+            plan.ignored.append(raw.original)
     if ctx.fit is not None:
         plan.fit = ctx.fit
     combines = [s for s in plan.steps if s.op in COMBINE_OPS]
