@@ -8,7 +8,6 @@ with the SDK verifier.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from genhook.client._signature import (
@@ -23,10 +22,13 @@ from genhook.webhooks.keys import ActiveKey
 SigningMode = Literal["migration", "ed25519"]
 
 
-@dataclass(frozen=True, slots=True)
 class HeaderSigner:
-    brand: str = "Service"
-    mode: SigningMode = "migration"
+    def __init__(self, brand: str = "Service", mode: SigningMode = "migration") -> None:
+        self.brand = brand
+        self.mode = mode
+        # Computed once: every attempt of every delivery uses the same names.
+        self._names = header_names(brand)
+        self._user_agent = USER_AGENT_TEMPLATE.format(brand=brand)
 
     def headers(
         self,
@@ -38,7 +40,7 @@ class HeaderSigner:
         key: ActiveKey,
         hmac_secret: str | None,
     ) -> dict[str, str]:
-        names = header_names(self.brand)
+        names = self._names
         stamp = str(timestamp)
         ed25519 = b64url_encode(key.private_key.sign(ed25519_message(stamp, body)))
         if self.mode == "migration":
@@ -49,7 +51,7 @@ class HeaderSigner:
             signature = ed25519
         return {
             "Content-Type": "application/json",
-            "User-Agent": USER_AGENT_TEMPLATE.format(brand=self.brand),
+            "User-Agent": self._user_agent,
             names["id"]: session_id,
             names["event"]: event_type,
             names["timestamp"]: stamp,
