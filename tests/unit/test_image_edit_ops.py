@@ -444,3 +444,18 @@ def test_random_plans_give_the_exact_size_or_a_documented_failure(
         assert failure.code in (ErrorCode.INSTRUCTION_INVALID, ErrorCode.PROMPT_NOT_UNDERSTOOD)
     else:
         assert out.size == (1024, 1024)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "top_color"),
+    [("rotate 30 degrees", RED), ("rotate 30 degrees counterclockwise", GREEN)],
+)
+def test_odd_angle_rotation_turns_the_right_way(
+    engine: ImageEditEngine, prompt: str, top_color: tuple[int, int, int]
+) -> None:
+    out, _ = run(engine, f"{prompt}, letterbox", [encode(quadrants((300, 200)))])
+    a = arr(out)
+    painted = a.sum(axis=2) > 60
+    top = int(np.flatnonzero(painted.any(axis=1))[0]) + 6
+    xs = np.flatnonzero(painted[top])
+    assert close(a[top, xs].mean(axis=0), top_color, 40)
