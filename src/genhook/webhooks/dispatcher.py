@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 # Extra lease time beyond the request timeout, for recording the outcome.
 LEASE_MARGIN_SECONDS = 30.0
 CLAIM_BATCH = 200
+RECORD_DELAY_SECONDS = 0.2
 # A Retry-After is honoured within these bounds (seconds); the upper one is the retry cap.
 RETRY_AFTER_MIN_SECONDS = 1.0
 RETRY_AFTER_STATUSES = frozenset({429, 503})
@@ -121,15 +122,38 @@ class Dispatcher:
         self.signer = HeaderSigner(settings.webhook_header_brand, settings.webhook_signing)
         self._ssl = ssl_context or build_ssl_context(settings)
         self._lease_ms = int((settings.webhook_timeout_seconds + lease_margin_seconds) * 1000)
-        self._wake = asyncio.Event()
+        self._woken = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._chunk = max(1, min(settings.webhook_concurrency // 4, CLAIM_BATCH))
         self._outcomes: list[Outcome] = []
+        self._oldest_outcome = 0.0
         self._in_flight: set[asyncio.Task[None]] = set()
         self._https: aiohttp.ClientSession | None = None
         self._http: aiohttp.ClientSession | None = None
         self.sent = 0
 
     def wake(self) -> None:
-        self._wake.set()
+        """Look for due deliveries now; safe to call at any time from the loop's thread."""
+        self._woken = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _sleep(self, timeout: float) -> None:
+        """Until ``wake()`` or ``timeout``; cheaper than waiting on events with tasks."""
+        if self._woken:
+            self._woken = False
+            return
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        self._waiter = waiter
+        handle = loop.call_later(timeout, _resolve, waiter)
+        try:
+            await waiter
+        finally:
+            handle.cancel()
+            self._waiter = None
+            self._woken = False
 
     # -- sessions ---------------------------------------------------------------------------
 
@@ -168,17 +192,26 @@ class Dispatcher:
         await self.open()
         capacity = self.settings.webhook_concurrency
         poll = self.settings.webhook_poll_seconds
-        # Under load, claim in chunks rather than one slot at a time: each tick is a write
-        # transaction, and one per freed slot would cost more than the sends themselves.
-        chunk = max(1, min(capacity // 4, CLAIM_BATCH))
+        # Under load, claim and record in chunks rather than one slot at a time: each tick
+        # is a write transaction, and one per finished attempt would cost more than the
+        # sends themselves. Outcomes wait at most RECORD_DELAY_SECONDS for company.
+        chunk = self._chunk
         try:
             while not stop.is_set():
-                outcomes, self._outcomes = self._outcomes, []
                 free = capacity - len(self._in_flight)
                 want = free if free >= chunk or (free > 0 and not self._in_flight) else 0
                 want = min(want, CLAIM_BATCH)
+                pending = len(self._outcomes)
+                record = pending >= chunk or (
+                    pending > 0
+                    and (
+                        not self._in_flight
+                        or time.monotonic() - self._oldest_outcome >= RECORD_DELAY_SECONDS
+                    )
+                )
                 claimed: Sequence[Claimed] = []
-                if outcomes or want:
+                if want or record:
+                    outcomes, self._outcomes = self._outcomes, []
                     try:
                         claimed = await self.tick(outcomes, want)
                     except Exception:
@@ -190,11 +223,13 @@ class Dispatcher:
                         task = asyncio.create_task(self._attempt(item))
                         self._in_flight.add(task)
                         task.add_done_callback(self._in_flight.discard)
-                if (claimed and len(claimed) == want) or self._outcomes:
-                    await asyncio.sleep(0)
-                    continue
-                self._wake.clear()
-                await _wait_any(stop, self._wake, poll)
+                    if claimed and len(claimed) == want:
+                        await asyncio.sleep(0)
+                        continue
+                timeout = poll
+                if self._outcomes:
+                    timeout = min(poll, RECORD_DELAY_SECONDS)
+                await self._sleep(timeout)
         finally:
             if self._in_flight:
                 await asyncio.gather(*self._in_flight, return_exceptions=True)
@@ -305,8 +340,14 @@ class Dispatcher:
         except Exception as exc:  # never lose the lease silently on an unexpected error
             log.exception("webhook attempt for %s failed unexpectedly", item.id)
             outcome = Outcome(item, now_ms(), 0, None, f"internal error: {exc}", None, None, None)
+        if not self._outcomes:
+            self._oldest_outcome = time.monotonic()
         self._outcomes.append(outcome)
-        self._wake.set()
+        # Wake the loop only when there is something to do: a chunk of free slots or of
+        # outcomes, or nothing else in flight (this task leaves the set right after).
+        free = self.settings.webhook_concurrency - len(self._in_flight) + 1
+        if free >= self._chunk or len(self._outcomes) >= self._chunk or len(self._in_flight) <= 1:
+            self.wake()
 
     async def send(self, item: Claimed) -> Outcome:
         started = now_ms()
@@ -482,10 +523,6 @@ async def _wait(stop: asyncio.Event, seconds: float) -> None:
         await asyncio.wait_for(stop.wait(), seconds)
 
 
-async def _wait_any(stop: asyncio.Event, wake: asyncio.Event, seconds: float) -> None:
-    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
-    try:
-        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
