@@ -397,3 +397,28 @@ async def test_two_services_deliver_each_exactly_once(env: tuple[Settings, Datab
         assert sorted(sessions) == sorted(f"t_many_{i}" for i in range(120))
     finally:
         await receiver.stop()
+
+
+async def test_binary_answers_are_logged_safely(env: tuple[Settings, Database]) -> None:
+    settings, db = env
+
+    async def binary(_: web.Request, n: int) -> web.StreamResponse:
+        return web.Response(status=500 if n == 1 else 200, body=b"\x00\xff\xfebin" * 500)
+
+    receiver = await Receiver(binary).start()
+    try:
+        delivery_id = await enqueue(
+            db, terminal_task("t_bin", f"http://127.0.0.1:{receiver.port}/")
+        )
+        async with Running(WebhookService(settings, db)):
+            row = await settle(db, delivery_id)
+        assert row.status == "delivered"
+        first = (await attempts(db, delivery_id))[0]
+        assert first.status_code == 500 and first.response_excerpt is not None
+        assert "\x00" not in first.response_excerpt
+        assert (
+            len(first.response_excerpt.encode("utf-8"))
+            <= 3 * settings.webhook_response_excerpt_bytes
+        )
+    finally:
+        await receiver.stop()

@@ -395,7 +395,8 @@ class Dispatcher:
                 retry_after = None
                 if status in RETRY_AFTER_STATUSES:
                     retry_after = parse_retry_after(response.headers.get("Retry-After"))
-                excerpt = raw.decode("utf-8", errors="replace") if raw else None
+                # Text columns (PostgreSQL) refuse NUL characters; receivers may send any bytes.
+                excerpt = raw.decode("utf-8", errors="replace").replace("\x00", "\ufffd") or None
         except TimeoutError:
             return done(None, f"timeout after {self.settings.webhook_timeout_seconds:g} s")
         except aiohttp.ClientConnectorCertificateError:
