@@ -7,13 +7,14 @@ import ipaddress
 import socket
 import ssl
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import trustme
 from aiohttp import web
 
 from genhook.errors import ErrorCode, TaskFailure
-from genhook.net import AddressPolicy, fetch_input_image
+from genhook.net import AddressPolicy, client_ssl_context, fetch_input_image
 
 IMAGE = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 40
 
@@ -175,13 +176,14 @@ async def test_connection_refused() -> None:
     await expect(ErrorCode.INPUT_FETCH_FAILED, f"http://img.test:{port}/img")
 
 
-async def test_https_verifies_the_host_name(tmp_path: object) -> None:
+async def test_https_verifies_the_host_name(tmp_path: Path) -> None:
     ca = trustme.CA()
     cert = ca.issue_cert("img.test")
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     cert.configure_cert(server_ctx)
-    client_ctx = ssl.create_default_context()
-    ca.configure_trust(client_ctx)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    client_ctx = client_ssl_context(ca_file)
     origin = Origin()
     runner = web.AppRunner(origin.app())
     await runner.setup()

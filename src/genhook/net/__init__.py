@@ -1,7 +1,7 @@
 """The target-address policy (SSRF defence) for webhook targets and input-image URLs."""
 
 from genhook.net._addresses import Reach, classify
-from genhook.net._connector import PinnedResolver, pinned_connector
+from genhook.net._connector import PinnedResolver, client_ssl_context, pinned_connector
 from genhook.net._fetch import MAX_REDIRECTS, fetch_input_image
 from genhook.net._policy import (
     MSG_INVALID,
@@ -32,6 +32,7 @@ __all__ = [
     "Target",
     "TargetRefused",
     "classify",
+    "client_ssl_context",
     "fetch_input_image",
     "parse_target",
     "pinned_connector",

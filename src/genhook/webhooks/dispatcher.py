@@ -33,6 +33,7 @@ from genhook.net import (
     Target,
     TargetRefused,
     classify,
+    client_ssl_context,
     pinned_connector,
 )
 from genhook.net import parse_target as _parse_target
@@ -53,14 +54,6 @@ RETRY_AFTER_STATUSES = frozenset({429, 503})
 
 def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
-
-
-def build_ssl_context(settings: Settings) -> ssl.SSLContext:
-    """System trust store, plus ``webhook_ca_file`` when set; always verifies host names."""
-    context = ssl.create_default_context()
-    if settings.webhook_ca_file is not None:
-        context.load_verify_locations(cafile=str(settings.webhook_ca_file))
-    return context
 
 
 @lru_cache(maxsize=4096)
@@ -120,7 +113,7 @@ class Dispatcher:
         self.keyring = keyring
         self.owner = owner or default_owner()
         self.signer = HeaderSigner(settings.webhook_header_brand, settings.webhook_signing)
-        self._ssl = ssl_context or build_ssl_context(settings)
+        self._ssl = ssl_context or client_ssl_context(settings.webhook_ca_file)
         self._lease_ms = int((settings.webhook_timeout_seconds + lease_margin_seconds) * 1000)
         self._woken = False
         self._waiter: asyncio.Future[None] | None = None
