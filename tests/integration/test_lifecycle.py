@@ -276,3 +276,21 @@ async def test_engine_loaded_once_per_worker(harness: Harness) -> None:
     while await worker.run_once():
         pass
     assert FakeEditEngine.loads == before + 1
+
+
+async def test_input_images_live_with_the_task_until_it_ends(harness: Harness) -> None:
+    from genhook.db import Blob
+
+    async def input_blobs() -> list[str]:
+        async with harness.state.db.read() as session:
+            keys = await session.scalars(select(Blob.key).where(Blob.key.startswith("inputs/")))
+            return sorted(keys)
+
+    done = await submit(harness, images=[data_url(), data_url((1, 2, 3), "JPEG")])
+    failed = await submit(harness, prompt="fail")
+    assert await input_blobs() == sorted(
+        [f"inputs/{done}_0.png", f"inputs/{done}_1.jpeg", f"inputs/{failed}_0.png"]
+    )
+    await harness.run_all()
+    assert await input_blobs() == []
+    assert (await harness.result(done))["status"] == "completed"

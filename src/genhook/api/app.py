@@ -27,7 +27,7 @@ from genhook.engines.registry import Registry, build_registry
 from genhook.net import AddressPolicy, Resolver
 from genhook.storage import open_blob_store
 from genhook.tasks.lifecycle import Lifecycle
-from genhook.webhooks.service import WebhookService, ensure_signing_key
+from genhook.webhooks.service import WebhookService
 
 log = logging.getLogger(__name__)
 
@@ -122,5 +122,5 @@ def create_app(
 
 
 async def _run_webhooks(state: AppState, stop: asyncio.Event) -> None:
-    await ensure_signing_key(state.db, state.settings)
-    await WebhookService(state.settings, state.db).run(stop)
+    # The same policy (and resolver) as submit-time checks guards every delivery.
+    await WebhookService(state.settings, state.db, policy=state.policy).run(stop)

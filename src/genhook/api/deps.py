@@ -29,7 +29,8 @@ class AppState:
         self.auth_cache = AuthCache(self.settings.auth_cache_seconds)
 
 
-def get_state(request: Request) -> AppState:
+async def get_state(request: Request) -> AppState:
+    """Async so FastAPI calls it inline instead of in its thread pool."""
     state: AppState = request.app.state.genhook
     return state
 

@@ -86,7 +86,3 @@ class ModelSpec:
 
     def accepts(self, path_kind: ModelKind) -> bool:
         return path_kind == self.kind or path_kind in self.accepted_on
-
-    @property
-    def event_type(self) -> str:
-        return f"{self.kind.value}.task.terminal"

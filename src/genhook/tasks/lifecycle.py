@@ -14,15 +14,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.config import Settings
-from genhook.db import Database, Task, UsageLine, now_ms
+from genhook.db import Blob, Database, Task, UsageLine, now_ms
 from genhook.errors import ErrorCode
 from genhook.storage import BlobStore
 from genhook.tasks.views import TIMEOUT_MESSAGE, prediction_view
-from genhook.webhooks.outbox import enqueue_delivery
+from genhook.webhooks.outbox import enqueue_delivery, event_type_for
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +168,9 @@ class Lifecycle:
         return True
 
     async def _on_terminal(self, session: AsyncSession, task: Task, now: int) -> None:
+        input_keys = [item["blob"] for item in task.inputs if "blob" in item]
+        if input_keys:
+            await session.execute(delete(Blob).where(Blob.key.in_(input_keys)))
         if task.status == "completed" and task.charge:
             session.add(
                 UsageLine(
@@ -187,7 +190,7 @@ class Lifecycle:
             await enqueue_delivery(
                 session,
                 task=task,
-                event_type=f"{task.kind}.task.terminal",
+                event_type=event_type_for(task.kind),
                 payload=payload,
                 now=now,
             )

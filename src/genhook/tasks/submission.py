@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy import insert
 
 from genhook.config import Settings
-from genhook.db import Database, Task, now_ms
+from genhook.db import Blob, Database, Task, now_ms
 from genhook.engines.base import ModelKind
 from genhook.engines.edit_request import IMAGE_REFS, ImageItemsError, ImageRef, parse_image_ref
 from genhook.engines.registry import PATH_KINDS, Registry, submit_paths
@@ -37,12 +37,12 @@ class GroupInserter:
     def __init__(self, db: Database, max_batch: int = 256) -> None:
         self.db = db
         self.max_batch = max_batch
-        self._pending: list[tuple[Task, asyncio.Future[None]]] = []
+        self._pending: list[tuple[_Row, asyncio.Future[None]]] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    async def insert(self, row: Task) -> None:
+    async def insert(self, task: Task, blobs: list[dict[str, Any]]) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append((row, future))
+        self._pending.append(((task, blobs), future))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         await asyncio.shield(future)
@@ -52,16 +52,14 @@ class GroupInserter:
             batch = self._pending[: self.max_batch]
             del self._pending[: self.max_batch]
             try:
-                async with self.db.write() as session:
-                    await session.execute(insert(Task), [_values(row) for row, _ in batch])
+                await self._write([row for row, _ in batch])
             except Exception:
                 if len(batch) == 1:
                     _settle(batch, sys.exc_info()[1])
                     continue
                 for item in batch:
                     try:
-                        async with self.db.write() as session:
-                            await session.execute(insert(Task), [_values(item[0])])
+                        await self._write([item[0]])
                     except Exception as exc:
                         _settle([item], exc)
                     else:
@@ -69,7 +67,15 @@ class GroupInserter:
             else:
                 _settle(batch, None)
 
+    async def _write(self, rows: list[_Row]) -> None:
+        blobs = [blob for _, task_blobs in rows for blob in task_blobs]
+        async with self.db.write() as session:
+            await session.execute(insert(Task), [_values(task) for task, _ in rows])
+            if blobs:
+                await session.execute(insert(Blob), blobs)
 
+
+_Row = tuple[Task, list[dict[str, Any]]]
 _COLUMNS = [column.key for column in Task.__table__.columns]
 
 
@@ -77,7 +83,7 @@ def _values(row: Task) -> dict[str, Any]:
     return {name: getattr(row, name) for name in _COLUMNS}
 
 
-def _settle(batch: list[tuple[Task, asyncio.Future[None]]], error: BaseException | None) -> None:
+def _settle(batch: list[tuple[_Row, asyncio.Future[None]]], error: BaseException | None) -> None:
     for _, future in batch:
         if future.done():
             continue
@@ -111,8 +117,8 @@ class Submitter:
         refs = context.get(IMAGE_REFS)
         if refs is None:
             refs = [parse_image_ref(item) for item in getattr(request, "images", [])]
-        inputs = await self._store_inputs(task_id, refs)
         now = now_ms()
+        inputs, blobs = input_rows(task_id, refs, now)
         deadline = self.settings.task_deadline_seconds or spec.deadline_seconds
         charge = spec.pricing(self.settings, request)
         task = Task(
@@ -141,13 +147,7 @@ class Submitter:
                 "total_micros": int(charge.total * 1_000_000),
             },
         )
-        try:
-            await self._inserter.insert(task)
-        except BaseException:
-            for item in inputs:
-                if "blob" in item:
-                    await self.storage.delete(item["blob"])
-            raise
+        await self._inserter.insert(task, blobs)
         return task
 
     def _validate(self, path_kind: ModelKind, body: Any, context: dict[str, Any]) -> BaseModel:
@@ -178,16 +178,29 @@ class Submitter:
         except ValidationError as exc:
             raise InvalidRequest("the request is invalid", field_errors(exc)) from None
 
-    async def _store_inputs(self, task_id: str, refs: list[ImageRef]) -> list[dict[str, Any]]:
-        inputs: list[dict[str, Any]] = []
-        for index, ref in enumerate(refs):
-            if ref.data is not None and ref.format is not None:
-                key = f"inputs/{task_id}_{index}.{ref.format}"
-                await self.storage.put(key, ref.data, CONTENT_TYPES[ref.format])
-                inputs.append({"blob": key, "format": ref.format})
-            else:
-                inputs.append({"url": ref.url})
-        return inputs
+
+def input_rows(
+    task_id: str, refs: list[ImageRef], now: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The task's ``inputs`` entries and the blob rows of its data-URL images.
+
+    Input images go into the database with the task row, in one transaction: nothing is
+    left behind when a submit fails, and the worker on any machine can read them. They are
+    deleted when the task ends.
+    """
+    inputs: list[dict[str, Any]] = []
+    blobs: list[dict[str, Any]] = []
+    for index, ref in enumerate(refs):
+        if ref.data is not None and ref.format is not None:
+            key = f"inputs/{task_id}_{index}.{ref.format}"
+            content_type = CONTENT_TYPES[ref.format]
+            blobs.append(
+                {"key": key, "content_type": content_type, "data": ref.data, "created_at": now}
+            )
+            inputs.append({"blob": key, "format": ref.format})
+        else:
+            inputs.append({"url": ref.url})
+    return inputs, blobs
 
 
 def field_path(loc: tuple[int | str, ...]) -> str:

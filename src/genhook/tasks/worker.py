@@ -21,8 +21,8 @@ from genhook.db import Database, Task, now_ms
 from genhook.engines.base import Engine, EngineJob, EngineResult
 from genhook.engines.registry import Registry
 from genhook.errors import ErrorCode, TaskFailure
-from genhook.net import AddressPolicy, fetch_input_image
-from genhook.storage import BlobStore
+from genhook.net import AddressPolicy, client_ssl_context, fetch_input_image
+from genhook.storage import BlobStore, DatabaseBlobStore
 from genhook.storage.blobs import extension_of, new_blob_key
 from genhook.tasks.lifecycle import Lifecycle
 
@@ -51,6 +51,9 @@ class Worker:
         self._engines: dict[str, Engine] = {}
         self._models = [spec.id for spec in self.registry]
         self._engine_busy = threading.Event()
+        # Input images live in the database with their task (see submission.input_rows).
+        self._inputs = DatabaseBlobStore(self.db)
+        self._ssl_context = client_ssl_context(self.settings.webhook_ca_file)
         # Set when an abandoned engine call is still computing: the process should be replaced.
         self.tainted = False
 
@@ -199,7 +202,7 @@ class Worker:
         images: list[bytes] = []
         for index, item in enumerate(task.inputs):
             if "blob" in item:
-                blob = await self.storage.get(item["blob"])
+                blob = await self._inputs.get(item["blob"])
                 if blob is None:
                     raise TaskFailure(ErrorCode.INTERNAL_ERROR, f"input image {index} is missing")
                 images.append(blob[0])
@@ -211,6 +214,7 @@ class Worker:
                         policy=self.policy,
                         max_bytes=self.settings.input_max_bytes,
                         timeout=self.settings.input_fetch_timeout_seconds,
+                        ssl_context=self._ssl_context,
                     )
                 )
             except TaskFailure as failure:
