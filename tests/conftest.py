@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from genhook.db import Database
 from genhook.db.migrate import upgrade_in_thread
 from genhook.engines.registry import build_registry
 from genhook.tasks import Worker
-from tests.support.postgres import PostgresServer, running_postgres
+from tests.support.postgres import PostgresServer, free_port, running_postgres
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -127,12 +126,6 @@ async def harness(settings: Settings) -> AsyncIterator[Harness]:
     yield h
     await h.client.aclose()
     await h.state.db.dispose()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -188,31 +188,29 @@ async def test_deadline_times_out_queued_and_running_tasks(harness: Harness) -> 
     await asyncio.wait_for(harness.worker.run(asyncio.Event()), 5)  # returns without claiming
 
 
-async def test_graceful_stop_releases_task_after_grace(harness: Harness) -> None:
-    harness.state.settings.shutdown_grace_seconds = 0.2
-    task_id = await submit(harness, prompt="sleep=3")
+async def run_until_processing_then_stop(h: Harness, task_id: str) -> None:
+    """Run the worker loop, and ask it to stop once it holds ``task_id``."""
     stop = asyncio.Event()
-    run = asyncio.create_task(harness.worker.run(stop))
+    run = asyncio.create_task(h.worker.run(stop))
     for _ in range(200):
-        if (await row(harness, task_id)).status == "processing":
+        if (await row(h, task_id)).status == "processing":
             break
         await asyncio.sleep(0.02)
     stop.set()
     await asyncio.wait_for(run, 10)
+
+
+async def test_graceful_stop_releases_task_after_grace(harness: Harness) -> None:
+    harness.state.settings.shutdown_grace_seconds = 0.2
+    task_id = await submit(harness, prompt="sleep=3")
+    await run_until_processing_then_stop(harness, task_id)
     task = await row(harness, task_id)
     assert task.status == "created" and task.lease_losses == 0 and task.lease_owner is None
 
 
 async def test_graceful_stop_finishes_short_task(harness: Harness) -> None:
     task_id = await submit(harness, prompt="sleep=0.5")
-    stop = asyncio.Event()
-    run = asyncio.create_task(harness.worker.run(stop))
-    for _ in range(200):
-        if (await row(harness, task_id)).status == "processing":
-            break
-        await asyncio.sleep(0.02)
-    stop.set()
-    await asyncio.wait_for(run, 10)
+    await run_until_processing_then_stop(harness, task_id)
     assert (await row(harness, task_id)).status == "completed"
 
 

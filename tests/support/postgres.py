@@ -34,7 +34,7 @@ def _find(binary: str) -> str:
     )
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -83,7 +83,7 @@ def running_postgres() -> Iterator[PostgresServer]:
     datadir = root / "data"
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
     subprocess.run(
         _as_postgres(

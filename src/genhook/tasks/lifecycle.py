@@ -30,6 +30,16 @@ TERMINAL = ("completed", "failed", "timeout")
 ACTIVE = ("created", "processing")
 
 
+async def enqueue_callback(
+    session: AsyncSession, task: Task, settings: Settings, storage: BlobStore, now: int
+) -> None:
+    """Write the outbox row of ``task``'s terminal callback, with the payload polling shows."""
+    payload = await prediction_view(task, settings, storage, for_webhook=True)
+    await enqueue_delivery(
+        session, task=task, event_type=event_type_for(task.kind), payload=payload, now=now
+    )
+
+
 @dataclass
 class Lifecycle:
     settings: Settings
@@ -186,14 +196,7 @@ class Lifecycle:
                 )
             )
         if task.webhook_url:
-            payload = await prediction_view(task, self.settings, self.storage, for_webhook=True)
-            await enqueue_delivery(
-                session,
-                task=task,
-                event_type=event_type_for(task.kind),
-                payload=payload,
-                now=now,
-            )
+            await enqueue_callback(session, task, self.settings, self.storage, now)
 
     async def sweep(self) -> int:
         """Requeue or fail tasks whose lease expired, and time out tasks past their deadline.

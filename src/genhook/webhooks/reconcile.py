@@ -21,7 +21,7 @@ from genhook.config import Settings
 from genhook.db import Database, Task, WebhookDelivery, now_ms
 from genhook.storage import open_blob_store
 from genhook.webhooks.keys import retire_expired_keys
-from genhook.webhooks.outbox import TERMINAL_STATUSES, enqueue_delivery, event_type_for
+from genhook.webhooks.outbox import TERMINAL_STATUSES
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,8 @@ class Reconciler:
         return report
 
     async def _enqueue_missing(self, since: int, now: int) -> tuple[int, int | None]:
-        from genhook.tasks.views import prediction_view
+        # The task domain imports the outbox, so the outbox side imports it late.
+        from genhook.tasks.lifecycle import enqueue_callback
 
         missing = (
             select(Task)
@@ -95,16 +96,9 @@ class Reconciler:
             tasks = (await session.scalars(missing)).all()
         enqueued = 0
         for task in tasks:
-            payload = await prediction_view(task, self.settings, self.storage, for_webhook=True)
             try:
                 async with self.db.write() as session:
-                    await enqueue_delivery(
-                        session,
-                        task=task,
-                        event_type=event_type_for(task.kind),
-                        payload=payload,
-                        now=now,
-                    )
+                    await enqueue_callback(session, task, self.settings, self.storage, now)
             except IntegrityError:
                 continue  # enqueued meanwhile by the task's own transaction or another sweeper
             enqueued += 1
