@@ -24,9 +24,17 @@ from genhook.db import Database
 from genhook.db.migrate import upgrade_in_thread
 from genhook.engines.registry import build_registry
 from genhook.tasks import Worker
+from tests.support import netguard
 from tests.support.postgres import PostgresServer, free_port, running_postgres
 
 ROOT = Path(__file__).resolve().parent.parent
+NETGUARD = ROOT / "tests" / "support" / "netguard"
+
+# Keep the whole run on loopback, in this process and in every Python process it starts.
+netguard.install()
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(NETGUARD), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+)
 
 
 @pytest.fixture(scope="session")
@@ -169,7 +177,7 @@ def start_service(tmp_path: Path, database_url: str | None = None, **env: str) -
         "GENHOOK_SWEEP_INTERVAL_SECONDS": "0.2",
         "GENHOOK_WORKER_POLL_SECONDS": "0.02",
         "GENHOOK_SHUTDOWN_GRACE_SECONDS": "10",
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join([str(NETGUARD), str(ROOT)]),
         **env,
     }
     if database_url:

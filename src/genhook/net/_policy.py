@@ -40,10 +40,15 @@ class Resolver(Protocol):
 
 
 class SystemResolver:
+    """The operating system's resolver, through ``socket.getaddrinfo`` in a thread.
+
+    Not ``loop.getaddrinfo``: under uvloop that is libuv's own C call, so the same code would
+    resolve differently depending on the event loop.
+    """
+
     async def resolve(self, host: str, port: int) -> list[str]:
-        loop = asyncio.get_running_loop()
         try:
-            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            infos = await asyncio.to_thread(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
         except (socket.gaierror, UnicodeError):
             return []
         return list(dict.fromkeys(str(info[4][0]) for info in infos))
