@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import threading
 from collections.abc import Iterator
@@ -13,25 +12,9 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from genhook.webhooks import VerificationFailure, WebhookVerificationError, WebhookVerifier
-
-
-def b64url(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def jwk(key: Ed25519PrivateKey, kid: str) -> dict[str, str]:
-    x = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    return {
-        "kty": "OKP",
-        "crv": "Ed25519",
-        "x": b64url(x),
-        "use": "sig",
-        "alg": "EdDSA",
-        "kid": kid,
-    }
+from tests.support.jwk import b64url, jwk
 
 
 class JwksServer:

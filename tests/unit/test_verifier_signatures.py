@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import json
@@ -11,32 +10,16 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from genhook.webhooks import (
     VerificationFailure,
     WebhookVerificationError,
     WebhookVerifier,
 )
+from tests.support.jwk import b64url, jwk
 
 SECRET = "whsec_test_secret"
 NOW = 1_760_000_000
-
-
-def b64url(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def jwk(key: Ed25519PrivateKey, kid: str) -> dict[str, str]:
-    x = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    return {
-        "kty": "OKP",
-        "crv": "Ed25519",
-        "x": b64url(x),
-        "use": "sig",
-        "alg": "EdDSA",
-        "kid": kid,
-    }
 
 
 def body_for(session_id: str = "task_123", **over: Any) -> bytes:
