@@ -280,16 +280,18 @@ def sketch(image: Image.Image, colored: bool) -> Image.Image:
     return _array_op(fn)(image)
 
 
+def _shrink(a: Array, longest: int) -> Array:
+    """A copy whose long side is at most ``longest``: stylization cost grows with area."""
+    height, width = a.shape[:2]
+    scale = min(1.0, longest / max(height, width))
+    size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    return np.asarray(cv2.resize(a, size, interpolation=cv2.INTER_AREA))
+
+
 def cartoon(image: Image.Image, ctx: Context) -> Image.Image:
     def fn(a: Array) -> Array:
         height, width = a.shape[:2]
-        work = 384 if ctx.fast else 512
-        scale = min(1.0, work / max(height, width))
-        small = cv2.resize(
-            a,
-            (max(1, round(width * scale)), max(1, round(height * scale))),
-            interpolation=cv2.INTER_AREA,
-        )
+        small = _shrink(a, 384 if ctx.fast else 512)
         for _ in range(2):
             small = cv2.bilateralFilter(small, 7, 60, 7)
         color = cv2.resize(small, (width, height), interpolation=cv2.INTER_LINEAR)
@@ -307,13 +309,7 @@ def cartoon(image: Image.Image, ctx: Context) -> Image.Image:
 def painting(image: Image.Image, ctx: Context) -> Image.Image:
     def fn(a: Array) -> Array:
         height, width = a.shape[:2]
-        work = 288 if ctx.fast else 384
-        scale = min(1.0, work / max(height, width))
-        small = cv2.resize(
-            a,
-            (max(1, round(width * scale)), max(1, round(height * scale))),
-            interpolation=cv2.INTER_AREA,
-        )
+        small = _shrink(a, 288 if ctx.fast else 384)
         styled = cv2.stylization(small, sigma_s=60, sigma_r=0.45)
         interpolation = cv2.INTER_LINEAR if ctx.fast else cv2.INTER_CUBIC
         return np.asarray(cv2.resize(styled, (width, height), interpolation=interpolation))
