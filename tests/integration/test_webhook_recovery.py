@@ -17,6 +17,7 @@ from sqlalchemy import insert, select, text
 
 from genhook.config import Settings
 from genhook.db import Database, WebhookAttempt, WebhookDelivery, now_ms
+from genhook.webhooks import queue
 from genhook.webhooks.dispatcher import Dispatcher
 from genhook.webhooks.keys import KeyRing, ensure_signing_key
 from genhook.webhooks.outbox import enqueue_delivery
@@ -242,16 +243,25 @@ async def test_due_and_missing_queries_use_indexes(env: tuple[Settings, Database
         settings, db, policy=WebhookService(settings, db).policy, keyring=KeyRing(db, settings)
     )
     assert await dispatcher.claim(10) == []
+    await dispatcher.queue.close()
+    params = {"outcomes": "[]", "owner": "o", "now": 1, "expires": 2, "limit": 10}
     async with db.read() as session:
-        plan = (
-            await session.execute(
-                text(
-                    "EXPLAIN QUERY PLAN SELECT id FROM webhook_deliveries WHERE status = 'pending' "
-                    "AND next_attempt_at <= 5 ORDER BY next_attempt_at LIMIT 10"
-                )
+        # The delivery queue's own statements: due rows through the (status, time) index,
+        # everything else by primary key, never a walk over all pending rows.
+        for statement in (queue._SQLITE_CLAIM, queue._SQLITE_CLAIMED):
+            plan = " ".join(
+                str(r)
+                for r in await session.execute(text("EXPLAIN QUERY PLAN " + statement), params)
             )
-        ).all()
-        assert "ix_deliveries_status_next" in " ".join(str(r) for r in plan)
+            assert "ix_deliveries_status_next" in plan, plan
+            assert "SCAN webhook_deliveries" not in plan, plan
+        for statement in (queue._SQLITE_ATTEMPTS, queue._SQLITE_STATES):
+            plan = " ".join(
+                str(r)
+                for r in await session.execute(text("EXPLAIN QUERY PLAN " + statement), params)
+            )
+            assert "sqlite_autoindex_webhook_deliveries_1 (id=?)" in plan, plan
+            assert "status=" not in plan and "SCAN webhook_deliveries" not in plan, plan
         plan = (
             await session.execute(
                 text(

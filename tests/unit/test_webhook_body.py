@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -111,6 +113,43 @@ def test_headers_are_verifiable_independently(mode: str) -> None:
         assert h["X-Service-Webhook-Signature"] == expected
     else:
         assert h["X-Service-Webhook-Signature"] == h["X-Service-Webhook-Signature-Ed25519"]
+
+
+@dataclass(frozen=True)
+class _Delivery:
+    task_id: str
+    event_type: str
+    body: bytes
+    secret: str | None
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+async def test_batch_signing_matches_single_signing(threaded: bool) -> None:
+    """A batch (signed in a thread or inline) gets, delivery by delivery, the headers a
+    single signing gives, each verifiable over its own body."""
+    key = _key()
+    signer = HeaderSigner("Service", "migration")
+    batch = [
+        _Delivery(f"t{i}", "image.task.terminal", b'{"n":%d,"e":"\xc3\xa9"}' % i, f"whsec_{i}")
+        for i in range(6)
+    ]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        signed = await signer.sign_many(key, 1_700_000_000, batch, pool if threaded else None)
+    verify = VerifyKey(b64url_decode(public_x(key.private_key)))
+    for delivery, headers in zip(batch, signed, strict=True):
+        single = signer.headers(
+            session_id=delivery.task_id,
+            event_type=delivery.event_type,
+            body=delivery.body,
+            timestamp=1_700_000_000,
+            key=key,
+            hmac_secret=delivery.secret,
+        )
+        assert headers == single
+        verify.verify(
+            b"1700000000." + delivery.body,
+            b64url_decode(headers["X-Service-Webhook-Signature-Ed25519"]),
+        )
 
 
 def test_private_key_encryption_is_bound_to_key_and_kid() -> None:

@@ -39,7 +39,7 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _open_sqlite(database: str) -> sqlite3.Connection:
+def open_sqlite(database: str) -> sqlite3.Connection:
     connection = sqlite3.connect(
         database, timeout=30, isolation_level=None, check_same_thread=False
     )
@@ -112,8 +112,11 @@ class Database:
         self.dialect = parsed.get_backend_name()
         self.is_sqlite = self.dialect == "sqlite"
         self.is_postgres = self.dialect == "postgresql"
+        # The database file, for SQLite work on a connection of its own.
+        self.sqlite_path: str | None = None
         if self.is_sqlite:
             database = parsed.database or ""
+            self.sqlite_path = database
             if database and database != ":memory:":
                 Path(database).parent.mkdir(parents=True, exist_ok=True)
             self.write_engine = self._sqlite_engine(url, immediate=True)
@@ -140,7 +143,7 @@ class Database:
         database = make_url(url).database or ":memory:"
 
         async def connect() -> aiosqlite.Connection:
-            return await InlineSQLiteConnection(partial(_open_sqlite, database))
+            return await InlineSQLiteConnection(partial(open_sqlite, database))
 
         engine = create_async_engine(url, async_creator=connect)
 
@@ -159,6 +162,16 @@ class Database:
             return
         async with self._write_lock, self._write_sessions() as session, session.begin():
             yield session
+
+    @asynccontextmanager
+    async def write_turn(self) -> AsyncIterator[None]:
+        """This process's turn to write on SQLite, for a transaction on another connection
+        (in another thread): writers on the loop wait here instead of inside SQLite."""
+        if self._write_lock is None:
+            yield
+            return
+        async with self._write_lock:
+            yield
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncSession]:

@@ -1,10 +1,11 @@
-"""Delivery workers: claim due deliveries under a lease, send them, record the outcome.
+"""Delivery workers: claim due deliveries under a lease, sign and send them, record the
+outcome.
 
-Claims are one conditional UPDATE (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite has a
-single writer), so any number of processes can dispatch from one database. A claim moves
-``next_attempt_at`` to the lease expiry: if the sender dies, the delivery is simply due
-again when the lease runs out. Outcomes are written in batches, each attempt record with
-its delivery's new state in one transaction, and only while the lease is still held.
+Claims and records go through the delivery queue (``genhook.webhooks.queue``), one write
+transaction per batch, so any number of processes can dispatch from one database. Claimed
+attempts are signed in a batch (in a signing thread) and wait in a ready queue for a pool of
+sender tasks; the next batch is claimed while the current one is on the wire. An outcome is
+recorded only while its lease is still held.
 """
 
 from __future__ import annotations
@@ -16,17 +17,18 @@ import os
 import socket
 import ssl
 import time
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import cast
 
 import aiohttp
-from sqlalchemy import Table, bindparam, func, insert, select, update
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy import update
+from yarl import URL
 
 from genhook.config import Settings
-from genhook.db import Account, Database, WebhookAttempt, WebhookDelivery, now_ms
+from genhook.db import Database, WebhookDelivery, now_ms
 from genhook.net import (
     AddressPolicy,
     AddressRefused,
@@ -39,14 +41,20 @@ from genhook.net import (
 from genhook.net import parse_target as _parse_target
 from genhook.retry import backoff_delay, clamp, parse_retry_after
 from genhook.webhooks.keys import KeyRing
+from genhook.webhooks.queue import Claimed, Recorded, delivery_queue
 from genhook.webhooks.signing import HeaderSigner
 
 log = logging.getLogger(__name__)
 
 # Extra lease time beyond the request timeout, for recording the outcome.
 LEASE_MARGIN_SECONDS = 30.0
-CLAIM_BATCH = 200
+CLAIM_BATCH = 256
+# Up to this many rounds of ``webhook_concurrency`` attempts wait ready behind the senders.
+READY_ROUNDS = 2
 RECORD_DELAY_SECONDS = 0.2
+# Batches at least this large are signed in the signing thread; a smaller one costs less
+# to sign inline than to hand over.
+SIGN_IN_THREAD_AT = 4
 # A Retry-After is honoured within these bounds (seconds); the upper one is the retry cap.
 RETRY_AFTER_MIN_SECONDS = 1.0
 RETRY_AFTER_STATUSES = frozenset({429, 503})
@@ -66,20 +74,6 @@ _classify = lru_cache(maxsize=4096)(classify)
 
 
 @dataclass(frozen=True, slots=True)
-class Claimed:
-    id: str
-    task_id: str
-    account_id: str
-    url: str
-    event_type: str
-    body: bytes
-    # Attempts so far and where the current retry budget began; unchanged while leased.
-    attempts: int
-    round_start: int
-    secret: str | None
-
-
-@dataclass(frozen=True, slots=True)
 class Outcome:
     delivery: Claimed
     started_at: int
@@ -93,6 +87,17 @@ class Outcome:
     @property
     def acknowledged(self) -> bool:
         return self.status_code is not None and 200 <= self.status_code < 300
+
+
+@dataclass(frozen=True, slots=True)
+class _Ready:
+    """A claimed attempt, checked and signed, waiting for a sender."""
+
+    item: Claimed
+    url: URL
+    session: aiohttp.ClientSession
+    headers: dict[str, str]
+    kid: str
 
 
 class Dispatcher:
@@ -120,7 +125,15 @@ class Dispatcher:
         self._chunk = max(1, min(settings.webhook_concurrency // 4, CLAIM_BATCH))
         self._outcomes: list[Outcome] = []
         self._oldest_outcome = 0.0
-        self._in_flight: set[asyncio.Task[None]] = set()
+        self._capacity = settings.webhook_concurrency
+        self._ready: deque[_Ready] = deque()
+        self._idle: deque[asyncio.Future[None]] = deque()
+        self._busy = 0
+        self._stopping = False
+        self._signing_count = 0
+        self._launches: set[asyncio.Task[None]] = set()
+        self.queue = delivery_queue(db)
+        self._signing: ThreadPoolExecutor | None = None
         self._https: aiohttp.ClientSession | None = None
         self._http: aiohttp.ClientSession | None = None
         self.sent = 0
@@ -166,6 +179,8 @@ class Dispatcher:
         )
 
     async def open(self) -> None:
+        # Ed25519 signing releases the GIL: in its own thread it overlaps with the loop.
+        self._signing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhook-sign")
         self._https = self._session(require_private=False)
         if self.policy.allow_private:
             # Plain http is allowed only towards private addresses; a separate connector
@@ -177,33 +192,31 @@ class Dispatcher:
             if session is not None:
                 await session.close()
         self._https = self._http = None
+        if self._signing is not None:
+            self._signing.shutdown(wait=False)
+            self._signing = None
+        await self.queue.close()
 
     # -- the loop ---------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Claim and send until ``stop`` is set; then let in-flight attempts finish."""
+        """Claim and send until ``stop`` is set; then let in-flight attempts finish.
+
+        ``webhook_concurrency`` sender tasks take signed attempts from a ready queue that
+        this loop keeps topped up: the next batch is claimed and signed while the current
+        one is on the wire, so senders do not wait for a transaction. Each tick also
+        records the attempts that ended; under load claims and records go in chunks, since
+        one write transaction per attempt would cost more than the sends themselves.
+        Outcomes wait at most RECORD_DELAY_SECONDS for company.
+        """
         await self.open()
-        capacity = self.settings.webhook_concurrency
+        self._stopping = False
         poll = self.settings.webhook_poll_seconds
-        # Under load, claim and record in chunks rather than one slot at a time: each tick
-        # is a write transaction, and one per finished attempt would cost more than the
-        # sends themselves. Outcomes wait at most RECORD_DELAY_SECONDS for company.
-        chunk = self._chunk
+        senders = [asyncio.create_task(self._sender()) for _ in range(self._capacity)]
         try:
             while not stop.is_set():
-                free = capacity - len(self._in_flight)
-                want = free if free >= chunk or (free > 0 and not self._in_flight) else 0
-                want = min(want, CLAIM_BATCH)
-                pending = len(self._outcomes)
-                record = pending >= chunk or (
-                    pending > 0
-                    and (
-                        not self._in_flight
-                        or time.monotonic() - self._oldest_outcome >= RECORD_DELAY_SECONDS
-                    )
-                )
-                claimed: Sequence[Claimed] = []
-                if want or record:
+                want = self._want()
+                if want or self._record_due():
                     outcomes, self._outcomes = self._outcomes, []
                     try:
                         claimed = await self.tick(outcomes, want)
@@ -212,20 +225,24 @@ class Dispatcher:
                         log.exception("webhook dispatch transaction failed; retrying")
                         await _wait(stop, 1.0)
                         continue
-                    for item in claimed:
-                        task = asyncio.create_task(self._attempt(item))
-                        self._in_flight.add(task)
-                        task.add_done_callback(self._in_flight.discard)
-                    if claimed and len(claimed) == want:
+                    if claimed:
+                        # Signing runs in its own thread while the next claim is made.
+                        self._signing_count += len(claimed)
+                        launch = asyncio.create_task(self._launch(claimed))
+                        self._launches.add(launch)
+                        launch.add_done_callback(self._launches.discard)
+                    if want and len(claimed) == want:
                         await asyncio.sleep(0)
-                        continue
-                timeout = poll
-                if self._outcomes:
-                    timeout = min(poll, RECORD_DELAY_SECONDS)
-                await self._sleep(timeout)
+                        continue  # more may be due
+                await self._sleep(min(poll, RECORD_DELAY_SECONDS) if self._outcomes else poll)
         finally:
-            if self._in_flight:
-                await asyncio.gather(*self._in_flight, return_exceptions=True)
+            # Attempts not started yet are given back by release_leases() below.
+            if self._launches:
+                await asyncio.gather(*self._launches, return_exceptions=True)
+            self._stopping = True
+            self._ready.clear()
+            self._wake_senders(len(self._idle))
+            await asyncio.gather(*senders, return_exceptions=True)
             if self._outcomes:
                 outcomes, self._outcomes = self._outcomes, []
                 try:
@@ -235,76 +252,43 @@ class Dispatcher:
             await self.release_leases()
             await self.close()
 
+    def _want(self) -> int:
+        """How many deliveries to claim now. Up to two rounds wait ready behind the busy
+        senders, so a claim (a transaction and a signing batch, each in its own thread)
+        ends long before the senders run out, even while the loop keeps those threads
+        waiting for the GIL."""
+        ready = len(self._ready) + self._signing_count
+        room = READY_ROUNDS * 2 * self._capacity - self._busy - ready
+        if ready >= READY_ROUNDS * self._capacity or room <= 0:
+            return 0
+        if room >= self._chunk or (not self._busy and not ready):
+            return min(room, CLAIM_BATCH)
+        return 0
+
+    def _record_due(self) -> bool:
+        pending = len(self._outcomes)
+        return pending >= self._chunk or (
+            pending > 0
+            and (not self._busy or time.monotonic() - self._oldest_outcome >= RECORD_DELAY_SECONDS)
+        )
+
     async def tick(self, outcomes: Sequence[Outcome], limit: int) -> list[Claimed]:
         """Record finished attempts and claim up to ``limit`` due deliveries, in one
         transaction, so a busy dispatcher pays one write transaction per batch."""
-        async with self.db.write() as session:
-            if outcomes:
-                await self._record(session, outcomes)
-            if not limit:
-                return []
-            return await self._claim(session, limit)
+        now = now_ms()
+        return await self.queue.tick(
+            [self._recorded(outcome, now) for outcome in outcomes],
+            owner=self.owner,
+            now=now,
+            lease_expires_at=now + self._lease_ms,
+            limit=limit,
+        )
 
     async def claim(self, limit: int) -> list[Claimed]:
         return await self.tick((), limit)
 
     async def record(self, outcomes: Sequence[Outcome]) -> None:
         await self.tick(outcomes, 0)
-
-    async def _claim(self, session: AsyncSession, limit: int) -> list[Claimed]:
-        now = now_ms()
-        expires = now + self._lease_ms
-        due = (
-            select(_D.id)
-            .where(_D.status == "pending", _D.next_attempt_at <= now)
-            .order_by(_D.next_attempt_at)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
-        stmt = (
-            update(_DELIVERIES)
-            .where(_D.id.in_(due), _D.status == "pending", _D.next_attempt_at <= now)
-            .values(
-                lease_owner=self.owner,
-                lease_expires_at=expires,
-                next_attempt_at=expires,
-                updated_at=now,
-            )
-            .returning(
-                _D.id,
-                _D.task_id,
-                _D.account_id,
-                _D.url,
-                _D.event_type,
-                _D.body,
-                _D.attempts,
-                _D.round_start,
-            )
-        )
-        rows = (await session.execute(stmt)).all()
-        if not rows:
-            return []
-        secrets: dict[str, str] = {}
-        if self.signer.mode == "migration":
-            accounts = {row.account_id for row in rows}
-            result = await session.execute(
-                select(Account.id, Account.signing_secret).where(Account.id.in_(accounts))
-            )
-            secrets = {account_id: secret for account_id, secret in result.all()}
-        return [
-            Claimed(
-                id=row.id,
-                task_id=row.task_id,
-                account_id=row.account_id,
-                url=row.url,
-                event_type=row.event_type,
-                body=bytes(row.body),
-                attempts=row.attempts,
-                round_start=row.round_start,
-                secret=secrets.get(row.account_id),
-            )
-            for row in rows
-        ]
 
     async def release_leases(self) -> None:
         """Make deliveries this process still holds due again at once (graceful stop)."""
@@ -327,25 +311,107 @@ class Dispatcher:
 
     # -- one attempt ------------------------------------------------------------------------
 
-    async def _attempt(self, item: Claimed) -> None:
+    async def _launch(self, claimed: Sequence[Claimed]) -> None:
+        """Check each target, sign the rest in one batch, and queue them for the senders."""
         try:
-            outcome = await self.send(item)
-        except Exception as exc:  # never lose the lease silently on an unexpected error
-            log.exception("webhook attempt for %s failed unexpectedly", item.id)
-            outcome = Outcome(item, now_ms(), 0, None, f"internal error: {exc}", None, None, None)
+            await self._sign_and_queue(claimed)
+        finally:
+            self._signing_count -= len(claimed)
+            self.wake()
+
+    async def _sign_and_queue(self, claimed: Sequence[Claimed]) -> None:
+        sendable: list[tuple[Claimed, URL, aiohttp.ClientSession]] = []
+        for item in claimed:
+            checked = self._check(item)
+            if isinstance(checked, str):
+                self._finished(Outcome(item, now_ms(), 0, None, checked, None, None, None))
+            else:
+                sendable.append((item, *checked))
+        if not sendable:
+            return
+        try:
+            key = await self.keyring.active()
+            executor = self._signing if len(sendable) >= SIGN_IN_THREAD_AT else None
+            batch = [item for item, _, _ in sendable]
+            signed = await self.signer.sign_many(key, int(time.time()), batch, executor)
+        except Exception as exc:  # never lose the leases silently
+            log.exception("signing %d webhook attempts failed", len(sendable))
+            for item, _, _ in sendable:
+                error = f"internal error: {exc}"
+                self._finished(Outcome(item, now_ms(), 0, None, error, None, None, None))
+            return
+        self._ready.extend(
+            _Ready(item, url, session, headers, key.kid)
+            for (item, url, session), headers in zip(sendable, signed, strict=True)
+        )
+        self._wake_senders(len(sendable))
+
+    def _wake_senders(self, count: int) -> None:
+        idle = self._idle
+        for _ in range(min(count, len(idle))):
+            waiter = idle.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _sender(self) -> None:
+        loop = asyncio.get_running_loop()
+        ready = self._ready
+        while True:
+            if not ready:
+                if self._stopping:
+                    return
+                waiter: asyncio.Future[None] = loop.create_future()
+                self._idle.append(waiter)
+                await waiter
+                continue
+            job = ready.popleft()
+            self._busy += 1
+            try:
+                outcome = await self.send(job.item, job.url, job.session, job.headers, job.kid)
+            except Exception as exc:  # never lose the lease silently on an unexpected error
+                log.exception("webhook attempt for %s failed unexpectedly", job.item.id)
+                error = f"internal error: {exc}"
+                outcome = Outcome(job.item, now_ms(), 0, None, error, None, job.kid, None)
+            finally:
+                self._busy -= 1
+            self._finished(outcome)
+
+    def _check(self, item: Claimed) -> tuple[URL, aiohttp.ClientSession] | str:
+        """The URL and session to send ``item`` with, or why its target is refused."""
+        try:
+            target = _parse(item.url, self.policy.allow_private)
+        except TargetRefused as exc:
+            return f"target refused: the URL {exc.detail}"
+        plain = target.scheme == "http"
+        if target.ip is not None and not self.policy.allows(
+            _classify(target.ip), require_private=plain
+        ):
+            return "target refused: address not allowed"
+        session = self._http if plain else self._https
+        if session is None:
+            return "target refused: plain http needs private targets allowed"
+        return target.url, session
+
+    def _finished(self, outcome: Outcome) -> None:
         if not self._outcomes:
             self._oldest_outcome = time.monotonic()
         self._outcomes.append(outcome)
-        # Wake the loop only when there is something to do: a chunk of free slots or of
-        # outcomes, or nothing else in flight (this task leaves the set right after).
-        free = self.settings.webhook_concurrency - len(self._in_flight) + 1
-        if free >= self._chunk or len(self._outcomes) >= self._chunk or len(self._in_flight) <= 1:
+        # Wake the loop only when there is something to do: a chunk of outcomes, few
+        # attempts left ready, or nothing else in flight.
+        if len(self._outcomes) >= self._chunk or len(self._ready) <= self._chunk or not self._busy:
             self.wake()
 
-    async def send(self, item: Claimed) -> Outcome:
+    async def send(
+        self,
+        item: Claimed,
+        url: URL,
+        session: aiohttp.ClientSession,
+        headers: dict[str, str],
+        kid: str,
+    ) -> Outcome:
+        """One POST of the exact body bytes; a 3xx is a failure (redirects are not followed)."""
         started = now_ms()
         clock = time.perf_counter()
-        kid: str | None = None
 
         def done(
             status: int | None,
@@ -356,32 +422,10 @@ class Dispatcher:
             elapsed = int((time.perf_counter() - clock) * 1000)
             return Outcome(item, started, elapsed, status, error, excerpt, kid, retry_after)
 
-        try:
-            target = _parse(item.url, self.policy.allow_private)
-        except TargetRefused as exc:
-            return done(None, f"target refused: the URL {exc.detail}")
-        plain = target.scheme == "http"
-        if target.ip is not None and not self.policy.allows(
-            _classify(target.ip), require_private=plain
-        ):
-            return done(None, "target refused: address not allowed")
-        session = self._http if plain else self._https
-        if session is None:
-            return done(None, "target refused: plain http needs private targets allowed")
-        key = await self.keyring.active()
-        kid = key.kid
-        headers = self.signer.headers(
-            session_id=item.task_id,
-            event_type=item.event_type,
-            body=item.body,
-            timestamp=int(time.time()),
-            key=key,
-            hmac_secret=item.secret,
-        )
         limit = self.settings.webhook_response_excerpt_bytes
         try:
             async with session.post(
-                target.url, data=item.body, headers=headers, allow_redirects=False
+                url, data=item.body, headers=headers, allow_redirects=False
             ) as response:
                 raw = await _read_up_to(response, limit)
                 status = response.status
@@ -410,91 +454,39 @@ class Dispatcher:
 
     # -- recording --------------------------------------------------------------------------
 
-    async def _record(self, session: AsyncSession, outcomes: Sequence[Outcome]) -> None:
-        """Attempt records and next states, only for deliveries whose lease is still ours.
-
-        A lease is lost only if it expired (a stalled process) and another sender claimed
-        the delivery; its outcome is then dropped, and the attempt is the other sender's.
-        """
-        now = now_ms()
-        held = await session.execute(
-            select(_D.id)
-            .where(
-                _D.id.in_([o.delivery.id for o in outcomes]),
-                _D.lease_owner == self.owner,
-                _D.status == "pending",
-            )
-            .with_for_update()
+    def _recorded(self, outcome: Outcome, now: int) -> Recorded:
+        item = outcome.delivery
+        number = item.attempts + 1
+        status, next_at, delivered_at = self._next_state(outcome, number - item.round_start, now)
+        return Recorded(
+            delivery_id=item.id,
+            number=number,
+            started_at=outcome.started_at,
+            duration_ms=outcome.duration_ms,
+            status_code=outcome.status_code,
+            error=outcome.error,
+            excerpt=outcome.excerpt,
+            kid=outcome.kid,
+            status=status,
+            next_attempt_at=next_at,
+            delivered_at=delivered_at,
         )
-        ours = set(held.scalars().all())
-        changes: list[dict[str, object]] = []
-        attempts: list[dict[str, object]] = []
-        for outcome in outcomes:
-            item = outcome.delivery
-            if item.id not in ours:
-                log.info("lease on %s was lost; outcome discarded", item.id)
-                continue
-            number = item.attempts + 1
-            changes.append(
-                {
-                    "b_id": item.id,
-                    "b_attempts": number,
-                    "b_code": outcome.status_code,
-                    "b_error": outcome.error,
-                    "b_last": outcome.started_at,
-                    **self._next_state(outcome, number - item.round_start, now),
-                }
-            )
-            attempts.append(
-                {
-                    "delivery_id": item.id,
-                    "number": number,
-                    "started_at": outcome.started_at,
-                    "duration_ms": outcome.duration_ms,
-                    "status_code": outcome.status_code,
-                    "error": outcome.error,
-                    "response_excerpt": outcome.excerpt,
-                    "kid": outcome.kid,
-                }
-            )
-        if changes:
-            await session.execute(_RECORD.values(updated_at=now), changes)
-            await session.execute(insert(_ATTEMPTS), attempts)
 
-    def _next_state(self, outcome: Outcome, in_round: int, now: int) -> dict[str, object]:
-        """Status, next attempt time and delivery time, as ``_RECORD`` parameters."""
+    def _next_state(
+        self, outcome: Outcome, in_round: int, now: int
+    ) -> tuple[str, int | None, int | None]:
+        """Status, next attempt time and delivery time after ``outcome``."""
         settings = self.settings
         if outcome.acknowledged:
-            return {"b_status": "delivered", "b_next": None, "b_delivered": now}
+            return "delivered", None, now
         if outcome.status_code == 410 or in_round >= settings.webhook_retry_max_attempts:
-            return {"b_status": "undeliverable", "b_next": None, "b_delivered": None}
+            return "undeliverable", None, None
         cap = settings.webhook_retry_cap_seconds
         if outcome.retry_after is not None:
             delay = clamp(outcome.retry_after, RETRY_AFTER_MIN_SECONDS, cap)
         else:
             delay = backoff_delay(in_round, settings.webhook_retry_base_seconds, cap)
-        return {"b_status": "pending", "b_next": now + int(delay * 1000), "b_delivered": None}
-
-
-_DELIVERIES = cast(Table, WebhookDelivery.__table__)
-_ATTEMPTS = cast(Table, WebhookAttempt.__table__)
-_D = _DELIVERIES.c
-# One executemany UPDATE records a whole batch of outcomes.
-_RECORD = (
-    update(_DELIVERIES)
-    .where(_D.id == bindparam("b_id"))
-    .values(
-        attempts=bindparam("b_attempts"),
-        status=bindparam("b_status"),
-        next_attempt_at=bindparam("b_next"),
-        delivered_at=func.coalesce(bindparam("b_delivered"), _D.delivered_at),
-        lease_owner=None,
-        lease_expires_at=None,
-        last_status_code=bindparam("b_code"),
-        last_error=bindparam("b_error"),
-        last_attempt_at=bindparam("b_last"),
-    )
-)
+        return "pending", now + int(delay * 1000), None
 
 
 async def _read_up_to(response: aiohttp.ClientResponse, limit: int) -> bytes:

@@ -1,0 +1,381 @@
+"""The delivery queue: the dispatcher's two hot statements, claim and record, per backend.
+
+The dispatcher pays one write transaction per batch: it records the attempts that ended and
+claims the next due deliveries together. This port keeps that transaction in hand-written
+SQL on the driver connection (``sqlite3`` or ``asyncpg``), one adapter per backend, because
+building and processing the same statements through the SQL toolkit for every batch cost
+more than the database's own work. Everything else about deliveries stays in the ORM.
+
+A claim moves ``next_attempt_at`` to the lease expiry, so a delivery whose sender died is
+simply due again when the lease runs out. An attempt is recorded only while its lease is
+still held; a lease is lost only if it expired (a stalled process) and another sender
+claimed the delivery, whose attempt it then is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Protocol
+
+from genhook.db import Database
+from genhook.db.database import open_sqlite
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A delivery claimed under a lease; the fields are in the claim statements' order."""
+
+    id: str
+    task_id: str
+    account_id: str
+    url: str
+    event_type: str
+    body: bytes
+    # Attempts so far and where the current retry budget began; unchanged while leased.
+    attempts: int
+    round_start: int
+    secret: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """One finished attempt and the state its delivery moves to."""
+
+    delivery_id: str
+    number: int
+    started_at: int
+    duration_ms: int
+    status_code: int | None
+    error: str | None
+    excerpt: str | None
+    kid: str | None
+    status: str
+    next_attempt_at: int | None
+    delivered_at: int | None
+
+    def state_row(self, now: int) -> tuple[Any, ...]:
+        return (
+            self.status,
+            self.number,
+            self.next_attempt_at,
+            self.delivered_at,
+            self.status_code,
+            self.error,
+            self.started_at,
+            now,
+            self.delivery_id,
+        )
+
+    def json_row(self) -> list[Any]:
+        """The order the SQLite statements read it in (``o.value ->> n``)."""
+        return [
+            self.delivery_id,
+            self.number,
+            self.started_at,
+            self.duration_ms,
+            self.status_code,
+            self.error,
+            self.excerpt,
+            self.kid,
+            self.status,
+            self.next_attempt_at,
+            self.delivered_at,
+        ]
+
+    def attempt_row(self) -> tuple[Any, ...]:
+        return (
+            self.delivery_id,
+            self.number,
+            self.started_at,
+            self.duration_ms,
+            self.status_code,
+            self.error,
+            self.excerpt,
+            self.kid,
+        )
+
+
+class DeliveryQueue(Protocol):
+    async def tick(
+        self,
+        records: Sequence[Recorded],
+        *,
+        owner: str,
+        now: int,
+        lease_expires_at: int,
+        limit: int,
+    ) -> list[Claimed]:
+        """Record ``records`` and claim up to ``limit`` due deliveries, in one transaction."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def delivery_queue(db: Database) -> DeliveryQueue:
+    if db.is_sqlite:
+        return SQLiteDeliveryQueue(db)
+    return PostgresDeliveryQueue(db)
+
+
+def _held_by(owner: str, ids: Sequence[str], held: Sequence[Sequence[Any]]) -> set[str]:
+    """The ids whose lease is still ``owner``'s, from (id, lease_owner, status) rows."""
+    mine = {row[0] for row in held if row[1] == owner and row[2] == "pending"}
+    for delivery_id in ids:
+        if delivery_id not in mine:
+            log.info("lease on %s was lost; outcome discarded", delivery_id)
+    return mine
+
+
+# -- SQLite -------------------------------------------------------------------------------
+
+# Each statement handles the whole batch in one step over a JSON array parameter: the
+# sqlite3 module releases the GIL around every step, and a thread that must take the GIL
+# back once per row from a busy event loop spends longer waiting than working.
+#
+# Attempts are written first, while the delivery rows still show the lease the attempts
+# were sent under. ``+`` keeps the planner off the status index for these conditions, so
+# each outcome is one primary-key lookup rather than a walk over every pending row.
+_SQLITE_ATTEMPTS = """
+INSERT INTO webhook_attempts
+       (delivery_id, number, started_at, duration_ms, status_code, error,
+        response_excerpt, kid)
+SELECT o.value ->> 0, o.value ->> 1, o.value ->> 2, o.value ->> 3, o.value ->> 4,
+       o.value ->> 5, o.value ->> 6, o.value ->> 7
+  FROM json_each(:outcomes) AS o
+  JOIN webhook_deliveries AS d ON d.id = o.value ->> 0
+ WHERE +d.lease_owner = :owner AND +d.status = 'pending'
+"""
+
+_SQLITE_STATES = """
+UPDATE webhook_deliveries
+   SET status = o.value ->> 8, attempts = o.value ->> 1, next_attempt_at = o.value ->> 9,
+       delivered_at = coalesce(o.value ->> 10, delivered_at),
+       lease_owner = NULL, lease_expires_at = NULL,
+       last_status_code = o.value ->> 4, last_error = o.value ->> 5,
+       last_attempt_at = o.value ->> 2, updated_at = :now
+  FROM json_each(:outcomes) AS o
+ WHERE webhook_deliveries.id = o.value ->> 0
+   AND +webhook_deliveries.lease_owner = :owner AND +webhook_deliveries.status = 'pending'
+"""
+
+# The due rows are chosen by the subquery alone: repeating its conditions in the outer
+# WHERE clause would let the planner walk every due row for each claim. One writer at a
+# time makes it atomic.
+_SQLITE_CLAIM = """
+UPDATE webhook_deliveries
+   SET lease_owner = :owner, lease_expires_at = :expires, next_attempt_at = :expires,
+       updated_at = :now
+ WHERE id IN (SELECT id FROM webhook_deliveries
+               WHERE status = 'pending' AND next_attempt_at <= :now
+               ORDER BY next_attempt_at
+               LIMIT :limit)
+"""
+
+# The rows just claimed, as one JSON value (one step; the body as hex, byte for byte):
+# ``:expires`` is unique to this claim among this owner's leases.
+_SQLITE_CLAIMED = """
+SELECT json_group_array(json_array(
+           d.id, d.task_id, d.account_id, d.url, d.event_type, hex(d.body), d.attempts,
+           d.round_start, a.signing_secret))
+  FROM webhook_deliveries AS d LEFT JOIN accounts AS a ON a.id = d.account_id
+ WHERE d.status = 'pending' AND d.next_attempt_at = :expires AND d.lease_owner = :owner
+"""
+
+# ->> and UPDATE ... FROM.
+SQLITE_MINIMUM = (3, 38, 0)
+
+
+class SQLiteDeliveryQueue:
+    """The transaction runs on the queue's own connection, in its own thread.
+
+    SQLite releases the GIL while it works, so there the statements overlap with the event
+    loop's sending instead of adding to it; one hand-over per batch costs little. The
+    process's write turn (``Database.write_turn``) is held meanwhile, so a writer on the
+    loop never waits inside SQLite for it, and a lock held by another process is waited for
+    in this thread, through busy_timeout, not on the loop.
+    """
+
+    def __init__(self, db: Database) -> None:
+        if not db.sqlite_path or db.sqlite_path == ":memory:":
+            raise ValueError("the SQLite delivery queue needs a database file")
+        if sqlite3.sqlite_version_info < SQLITE_MINIMUM:
+            raise RuntimeError(
+                f"webhook delivery needs SQLite {'.'.join(map(str, SQLITE_MINIMUM))} or "
+                f"newer; this Python has {sqlite3.sqlite_version}"
+            )
+        self.db = db
+        self._path = db.sqlite_path
+        self._connection: sqlite3.Connection | None = None
+        self._thread: ThreadPoolExecutor | None = None
+        self._last_expires = 0
+
+    async def tick(
+        self,
+        records: Sequence[Recorded],
+        *,
+        owner: str,
+        now: int,
+        lease_expires_at: int,
+        limit: int,
+    ) -> list[Claimed]:
+        # Strictly increasing, so a claim's rows are exactly those leased to this owner
+        # until this instant.
+        expires = self._last_expires = max(lease_expires_at, self._last_expires + 1)
+        outcomes = json.dumps([r.json_row() for r in records]) if records else None
+        work = partial(self._tick, outcomes, len(records), owner, now, expires, limit)
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhook-queue")
+        loop = asyncio.get_running_loop()
+        async with self.db.write_turn():
+            future = loop.run_in_executor(self._thread, work)
+            try:
+                return await asyncio.shield(future)
+            except asyncio.CancelledError:
+                # Keep the write turn until the transaction has ended either way.
+                await asyncio.wait({future})
+                raise
+
+    def _tick(
+        self,
+        outcomes: str | None,
+        count: int,
+        owner: str,
+        now: int,
+        expires: int,
+        limit: int,
+    ) -> list[Claimed]:
+        if self._connection is None:
+            self._connection = open_sqlite(self._path)
+        connection = self._connection
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            if outcomes is not None:
+                params = {"outcomes": outcomes, "owner": owner, "now": now}
+                recorded = connection.execute(_SQLITE_ATTEMPTS, params).rowcount
+                connection.execute(_SQLITE_STATES, params)
+                if recorded < count:
+                    log.info("%d outcomes discarded: their leases were lost", count - recorded)
+            claimed: list[Claimed] = []
+            if limit:
+                params = {"owner": owner, "expires": expires, "now": now, "limit": limit}
+                if connection.execute(_SQLITE_CLAIM, params).rowcount:
+                    (rows,) = connection.execute(_SQLITE_CLAIMED, params).fetchone()
+                    claimed = [_claimed_from_json(row) for row in json.loads(rows)]
+            connection.execute("COMMIT")
+        except BaseException:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            raise
+        return claimed
+
+    async def close(self) -> None:
+        """Close the connection in its thread and end the thread; a later tick reopens."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+
+        def close() -> None:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
+
+        await asyncio.get_running_loop().run_in_executor(thread, close)
+        thread.shutdown(wait=True)
+
+
+def _claimed_from_json(row: list[Any]) -> Claimed:
+    delivery_id, task_id, account_id, url, event_type, body, attempts, round_start, secret = row
+    return Claimed(
+        delivery_id,
+        task_id,
+        account_id,
+        url,
+        event_type,
+        bytes.fromhex(body),
+        attempts,
+        round_start,
+        secret,
+    )
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------
+
+# FOR UPDATE SKIP LOCKED lets concurrent dispatchers claim disjoint rows; a row another
+# transaction changed meanwhile is re-checked against the subquery's conditions.
+_PG_CLAIM = """
+UPDATE webhook_deliveries
+   SET lease_owner = $1, lease_expires_at = $2, next_attempt_at = $2, updated_at = $3
+ WHERE id IN (SELECT id FROM webhook_deliveries
+               WHERE status = 'pending' AND next_attempt_at <= $3
+               ORDER BY next_attempt_at
+               LIMIT $4
+               FOR UPDATE SKIP LOCKED)
+RETURNING id, task_id, account_id, url, event_type, body, attempts, round_start,
+          (SELECT signing_secret FROM accounts
+            WHERE accounts.id = webhook_deliveries.account_id)
+"""
+
+_PG_HELD = """
+SELECT id, lease_owner, status FROM webhook_deliveries WHERE id = ANY($1::varchar[])
+   FOR UPDATE
+"""
+
+_PG_RECORD = """
+UPDATE webhook_deliveries
+   SET status = $1, attempts = $2, next_attempt_at = $3,
+       delivered_at = coalesce($4, delivered_at),
+       lease_owner = NULL, lease_expires_at = NULL,
+       last_status_code = $5, last_error = $6, last_attempt_at = $7, updated_at = $8
+ WHERE id = $9
+"""
+
+_PG_ATTEMPT = """
+INSERT INTO webhook_attempts
+       (delivery_id, number, started_at, duration_ms, status_code, error,
+        response_excerpt, kid)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+"""
+
+
+class PostgresDeliveryQueue:
+    """Its own transaction on the pooled asyncpg connection."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def tick(
+        self,
+        records: Sequence[Recorded],
+        *,
+        owner: str,
+        now: int,
+        lease_expires_at: int,
+        limit: int,
+    ) -> list[Claimed]:
+        async with self.db.write_engine.connect() as connection:
+            raw = await connection.get_raw_connection()
+            pg: Any = raw.driver_connection
+            async with pg.transaction():
+                if records:
+                    ids = [r.delivery_id for r in records]
+                    mine = _held_by(owner, ids, await pg.fetch(_PG_HELD, ids))
+                    kept = [r for r in records if r.delivery_id in mine]
+                    if kept:
+                        await pg.executemany(_PG_RECORD, [r.state_row(now) for r in kept])
+                        await pg.executemany(_PG_ATTEMPT, [r.attempt_row() for r in kept])
+                if not limit:
+                    return []
+                rows = await pg.fetch(_PG_CLAIM, owner, lease_expires_at, now, limit)
+            return [Claimed(*row) for row in rows]
+
+    async def close(self) -> None:
+        """Nothing to release: each batch borrows a pooled connection."""
