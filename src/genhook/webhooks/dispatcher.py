@@ -287,9 +287,6 @@ class Dispatcher:
     async def claim(self, limit: int) -> list[Claimed]:
         return await self.tick((), limit)
 
-    async def record(self, outcomes: Sequence[Outcome]) -> None:
-        await self.tick(outcomes, 0)
-
     async def release_leases(self) -> None:
         """Make deliveries this process still holds due again at once (graceful stop)."""
         now = now_ms()
@@ -396,9 +393,14 @@ class Dispatcher:
         if not self._outcomes:
             self._oldest_outcome = time.monotonic()
         self._outcomes.append(outcome)
-        # Wake the loop only when there is something to do: a chunk of outcomes, few
-        # attempts left ready, or nothing else in flight.
-        if len(self._outcomes) >= self._chunk or len(self._ready) <= self._chunk or not self._busy:
+        # Wake the loop only when there is something to do: a chunk of outcomes, room for
+        # a claim (the same test as _want), or nothing else in flight.
+        queued = len(self._ready) + self._signing_count
+        if (
+            len(self._outcomes) >= self._chunk
+            or queued < READY_ROUNDS * self._capacity
+            or not self._busy
+        ):
             self.wake()
 
     async def send(
