@@ -67,6 +67,8 @@ class Settings(BaseSettings):
     webhook_poll_seconds: float = Field(default=0.02, gt=0)
     # Attempts in flight at once, per delivery process.
     webhook_concurrency: int = Field(default=128, ge=1)
+    # Claim, sign and record in a helper process, so the dispatcher's event loop only sends.
+    webhook_feed_process: bool = True
     # Extra CA certificates (PEM) trusted for webhook and input-image TLS, besides the
     # system store; for private PKI and tests.
     webhook_ca_file: Path | None = None

@@ -343,21 +343,32 @@ async def test_dns_rebinding_refused_at_delivery(
         await receiver.stop()
 
 
-async def test_key_rotation_while_deliveries_pending(env: tuple[Settings, Database]) -> None:
+@pytest.mark.parametrize("feed_process", [True, False], ids=["feed-process", "local-feed"])
+async def test_key_rotation_while_deliveries_pending(
+    env: tuple[Settings, Database], feed_process: bool
+) -> None:
+    """A rotation made elsewhere (the CLI) reaches the signer within its key ring's refresh
+    window (2 s): the retry, 3 s later by Retry-After, is signed with the new key."""
     settings, db = env
-    receiver = await Receiver(sequence(503, 200)).start()
+    settings = settings.model_copy(
+        update={"webhook_feed_process": feed_process, "webhook_retry_cap_seconds": 5.0}
+    )
+
+    async def answer(_: web.Request, n: int) -> web.StreamResponse:
+        if n == 1:
+            return web.Response(status=429, headers={"Retry-After": "3"})
+        return web.Response(status=200)
+
+    receiver = await Receiver(answer).start()
     try:
         await ensure_signing_key(db, settings)
         before = await jwks(db)
         delivery_id = await enqueue(
             db, terminal_task("t_rot", f"http://127.0.0.1:{receiver.port}/")
         )
-        service = WebhookService(settings, db)
-        async with Running(service):
+        async with Running(WebhookService(settings, db)):
             await receiver.wait_for(1)
             new_kid = await rotate_signing_key(db, settings)
-            assert service.dispatcher is not None
-            service.dispatcher.keyring.invalidate()
             row = await settle(db, delivery_id)
         assert row.status == "delivered"
         old_kid = before["keys"][0]["kid"]

@@ -1,11 +1,11 @@
-"""Delivery workers: claim due deliveries under a lease, sign and send them, record the
-outcome.
+"""Delivery workers: send signed attempts and report how they ended.
 
-Claims and records go through the delivery queue (``genhook.webhooks.queue``), one write
-transaction per batch, so any number of processes can dispatch from one database. Claimed
-attempts are signed in a batch (in a signing thread) and wait in a ready queue for a pool of
-sender tasks; the next batch is claimed while the current one is on the wire. An outcome is
-recorded only while its lease is still held.
+The dispatcher is the sending half. Its attempt feed (``genhook.webhooks.feed``) is the
+other: it records outcomes, claims due deliveries under a lease and signs them, one write
+transaction per batch, so any number of processes can dispatch from one database. Signed
+attempts wait in a ready queue for a pool of sender tasks, and the next batch is asked for
+while the current one is on the wire. An outcome is recorded only while its lease is still
+held.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -39,24 +38,21 @@ from genhook.net import (
     pinned_connector,
 )
 from genhook.net import parse_target as _parse_target
-from genhook.retry import backoff_delay, clamp, parse_retry_after
+from genhook.retry import parse_retry_after
+from genhook.webhooks.feed import Attempt, Outcome, attempt_feed
 from genhook.webhooks.keys import KeyRing
-from genhook.webhooks.queue import Claimed, Recorded, delivery_queue
-from genhook.webhooks.signing import HeaderSigner
 
 log = logging.getLogger(__name__)
 
 # Extra lease time beyond the request timeout, for recording the outcome.
 LEASE_MARGIN_SECONDS = 30.0
 CLAIM_BATCH = 256
-# Up to this many rounds of ``webhook_concurrency`` attempts wait ready behind the senders.
-READY_ROUNDS = 2
+# Up to this many rounds of ``webhook_concurrency`` attempts are asked for ahead of the
+# busy senders: enough that an exchange with the feed ends long before they run out.
+READY_ROUNDS = 4
+# Exchanges with the feed in flight at once.
+MAX_EXCHANGES = 2
 RECORD_DELAY_SECONDS = 0.2
-# Batches at least this large are signed in the signing thread; a smaller one costs less
-# to sign inline than to hand over.
-SIGN_IN_THREAD_AT = 4
-# A Retry-After is honoured within these bounds (seconds); the upper one is the retry cap.
-RETRY_AFTER_MIN_SECONDS = 1.0
 RETRY_AFTER_STATUSES = frozenset({429, 503})
 
 
@@ -74,30 +70,12 @@ _classify = lru_cache(maxsize=4096)(classify)
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
-    delivery: Claimed
-    started_at: int
-    duration_ms: int
-    status_code: int | None
-    error: str | None
-    excerpt: str | None
-    kid: str | None
-    retry_after: float | None
-
-    @property
-    def acknowledged(self) -> bool:
-        return self.status_code is not None and 200 <= self.status_code < 300
-
-
-@dataclass(frozen=True, slots=True)
 class _Ready:
-    """A claimed attempt, checked and signed, waiting for a sender."""
+    """A signed attempt whose target passed the check, waiting for a sender."""
 
-    item: Claimed
+    attempt: Attempt
     url: URL
     session: aiohttp.ClientSession
-    headers: dict[str, str]
-    kid: str
 
 
 class Dispatcher:
@@ -115,13 +93,16 @@ class Dispatcher:
         self.settings = settings
         self.db = db
         self.policy = policy
-        self.keyring = keyring
         self.owner = owner or default_owner()
-        self.signer = HeaderSigner(settings.webhook_header_brand, settings.webhook_signing)
         self._ssl = ssl_context or client_ssl_context(settings.webhook_ca_file)
-        self._lease_ms = int((settings.webhook_timeout_seconds + lease_margin_seconds) * 1000)
+        lease_ms = int((settings.webhook_timeout_seconds + lease_margin_seconds) * 1000)
+        self.feed = attempt_feed(settings, db, keyring, owner=self.owner, lease_ms=lease_ms)
         self._woken = False
         self._waiter: asyncio.Future[None] | None = None
+        # False once a claim came back short: nothing more is due until a wake, or until
+        # the poll interval has passed (retries fall due; other processes add deliveries).
+        self._maybe_due = True
+        self._short_at = 0.0
         self._chunk = max(1, min(settings.webhook_concurrency // 4, CLAIM_BATCH))
         self._outcomes: list[Outcome] = []
         self._oldest_outcome = 0.0
@@ -130,23 +111,28 @@ class Dispatcher:
         self._idle: deque[asyncio.Future[None]] = deque()
         self._busy = 0
         self._stopping = False
-        self._signing_count = 0
-        self._launches: set[asyncio.Task[None]] = set()
-        self.queue = delivery_queue(db)
-        self._signing: ThreadPoolExecutor | None = None
+        self._asked = 0  # attempts asked of the feed and not yet answered
+        self._exchanges: set[asyncio.Task[None]] = set()
+        self._failed_at = -1.0
         self._https: aiohttp.ClientSession | None = None
         self._http: aiohttp.ClientSession | None = None
         self.sent = 0
+        # Set once sessions and the feed are ready (a feed that failed to start is retried).
+        self.started = asyncio.Event()
 
     def wake(self) -> None:
         """Look for due deliveries now; safe to call at any time from the loop's thread."""
+        self._maybe_due = True
+        self._nudge()
+
+    def _nudge(self) -> None:
         self._woken = True
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
     async def _sleep(self, timeout: float) -> None:
-        """Until ``wake()`` or ``timeout``; cheaper than waiting on events with tasks."""
+        """Until ``wake()``, ``_nudge()`` or ``timeout``; cheaper than events with tasks."""
         if self._woken:
             self._woken = False
             return
@@ -179,35 +165,37 @@ class Dispatcher:
         )
 
     async def open(self) -> None:
-        # Ed25519 signing releases the GIL: in its own thread it overlaps with the loop.
-        self._signing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhook-sign")
         self._https = self._session(require_private=False)
         if self.policy.allow_private:
             # Plain http is allowed only towards private addresses; a separate connector
             # enforces that at connect time.
             self._http = self._session(require_private=True)
+        try:
+            await self.feed.start()
+        except Exception:
+            log.exception("the webhook attempt feed did not start; retrying")
+            self._failed_at = time.monotonic()
+        self.started.set()
 
     async def close(self) -> None:
         for session in (self._https, self._http):
             if session is not None:
                 await session.close()
         self._https = self._http = None
-        if self._signing is not None:
-            self._signing.shutdown(wait=False)
-            self._signing = None
-        await self.queue.close()
+        await self.feed.close()
 
     # -- the loop ---------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Claim and send until ``stop`` is set; then let in-flight attempts finish.
+        """Ask the feed for attempts and send them until ``stop`` is set; then let
+        in-flight attempts finish.
 
         ``webhook_concurrency`` sender tasks take signed attempts from a ready queue that
-        this loop keeps topped up: the next batch is claimed and signed while the current
-        one is on the wire, so senders do not wait for a transaction. Each tick also
-        records the attempts that ended; under load claims and records go in chunks, since
-        one write transaction per attempt would cost more than the sends themselves.
-        Outcomes wait at most RECORD_DELAY_SECONDS for company.
+        this loop keeps topped up: the next batch is asked for while the current one is on
+        the wire, so senders do not wait for a transaction. Each exchange also hands in the
+        attempts that ended; under load they go in chunks, since one write transaction per
+        attempt would cost more than the sends themselves. Outcomes wait at most
+        RECORD_DELAY_SECONDS for company.
         """
         await self.open()
         self._stopping = False
@@ -215,30 +203,16 @@ class Dispatcher:
         senders = [asyncio.create_task(self._sender()) for _ in range(self._capacity)]
         try:
             while not stop.is_set():
-                want = self._want()
-                if want or self._record_due():
-                    outcomes, self._outcomes = self._outcomes, []
-                    try:
-                        claimed = await self.tick(outcomes, want)
-                    except Exception:
-                        # Unrecorded outcomes are sent again when their leases expire.
-                        log.exception("webhook dispatch transaction failed; retrying")
-                        await _wait(stop, 1.0)
+                if len(self._exchanges) < MAX_EXCHANGES and not self._backing_off():
+                    want = self._want()
+                    if want or self._record_due():
+                        self._start_exchange(want)
                         continue
-                    if claimed:
-                        # Signing runs in its own thread while the next claim is made.
-                        self._signing_count += len(claimed)
-                        launch = asyncio.create_task(self._launch(claimed))
-                        self._launches.add(launch)
-                        launch.add_done_callback(self._launches.discard)
-                    if want and len(claimed) == want:
-                        await asyncio.sleep(0)
-                        continue  # more may be due
                 await self._sleep(min(poll, RECORD_DELAY_SECONDS) if self._outcomes else poll)
         finally:
             # Attempts not started yet are given back by release_leases() below.
-            if self._launches:
-                await asyncio.gather(*self._launches, return_exceptions=True)
+            while self._exchanges:
+                await asyncio.gather(*self._exchanges, return_exceptions=True)
             self._stopping = True
             self._ready.clear()
             self._wake_senders(len(self._idle))
@@ -246,22 +220,26 @@ class Dispatcher:
             if self._outcomes:
                 outcomes, self._outcomes = self._outcomes, []
                 try:
-                    await self.tick(outcomes, 0)
+                    await self.feed.exchange(outcomes, 0)
                 except Exception:
                     log.exception("recording the last webhook attempts failed")
-            await self.release_leases()
             await self.close()
+            await self.release_leases()
+
+    def _backing_off(self) -> bool:
+        return time.monotonic() - self._failed_at < 1.0
 
     def _want(self) -> int:
-        """How many deliveries to claim now. Up to two rounds wait ready behind the busy
-        senders, so a claim (a transaction and a signing batch, each in its own thread)
-        ends long before the senders run out, even while the loop keeps those threads
-        waiting for the GIL."""
-        ready = len(self._ready) + self._signing_count
-        room = READY_ROUNDS * 2 * self._capacity - self._busy - ready
-        if ready >= READY_ROUNDS * self._capacity or room <= 0:
-            return 0
-        if room >= self._chunk or (not self._busy and not ready):
+        """How many attempts to ask the feed for now. Up to READY_ROUNDS rounds are asked
+        for ahead of the busy senders: an exchange hands work to another thread or process
+        and back, and under load each hand-over waits for the loop to come round."""
+        if not self._maybe_due:
+            if time.monotonic() - self._short_at < self.settings.webhook_poll_seconds:
+                return 0
+            self._maybe_due = True
+        ahead = len(self._ready) + self._asked
+        room = READY_ROUNDS * self._capacity - self._busy - ahead
+        if room >= self._chunk or (not self._busy and not ahead and room > 0):
             return min(room, CLAIM_BATCH)
         return 0
 
@@ -272,19 +250,42 @@ class Dispatcher:
             and (not self._busy or time.monotonic() - self._oldest_outcome >= RECORD_DELAY_SECONDS)
         )
 
-    async def tick(self, outcomes: Sequence[Outcome], limit: int) -> list[Claimed]:
-        """Record finished attempts and claim up to ``limit`` due deliveries, in one
-        transaction, so a busy dispatcher pays one write transaction per batch."""
-        now = now_ms()
-        return await self.queue.tick(
-            [self._recorded(outcome, now) for outcome in outcomes],
-            owner=self.owner,
-            now=now,
-            lease_expires_at=now + self._lease_ms,
-            limit=limit,
-        )
+    def _start_exchange(self, want: int) -> None:
+        outcomes, self._outcomes = self._outcomes, []
+        self._asked += want
+        exchange = asyncio.create_task(self._exchange(outcomes, want))
+        self._exchanges.add(exchange)
+        exchange.add_done_callback(self._exchanges.discard)
 
-    async def claim(self, limit: int) -> list[Claimed]:
+    async def _exchange(self, outcomes: Sequence[Outcome], want: int) -> None:
+        try:
+            attempts = await self.feed.exchange(outcomes, want)
+        except Exception:
+            # Unrecorded outcomes are sent again when their leases expire.
+            log.exception("webhook feed exchange failed; retrying")
+            self._failed_at = time.monotonic()
+            attempts = []
+        finally:
+            self._asked -= want
+        if want and len(attempts) < want:
+            self._maybe_due = False
+            self._short_at = time.monotonic()
+        queued = 0
+        for attempt in attempts:
+            checked = self._check(attempt)
+            if isinstance(checked, str):
+                self._finished(_outcome(attempt, now_ms(), 0, None, checked, signed=False))
+            else:
+                self._ready.append(_Ready(attempt, *checked))
+                queued += 1
+        self._wake_senders(queued)
+        self._nudge()
+
+    async def tick(self, outcomes: Sequence[Outcome], limit: int) -> list[Attempt]:
+        """Record ``outcomes`` and claim up to ``limit`` due deliveries, signed."""
+        return await self.feed.exchange(outcomes, limit)
+
+    async def claim(self, limit: int) -> list[Attempt]:
         return await self.tick((), limit)
 
     async def release_leases(self) -> None:
@@ -308,41 +309,6 @@ class Dispatcher:
 
     # -- one attempt ------------------------------------------------------------------------
 
-    async def _launch(self, claimed: Sequence[Claimed]) -> None:
-        """Check each target, sign the rest in one batch, and queue them for the senders."""
-        try:
-            await self._sign_and_queue(claimed)
-        finally:
-            self._signing_count -= len(claimed)
-            self.wake()
-
-    async def _sign_and_queue(self, claimed: Sequence[Claimed]) -> None:
-        sendable: list[tuple[Claimed, URL, aiohttp.ClientSession]] = []
-        for item in claimed:
-            checked = self._check(item)
-            if isinstance(checked, str):
-                self._finished(Outcome(item, now_ms(), 0, None, checked, None, None, None))
-            else:
-                sendable.append((item, *checked))
-        if not sendable:
-            return
-        try:
-            key = await self.keyring.active()
-            executor = self._signing if len(sendable) >= SIGN_IN_THREAD_AT else None
-            batch = [item for item, _, _ in sendable]
-            signed = await self.signer.sign_many(key, int(time.time()), batch, executor)
-        except Exception as exc:  # never lose the leases silently
-            log.exception("signing %d webhook attempts failed", len(sendable))
-            for item, _, _ in sendable:
-                error = f"internal error: {exc}"
-                self._finished(Outcome(item, now_ms(), 0, None, error, None, None, None))
-            return
-        self._ready.extend(
-            _Ready(item, url, session, headers, key.kid)
-            for (item, url, session), headers in zip(sendable, signed, strict=True)
-        )
-        self._wake_senders(len(sendable))
-
     def _wake_senders(self, count: int) -> None:
         idle = self._idle
         for _ in range(min(count, len(idle))):
@@ -364,19 +330,18 @@ class Dispatcher:
             job = ready.popleft()
             self._busy += 1
             try:
-                outcome = await self.send(job.item, job.url, job.session, job.headers, job.kid)
+                outcome = await self.send(job.attempt, job.url, job.session)
             except Exception as exc:  # never lose the lease silently on an unexpected error
-                log.exception("webhook attempt for %s failed unexpectedly", job.item.id)
-                error = f"internal error: {exc}"
-                outcome = Outcome(job.item, now_ms(), 0, None, error, None, job.kid, None)
+                log.exception("webhook attempt for %s failed unexpectedly", job.attempt.id)
+                outcome = _outcome(job.attempt, now_ms(), 0, None, f"internal error: {exc}")
             finally:
                 self._busy -= 1
             self._finished(outcome)
 
-    def _check(self, item: Claimed) -> tuple[URL, aiohttp.ClientSession] | str:
-        """The URL and session to send ``item`` with, or why its target is refused."""
+    def _check(self, attempt: Attempt) -> tuple[URL, aiohttp.ClientSession] | str:
+        """The URL and session to send ``attempt`` with, or why its target is refused."""
         try:
-            target = _parse(item.url, self.policy.allow_private)
+            target = _parse(attempt.url, self.policy.allow_private)
         except TargetRefused as exc:
             return f"target refused: the URL {exc.detail}"
         plain = target.scheme == "http"
@@ -393,24 +358,17 @@ class Dispatcher:
         if not self._outcomes:
             self._oldest_outcome = time.monotonic()
         self._outcomes.append(outcome)
-        # Wake the loop only when there is something to do: a chunk of outcomes, room for
-        # a claim (the same test as _want), or nothing else in flight.
-        queued = len(self._ready) + self._signing_count
+        # Wake the loop only when there is something to do: a chunk of outcomes, room to
+        # ask for more (the same test as _want), or nothing else in flight.
+        ahead = len(self._ready) + self._asked
         if (
             len(self._outcomes) >= self._chunk
-            or queued < READY_ROUNDS * self._capacity
+            or READY_ROUNDS * self._capacity - self._busy - ahead >= self._chunk
             or not self._busy
         ):
-            self.wake()
+            self._nudge()
 
-    async def send(
-        self,
-        item: Claimed,
-        url: URL,
-        session: aiohttp.ClientSession,
-        headers: dict[str, str],
-        kid: str,
-    ) -> Outcome:
+    async def send(self, attempt: Attempt, url: URL, session: aiohttp.ClientSession) -> Outcome:
         """One POST of the exact body bytes; a 3xx is a failure (redirects are not followed)."""
         started = now_ms()
         clock = time.perf_counter()
@@ -422,12 +380,12 @@ class Dispatcher:
             retry_after: float | None = None,
         ) -> Outcome:
             elapsed = int((time.perf_counter() - clock) * 1000)
-            return Outcome(item, started, elapsed, status, error, excerpt, kid, retry_after)
+            return _outcome(attempt, started, elapsed, status, error, excerpt, retry_after)
 
         limit = self.settings.webhook_response_excerpt_bytes
         try:
             async with session.post(
-                url, data=item.body, headers=headers, allow_redirects=False
+                url, data=attempt.body, headers=attempt.headers, allow_redirects=False
             ) as response:
                 raw = await _read_up_to(response, limit)
                 status = response.status
@@ -454,41 +412,31 @@ class Dispatcher:
             error = f"HTTP {status}"
         return done(status, error, excerpt, retry_after)
 
-    # -- recording --------------------------------------------------------------------------
 
-    def _recorded(self, outcome: Outcome, now: int) -> Recorded:
-        item = outcome.delivery
-        number = item.attempts + 1
-        status, next_at, delivered_at = self._next_state(outcome, number - item.round_start, now)
-        return Recorded(
-            delivery_id=item.id,
-            number=number,
-            started_at=outcome.started_at,
-            duration_ms=outcome.duration_ms,
-            status_code=outcome.status_code,
-            error=outcome.error,
-            excerpt=outcome.excerpt,
-            kid=outcome.kid,
-            status=status,
-            next_attempt_at=next_at,
-            delivered_at=delivered_at,
-        )
-
-    def _next_state(
-        self, outcome: Outcome, in_round: int, now: int
-    ) -> tuple[str, int | None, int | None]:
-        """Status, next attempt time and delivery time after ``outcome``."""
-        settings = self.settings
-        if outcome.acknowledged:
-            return "delivered", None, now
-        if outcome.status_code == 410 or in_round >= settings.webhook_retry_max_attempts:
-            return "undeliverable", None, None
-        cap = settings.webhook_retry_cap_seconds
-        if outcome.retry_after is not None:
-            delay = clamp(outcome.retry_after, RETRY_AFTER_MIN_SECONDS, cap)
-        else:
-            delay = backoff_delay(in_round, settings.webhook_retry_base_seconds, cap)
-        return "pending", now + int(delay * 1000), None
+def _outcome(
+    attempt: Attempt,
+    started_at: int,
+    duration_ms: int,
+    status_code: int | None,
+    error: str | None,
+    excerpt: str | None = None,
+    retry_after: float | None = None,
+    *,
+    signed: bool = True,
+) -> Outcome:
+    """``signed`` is false for an attempt never sent: no key is recorded for it."""
+    return Outcome(
+        attempt.id,
+        attempt.attempts,
+        attempt.round_start,
+        started_at,
+        duration_ms,
+        status_code,
+        error,
+        excerpt,
+        attempt.kid if signed else None,
+        retry_after,
+    )
 
 
 async def _read_up_to(response: aiohttp.ClientResponse, limit: int) -> bytes:
