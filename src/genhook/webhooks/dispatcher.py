@@ -103,6 +103,10 @@ class Dispatcher:
         # the poll interval has passed (retries fall due; other processes add deliveries).
         self._maybe_due = True
         self._short_at = 0.0
+        self._wakes = 0  # wake() calls so far: one during a claim outdates its answer
+        # Whether the last claim came back full: only then is a second one started while
+        # one is in flight (an idle dispatcher polls with one claim at a time).
+        self._full = False
         self._chunk = max(1, min(settings.webhook_concurrency // 4, CLAIM_BATCH))
         self._outcomes: list[Outcome] = []
         self._oldest_outcome = 0.0
@@ -123,6 +127,7 @@ class Dispatcher:
     def wake(self) -> None:
         """Look for due deliveries now; safe to call at any time from the loop's thread."""
         self._maybe_due = True
+        self._wakes += 1
         self._nudge()
 
     def _nudge(self) -> None:
@@ -208,7 +213,11 @@ class Dispatcher:
                     if want or self._record_due():
                         self._start_exchange(want)
                         continue
-                await self._sleep(min(poll, RECORD_DELAY_SECONDS) if self._outcomes else poll)
+                # Poll again one interval after the last claim that found too little.
+                timeout = poll
+                if not self._maybe_due:
+                    timeout = max(0.001, self._short_at + poll - time.monotonic())
+                await self._sleep(min(timeout, RECORD_DELAY_SECONDS) if self._outcomes else timeout)
         finally:
             # Attempts not started yet are given back by release_leases() below.
             while self._exchanges:
@@ -237,6 +246,8 @@ class Dispatcher:
             if time.monotonic() - self._short_at < self.settings.webhook_poll_seconds:
                 return 0
             self._maybe_due = True
+        if self._asked and not self._full:
+            return 0
         ahead = len(self._ready) + self._asked
         room = READY_ROUNDS * self._capacity - self._busy - ahead
         if room >= self._chunk or (not self._busy and not ahead and room > 0):
@@ -258,6 +269,7 @@ class Dispatcher:
         exchange.add_done_callback(self._exchanges.discard)
 
     async def _exchange(self, outcomes: Sequence[Outcome], want: int) -> None:
+        wakes = self._wakes
         try:
             attempts = await self.feed.exchange(outcomes, want)
         except Exception:
@@ -267,9 +279,11 @@ class Dispatcher:
             attempts = []
         finally:
             self._asked -= want
-        if want and len(attempts) < want:
-            self._maybe_due = False
-            self._short_at = time.monotonic()
+        if want:
+            self._full = len(attempts) == want
+            if not self._full and wakes == self._wakes:
+                self._maybe_due = False
+                self._short_at = time.monotonic()
         queued = 0
         for attempt in attempts:
             checked = self._check(attempt)
