@@ -206,6 +206,8 @@ class Dispatcher:
         self._stopping = False
         poll = self.settings.webhook_poll_seconds
         senders = [asyncio.create_task(self._sender()) for _ in range(self._capacity)]
+        stopping = asyncio.create_task(stop.wait())
+        stopping.add_done_callback(lambda _: self._nudge())
         try:
             while not stop.is_set():
                 if len(self._exchanges) < MAX_EXCHANGES and not self._backing_off():
@@ -219,6 +221,7 @@ class Dispatcher:
                     timeout = max(0.001, self._short_at + poll - time.monotonic())
                 await self._sleep(min(timeout, RECORD_DELAY_SECONDS) if self._outcomes else timeout)
         finally:
+            stopping.cancel()
             # Attempts not started yet are given back by release_leases() below.
             while self._exchanges:
                 await asyncio.gather(*self._exchanges, return_exceptions=True)

@@ -1,0 +1,102 @@
+"""How the dispatcher paces its claims, against a scripted attempt feed (the port between
+the sending half and the bookkeeping half), so no database or process is involved."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from genhook.config import Settings
+from genhook.db import Database
+from genhook.net import AddressPolicy
+from genhook.webhooks.dispatcher import Dispatcher
+from genhook.webhooks.feed import Attempt, Outcome
+from tests.support.webhook_receiver import create_schema
+
+
+class ScriptedFeed:
+    """Answers every claim with nothing; a claim can be held until released."""
+
+    def __init__(self) -> None:
+        self.claims: list[float] = []
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.hold: asyncio.Event | None = None
+
+    async def start(self) -> None:
+        pass
+
+    async def exchange(self, outcomes: Sequence[Outcome], limit: int) -> list[Attempt]:
+        if not limit:
+            return []
+        self.claims.append(time.monotonic())
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            if self.hold is not None:
+                await self.hold.wait()
+            await asyncio.sleep(0.005)
+            return []
+        finally:
+            self.in_flight -= 1
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    database = Database(f"sqlite+aiosqlite:///{tmp_path / 'pacing.db'}")
+    await create_schema(database)
+    yield database
+    await database.dispose()
+
+
+def dispatcher(tmp_path: Path, db: Database, poll: float) -> tuple[Dispatcher, ScriptedFeed]:
+    settings = Settings(data_dir=tmp_path, webhook_poll_seconds=poll)
+    feed = ScriptedFeed()
+    d = Dispatcher(settings, db, policy=AddressPolicy(), keyring=None)  # type: ignore[arg-type]
+    d.feed = feed
+    return d, feed
+
+
+async def test_an_idle_dispatcher_polls_with_one_claim_at_a_time(
+    tmp_path: Path, db: Database
+) -> None:
+    d, feed = dispatcher(tmp_path, db, poll=0.05)
+    stop = asyncio.Event()
+    run = asyncio.create_task(d.run(stop))
+    await asyncio.sleep(0.6)
+    stop.set()
+    await run
+    assert feed.most_in_flight == 1
+    # One claim per poll interval (about 12 in 0.6 s), not one per wake-up.
+    assert 4 <= len(feed.claims) <= 16, feed.claims
+
+
+async def test_a_wake_during_a_claim_is_not_lost(tmp_path: Path, db: Database) -> None:
+    """The claim in flight may have read the database before the new delivery committed,
+    so its empty answer must not put the next claim off until the poll interval."""
+    d, feed = dispatcher(tmp_path, db, poll=30.0)
+    feed.hold = asyncio.Event()
+    stop = asyncio.Event()
+    run = asyncio.create_task(d.run(stop))
+    try:
+        async with asyncio.timeout(5):
+            while not feed.claims:
+                await asyncio.sleep(0.005)
+        d.wake()  # a delivery committed while the claim was in flight
+        feed.hold.set()
+        async with asyncio.timeout(5):
+            while len(feed.claims) < 2:
+                await asyncio.sleep(0.005)
+        # With nothing more due and no wake, the next claim waits for the poll interval.
+        await asyncio.sleep(0.3)
+        assert len(feed.claims) == 2
+    finally:
+        stop.set()
+        await run
