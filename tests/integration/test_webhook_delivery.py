@@ -18,19 +18,18 @@ from sqlalchemy import select
 
 from genhook.client._signature import b64url_decode
 from genhook.config import Settings
-from genhook.db import Database, Task, WebhookAttempt, WebhookDelivery
+from genhook.db import Database, WebhookAttempt, WebhookDelivery
 from genhook.net import AddressPolicy
 from genhook.webhooks.keys import ensure_signing_key, jwks, rotate_signing_key
-from genhook.webhooks.outbox import enqueue_delivery
 from genhook.webhooks.service import WebhookService
 from tests.support.webhook_receiver import (
     MapResolver,
     Receiver,
     add_account,
     create_schema,
+    enqueue,
     loopback_only,
     make_tls,
-    payload_for,
     sequence,
     status,
     terminal_task,
@@ -66,19 +65,6 @@ class Running:
         self.stop.set()
         assert self.task is not None
         await self.task
-
-
-async def enqueue(db: Database, task: Task) -> str:
-    async with db.write() as session:
-        session.add(task)
-        await session.flush()
-        return await enqueue_delivery(
-            session,
-            task=task,
-            event_type="image.task.terminal",
-            payload=payload_for(task),
-            now=int(time.time() * 1000),
-        )
 
 
 async def delivery(db: Database, delivery_id: str) -> WebhookDelivery:

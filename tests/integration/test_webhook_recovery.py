@@ -21,14 +21,13 @@ from genhook.webhooks import queue
 from genhook.webhooks.dispatcher import Dispatcher
 from genhook.webhooks.feed import ProcessFeed
 from genhook.webhooks.keys import KeyRing, ensure_signing_key
-from genhook.webhooks.outbox import enqueue_delivery
 from genhook.webhooks.reconcile import Reconciler
 from genhook.webhooks.service import WebhookService
 from tests.support.webhook_receiver import (
     Receiver,
     add_account,
     create_schema,
-    payload_for,
+    enqueue,
     status,
     terminal_task,
     webhook_settings,
@@ -110,17 +109,7 @@ async def test_sender_killed_mid_flight_delivery_still_arrives(
         return web.Response(status=200)
 
     receiver = await Receiver(first_hangs).start()
-    task = terminal_task("t_killed", f"http://127.0.0.1:{receiver.port}/")
-    async with db.write() as session:
-        session.add(task)
-        await session.flush()
-        delivery_id = await enqueue_delivery(
-            session,
-            task=task,
-            event_type="image.task.terminal",
-            payload=payload_for(task),
-            now=now_ms(),
-        )
+    delivery_id = await enqueue(db, terminal_task("t_killed", f"http://127.0.0.1:{receiver.port}/"))
     env_vars = {
         **os.environ,
         "GENHOOK_DATABASE_URL": settings.resolved_database_url,
@@ -164,30 +153,17 @@ async def test_deliveries_go_on_after_the_feed_helper_dies(
     receiver = await Receiver(status(200)).start()
     url = f"http://127.0.0.1:{receiver.port}/"
 
-    async def enqueue(task_id: str) -> str:
-        task = terminal_task(task_id, url)
-        async with db.write() as session:
-            session.add(task)
-            await session.flush()
-            return await enqueue_delivery(
-                session,
-                task=task,
-                event_type="image.task.terminal",
-                payload=payload_for(task),
-                now=now_ms(),
-            )
-
     service = WebhookService(settings, db)
     stop = asyncio.Event()
     run = asyncio.create_task(service.run(stop))
     try:
-        await wait_status(db, await enqueue("t_before"), "delivered")
+        await wait_status(db, await enqueue(db, terminal_task("t_before", url)), "delivered")
         assert service.dispatcher is not None
         feed = service.dispatcher.feed
         assert isinstance(feed, ProcessFeed) and feed.pid is not None
         first = feed.pid
         os.kill(first, signal.SIGKILL)
-        await wait_status(db, await enqueue("t_after"), "delivered")
+        await wait_status(db, await enqueue(db, terminal_task("t_after", url)), "delivered")
         assert feed.pid not in (None, first)
     finally:
         stop.set()
@@ -274,17 +250,9 @@ async def test_graceful_stop_releases_nothing_in_flight(env: tuple[Settings, Dat
 
     receiver = await Receiver(slow).start()
     try:
-        task = terminal_task("t_graceful", f"http://127.0.0.1:{receiver.port}/")
-        async with db.write() as session:
-            session.add(task)
-            await session.flush()
-            delivery_id = await enqueue_delivery(
-                session,
-                task=task,
-                event_type="image.task.terminal",
-                payload=payload_for(task),
-                now=now_ms(),
-            )
+        delivery_id = await enqueue(
+            db, terminal_task("t_graceful", f"http://127.0.0.1:{receiver.port}/")
+        )
         stop = asyncio.Event()
         run = asyncio.create_task(WebhookService(settings, db).run(stop))
         await asyncio.wait_for(gate.wait(), 20)

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from genhook.config import Settings
 from genhook.db import Account, Base, Database, Task, now_ms
+from genhook.webhooks.outbox import enqueue_delivery
 
 Behaviour = Callable[[web.Request, int], Awaitable[web.StreamResponse]]
 
@@ -209,3 +210,17 @@ def payload_for(task: Task) -> dict[str, Any]:
         "urls": {"get": f"http://testserver/api/v1/model/result/{task.id}"},
     }
     return payload
+
+
+async def enqueue(db: Database, task: Task) -> str:
+    """Commit ``task`` and its outbox row together, as a terminal transition does."""
+    async with db.write() as session:
+        session.add(task)
+        await session.flush()
+        return await enqueue_delivery(
+            session,
+            task=task,
+            event_type="image.task.terminal",
+            payload=payload_for(task),
+            now=now_ms(),
+        )
