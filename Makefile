@@ -11,12 +11,19 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-install: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[server]'
+# Each install runs again only when pyproject.toml changed since it last succeeded.
+install: $(VENV)/.installed-server
 
-install-dev: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[server,dev]'
+install-dev: $(VENV)/.installed-dev
 	bash scripts/ensure-postgres.sh
+
+$(VENV)/.installed-server: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[server]'
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[server,dev]'
+	touch $@ $(VENV)/.installed-server
 
 serve: install
 	$(BIN)/genhook serve
