@@ -22,6 +22,7 @@ from genhook.client._models import (
     Usage,
     UsageItem,
 )
+from genhook.client._sse import SSEDecoder
 from genhook.client._starlette import verify_request, webhook_dependency
 from genhook.client._verifier import WebhookVerifier
 from genhook.errors import (
@@ -52,6 +53,7 @@ __all__ = [
     "PayloadTooLarge",
     "Prediction",
     "SQLiteDedupStore",
+    "SSEDecoder",
     "TaskEvent",
     "TaskFailed",
     "TaskPage",
