@@ -22,6 +22,7 @@ from sqlalchemy import and_, or_, select
 
 from genhook.api.deps import AppState, current_account, get_state
 from genhook.api.errors import ERROR_RESPONSES
+from genhook.api.schemas import TaskListResponse
 from genhook.db import Account, Task
 from genhook.errors import FieldError, InvalidRequest, NotFound
 from genhook.statuses import POLLED_STATUSES, is_terminal, polled_status
@@ -211,11 +212,31 @@ def _limit(value: str | None) -> int:
     return int(value)
 
 
+def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": schema,
+    }
+
+
 @router.get(
     "/api/v1/model/results",
     tags=["tasks"],
     summary="The account's tasks, newest first, a page at a time",
+    response_model=TaskListResponse,
     responses=ERROR_RESPONSES,
+    openapi_extra={
+        "parameters": [
+            _query("status", "Comma-separated statuses as polled.", {"type": "string"}),
+            _query("model", "Only this model's tasks.", {"type": "string"}),
+            _query("since", "ISO 8601 time with a zone, or epoch ms.", {"type": "string"}),
+            _query("limit", "1 to 100 (default 20).", {"type": "integer"}),
+            _query("cursor", "next_cursor of the previous page.", {"type": "string"}),
+        ]
+    },
 )
 async def list_results(request: Request) -> JSONResponse:
     state = await get_state(request)
