@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import func, select
 
 from genhook.accounts import create_account
+from genhook.client import AsyncClient, InvalidRequest
 from genhook.db import Task, TaskEvent
 from genhook.tasks.progress import MAX_LOG_LINES
 from tests.conftest import Harness
@@ -320,3 +321,29 @@ async def test_listing_rejects_bad_parameters(harness: Harness, query: str, fiel
     response = await harness.client.get(f"/api/v1/model/results?{query}", headers=harness.headers)
     assert response.status_code == 400
     assert field in fields_of(response)
+
+
+async def test_async_sdk_waits_streams_and_lists(harness: Harness) -> None:
+    sdk = AsyncClient(
+        harness.account.api_key, base_url="http://testserver", http_client=harness.client
+    )
+    images = [data_url()]
+    async with worker_running(harness):
+        done = await sdk.submit(MODEL, prompt="sleep=0.2", images=images, wait=30)
+        assert done.status == "completed" and done.outputs
+        running = await sdk.submit(MODEL, prompt="sleep=0.4 steps=2", images=images)
+        seen = [event async for event in sdk.events(running.id)]
+    assert seen[-1].done and seen[-1].event == "completed"
+    assert [line.message for e in seen for line in e.prediction.logs] == [
+        "step 1 of 2",
+        "step 2 of 2",
+    ]
+    with_logs = await sdk.result(running.id, wait=1, logs=True)
+    assert [line.message for line in with_logs.logs] == ["step 1 of 2", "step 2 of 2"]
+    page = await sdk.tasks(limit=1, status=["completed"])
+    assert [item.id for item in page.items] == [running.id] and page.next_cursor
+    rest = await sdk.tasks(limit=1, status="completed", cursor=page.next_cursor)
+    assert [item.id for item in rest.items] == [done.id] and rest.next_cursor is None
+    with pytest.raises(InvalidRequest) as bad:
+        await sdk.tasks(status="done")
+    assert bad.value.errors[0].field == "status"
