@@ -91,3 +91,24 @@ def test_cli_tasks_and_watch(service: LiveService) -> None:
     assert failing in table.stdout and "--cursor" in table.stdout
     bad = service.cli("tasks", "--limit", "500", *auth)
     assert bad.returncode == 3 and "limit" in bad.stderr
+
+
+def test_shutdown_ends_open_streams_at_once(service: LiveService) -> None:
+    with client(service) as c:
+        task_id = edit(c, "sleep=8 steps=8")
+        request = c._events_request(task_id, None)
+        received: list[TaskEvent] = []
+        with httpx.stream(**request) as response:
+            decoder = SSEDecoder()
+            for line in response.iter_lines():
+                event = decoder.feed(line)
+                if event is None:
+                    continue
+                received.append(event)
+                if event.event == "processing" and service.process.poll() is None:
+                    service.process.terminate()
+            # The server closed the stream cleanly, before the task ended.
+    assert received and not received[-1].done
+    assert service.process.wait(30) == 0
+    # uvicorn did not have to cut the stream off at the end of its grace period.
+    assert "graceful shutdown exceeded" not in service.log()

@@ -147,6 +147,9 @@ async def event_stream(
         if is_terminal(task.status):
             return
         changed = await state.watcher.wait_change(task_id, (task.status, newest), KEEPALIVE_SECONDS)
+        if state.watcher.closed:
+            # Shutting down: the client resumes on another process with Last-Event-ID.
+            return
         if changed is None:
             yield b": keep-alive\n\n"
 

@@ -102,19 +102,30 @@ class TaskWatcher:
         self.interval = interval
         self._waiters: dict[str, list[tuple[Signature, asyncio.Future[Signature]]]] = {}
         self._poller: asyncio.Task[None] | None = None
+        # Set at shutdown: every wait ends at once, so open streams and waiting requests
+        # answer now instead of holding the shutdown for its whole grace period.
+        self.closed = False
 
-    async def signature(self, session: AsyncSession, task: Task) -> Signature:
-        return task.status, await last_event_id(session, task.id)
+    def close(self) -> None:
+        self.closed = True
+        for waiters in self._waiters.values():
+            for seen, future in waiters:
+                if not future.done():
+                    future.set_result(seen)
 
     async def wait_change(self, task_id: str, seen: Signature, timeout: float) -> Signature | None:
-        """The task's new signature once it differs from ``seen``; None after ``timeout``."""
+        """The task's new signature once it differs from ``seen``; None after ``timeout``
+        or once the watcher is closed."""
+        if self.closed:
+            return None
         future: asyncio.Future[Signature] = asyncio.get_running_loop().create_future()
         entry = (seen, future)
         self._waiters.setdefault(task_id, []).append(entry)
         if self._poller is None or self._poller.done():
             self._poller = asyncio.create_task(self._poll())
         try:
-            return await asyncio.wait_for(asyncio.shield(future), max(0.0, timeout))
+            changed = await asyncio.wait_for(asyncio.shield(future), max(0.0, timeout))
+            return None if self.closed else changed
         except TimeoutError:
             return None
         finally:
