@@ -84,6 +84,12 @@ class Settings(BaseSettings):
     # Extra engines to register, as ``module:function`` names called with the registry.
     extra_engines: list[str] = Field(default_factory=list)
 
+    # Waiting and watching: the longest ``Prefer: wait``, how often an API process looks for
+    # changes of the tasks someone waits on, and how often a worker writes engine progress.
+    wait_max_seconds: float = Field(default=60.0, ge=0, le=60)
+    watch_poll_seconds: float = Field(default=0.1, gt=0)
+    progress_interval_seconds: float = Field(default=0.25, gt=0)
+
     log_level: str = "INFO"
 
     @cached_property

@@ -197,7 +197,8 @@ def serve(settings: Settings) -> None:
         pool = WorkerPool(settings, settings.workers)
         pool.start()
         supervisor = asyncio.create_task(pool.supervise())
-        app = create_app(build_state(settings))
+        state = build_state(settings)
+        app = create_app(state)
         config = uvicorn.Config(
             app,
             host=settings.host,
@@ -212,8 +213,13 @@ def serve(settings: Settings) -> None:
         gc.collect()
         gc.freeze()
         loop = asyncio.get_running_loop()
+
+        def request_exit() -> None:
+            server.request_exit()
+            state.watcher.close()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, server.request_exit)
+            loop.add_signal_handler(sig, request_exit)
         try:
             await server.serve()
         finally:

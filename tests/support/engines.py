@@ -24,7 +24,8 @@ class FakeEditEngine:
     """Renders a solid image of the requested size whose colour is the mean of the inputs.
 
     Prompt words steer it: ``sleep=<seconds>`` waits, ``fail`` fails with INSTRUCTION_INVALID,
-    ``crash`` raises an unexpected error, ``nsfw`` flags the output.
+    ``crash`` raises an unexpected error, ``nsfw`` flags the output, ``steps=<n>`` splits the
+    sleep into n steps and reports progress and a log line after each.
     """
 
     loads = 0
@@ -34,9 +35,12 @@ class FakeEditEngine:
 
     def run(self, job: EngineJob) -> EngineResult:
         prompt = str(job.params["prompt"])
-        for word in prompt.split():
-            if word.startswith("sleep="):
-                time.sleep(float(word.split("=", 1)[1]))
+        words = dict(word.split("=", 1) for word in prompt.split() if "=" in word)
+        steps = int(words.get("steps", "1"))
+        for step in range(1, steps + 1):
+            time.sleep(float(words.get("sleep", "0")) / steps)
+            if "steps" in words:
+                job.report(progress=step / steps, log=f"step {step} of {steps}")
         if "fail" in prompt.split():
             raise TaskFailure(ErrorCode.INSTRUCTION_INVALID, "the prompt asked to fail")
         if "crash" in prompt.split():

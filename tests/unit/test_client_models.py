@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from genhook.client import GenhookError, InvalidRequest, Prediction, TaskFailed, TooManyRequests
+from genhook.client import (
+    GenhookError,
+    InvalidRequest,
+    LogLine,
+    Prediction,
+    SSEDecoder,
+    TaskFailed,
+    TooManyRequests,
+)
 from genhook.client._errors import error_from_response
 from genhook.client._images import data_url, image_item, image_items
 from genhook.client._models import Usage
@@ -85,3 +93,37 @@ def test_image_inputs(tmp_path: Path):
         image_item(42)  # type: ignore[arg-type]
     with pytest.raises(FileNotFoundError):
         image_item(str(tmp_path / "missing.jpg"))
+
+
+def test_live_fields_and_events_parse() -> None:
+    waiting = Prediction.from_json({"id": "t", "status": "created", "queue_position": 3})
+    assert waiting.queue_position == 3 and waiting.progress is None and waiting.logs == []
+    running = Prediction.from_json(
+        {
+            "id": "t",
+            "status": "processing",
+            "started_at": "2026-11-22T09:00:00.000Z",
+            "progress": 1,
+            "logs": [{"at": "2026-11-22T09:00:00.100Z", "message": "plan: blur"}, "junk"],
+        }
+    )
+    assert running.progress == 1.0 and running.started_at == "2026-11-22T09:00:00.000Z"
+    assert running.logs == [LogLine("2026-11-22T09:00:00.100Z", "plan: blur")]
+    assert Prediction.from_json({"progress": "half", "queue_position": True}).progress is None
+
+    decoder = SSEDecoder()
+    lines = [": keep-alive", "", "id: processing:7", "event: processing"]
+    lines += ['data: {"id": "t", "status": "processing", "progress": 0.5}', ""]
+    lines += [
+        "id: completed:9",
+        "event: completed",
+        'data: {"id": "t",',
+        'data: "status": "completed"}',
+    ]
+    lines += ["", "data: not json", ""]
+    events = [event for line in lines if (event := decoder.feed(line)) is not None]
+    assert [(e.id, e.event, e.done) for e in events] == [
+        ("processing:7", "processing", False),
+        ("completed:9", "completed", True),
+    ]
+    assert events[0].prediction.progress == 0.5

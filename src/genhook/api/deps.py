@@ -14,6 +14,7 @@ from genhook.engines.registry import Registry
 from genhook.net import AddressPolicy
 from genhook.storage import BlobStore
 from genhook.tasks import Submitter
+from genhook.tasks.watch import TaskWatcher
 
 
 @dataclass
@@ -27,6 +28,7 @@ class AppState:
     def __post_init__(self) -> None:
         self.submitter = Submitter(self.settings, self.db, self.registry, self.storage, self.policy)
         self.auth_cache = AuthCache(self.settings.auth_cache_seconds)
+        self.watcher = TaskWatcher(self.db, self.settings.watch_poll_seconds)
 
 
 async def get_state(request: Request) -> AppState:

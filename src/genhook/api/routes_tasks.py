@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 from genhook.api.bodies import read_json_body
 from genhook.api.deps import AccountDep, AppState, StateDep, current_account, get_state
 from genhook.api.errors import ERROR_RESPONSES
+from genhook.api.routes_watch import prefer_wait, result_response
 from genhook.api.schemas import PredictionResponse, UsageResponse
 from genhook.db import Account, Task, UsageLine
 from genhook.engines.edit_request import EditRequest
@@ -39,8 +40,11 @@ async def _caller(request: Request) -> tuple[AppState, Account]:
 def _submit_route(path_name: str, summary: str) -> None:
     async def endpoint(request: Request) -> Any:
         state, account = await _caller(request)
+        wait = prefer_wait(request, state.settings.wait_max_seconds)
         body = await read_json_body(request, state.settings.max_body_bytes)
         task = await state.submitter.submit(account.id, path_name, body)
+        if wait is not None:
+            return await result_response(state, task, request)
         return JSONResponse(await prediction_view(task, state.settings, state.storage))
 
     endpoint.__name__ = f"submit_{path_name}"
@@ -74,7 +78,7 @@ async def get_result(request_id: str, request: Request) -> Any:
         task = await session.get(Task, request_id) if len(request_id) <= 64 else None
     if task is None or task.account_id != account.id:
         raise NotFound(f"no task {request_id!r}")
-    return JSONResponse(await prediction_view(task, state.settings, state.storage))
+    return await result_response(state, task, request)
 
 
 @router.get(

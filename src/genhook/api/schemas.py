@@ -11,6 +11,11 @@ class Urls(BaseModel):
     get: str = Field(description="The result endpoint of this task.")
 
 
+class LogLineModel(BaseModel):
+    at: str = Field(description="ISO 8601 UTC time the engine logged the line.")
+    message: str
+
+
 class PredictionResponse(BaseModel):
     id: str = Field(description="Task id; fetch the result with it.")
     model: str
@@ -28,6 +33,23 @@ class PredictionResponse(BaseModel):
         default=None, description="Engine details, e.g. how the prompt was understood."
     )
     completed_at: str | None = Field(default=None, description="ISO 8601 UTC end time.")
+    queue_position: int | None = Field(
+        default=None, description="While created: runnable tasks of its model ahead of it."
+    )
+    started_at: str | None = Field(
+        default=None, description="While processing: ISO 8601 UTC start of the current attempt."
+    )
+    progress: float | None = Field(
+        default=None, description="While processing, when the engine reports it: 0 to 1."
+    )
+    logs: list[LogLineModel] | None = Field(
+        default=None, description="The engine's log lines, with ?logs=1 (and in stream events)."
+    )
+
+
+class TaskListResponse(BaseModel):
+    items: list[PredictionResponse] = Field(description="Newest first.")
+    next_cursor: str | None = Field(description="Pass as cursor for the next page; null: last.")
 
 
 class UsageItem(BaseModel):

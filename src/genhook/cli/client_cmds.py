@@ -50,6 +50,9 @@ def register(app: typer.Typer) -> None:
     app.command("submit")(submit)
     app.command("result")(result)
     app.command("wait")(wait)
+    from genhook.cli import watch_cmds
+
+    watch_cmds.register(app)
 
 
 def _fail_request(exc: GenhookError) -> typer.Exit:

@@ -13,7 +13,16 @@ from genhook.client._event import (
 )
 from genhook.client._images import ImageInput, data_url
 from genhook.client._jwks import parse_jwks
-from genhook.client._models import TERMINAL_STATUSES, Prediction, Usage, UsageItem
+from genhook.client._models import (
+    TERMINAL_STATUSES,
+    LogLine,
+    Prediction,
+    TaskEvent,
+    TaskPage,
+    Usage,
+    UsageItem,
+)
+from genhook.client._sse import SSEDecoder
 from genhook.client._starlette import verify_request, webhook_dependency
 from genhook.client._verifier import WebhookVerifier
 from genhook.errors import (
@@ -38,12 +47,16 @@ __all__ = [
     "GenhookError",
     "ImageInput",
     "InvalidRequest",
+    "LogLine",
     "MemoryDedupStore",
     "NotFound",
     "PayloadTooLarge",
     "Prediction",
     "SQLiteDedupStore",
+    "SSEDecoder",
+    "TaskEvent",
     "TaskFailed",
+    "TaskPage",
     "TooManyRequests",
     "Unauthorized",
     "Usage",

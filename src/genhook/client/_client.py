@@ -9,18 +9,20 @@ request (submits included) when the connection was never made or the answer was 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, Literal, Self
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 
 from genhook import __version__
 from genhook.client._errors import APIConnectionError, WaitTimeout, error_from_response
 from genhook.client._images import ImageInput, image_items
-from genhook.client._models import Prediction, Usage
+from genhook.client._models import Prediction, TaskEvent, TaskPage, Usage
+from genhook.client._sse import SSEDecoder
 from genhook.retry import backoff_delay, parse_retry_after
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
@@ -36,6 +38,8 @@ _RETRY_STATUSES_UNSAFE = frozenset({429})
 # Errors that prove no byte of the request reached the service.
 _NOT_SENT_ERRORS: tuple[type[Exception], ...] = (httpx.ConnectError, httpx.ConnectTimeout)
 _MAX_RETRY_AFTER = 60.0
+# The service sends a comment at least every 15 s on an idle event stream.
+_STREAM_READ_TIMEOUT = 60.0
 
 OnUpdate = Callable[[Prediction], None]
 
@@ -85,6 +89,56 @@ class _Core:
             if retry_after is not None:
                 return min(retry_after, _MAX_RETRY_AFTER)
         return backoff_delay(attempt, self.retry_backoff, self.retry_backoff_cap)
+
+    def _wait_options(self, wait: float | None) -> tuple[dict[str, str], float]:
+        """The ``Prefer: wait`` header and a read timeout that outlasts the wait."""
+        if wait is None:
+            return {}, self.timeout
+        seconds = max(0, math.ceil(wait))
+        return {"Prefer": f"wait={seconds}"}, self.timeout + seconds
+
+    @staticmethod
+    def _result_path(task_id: str, logs: bool) -> str:
+        return f"/api/v1/model/result/{quote(task_id, safe='')}" + ("?logs=1" if logs else "")
+
+    def _events_request(self, task_id: str, last_event_id: str | None) -> dict[str, Any]:
+        headers = self._headers()
+        headers["Accept"] = "text/event-stream"
+        if last_event_id:
+            headers["Last-Event-ID"] = last_event_id
+        return {
+            "method": "GET",
+            "url": self._url(f"/api/v1/model/result/{quote(task_id, safe='')}/events"),
+            "headers": headers,
+            "timeout": httpx.Timeout(self.timeout, read=_STREAM_READ_TIMEOUT),
+        }
+
+    def _stream_retry(self, failures: int, what: str) -> float:
+        """Seconds before reconnecting a broken stream; raise once retries are spent."""
+        if failures > self.max_retries:
+            raise APIConnectionError(f"the event stream of {what} broke {failures} times")
+        return backoff_delay(failures, self.retry_backoff, self.retry_backoff_cap)
+
+    @staticmethod
+    def _tasks_path(
+        status: str | Iterable[str] | None,
+        model: str | None,
+        since: str | None,
+        limit: int | None,
+        cursor: str | None,
+    ) -> str:
+        query: dict[str, str] = {}
+        if status is not None:
+            query["status"] = status if isinstance(status, str) else ",".join(status)
+        if model is not None:
+            query["model"] = model
+        if since is not None:
+            query["since"] = since
+        if limit is not None:
+            query["limit"] = str(limit)
+        if cursor is not None:
+            query["cursor"] = cursor
+        return "/api/v1/model/results" + (f"?{urlencode(query)}" if query else "")
 
     @staticmethod
     def _usage_path(limit: int, cursor: int | None) -> str:
@@ -172,14 +226,28 @@ class Client(_Core):
             self._http.close()
 
     def _request(
-        self, method: str, path: str, *, body: Any = None, idempotent: bool, auth: bool = True
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        idempotent: bool,
+        auth: bool = True,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = None,
     ) -> Any:
-        headers = self._headers() if auth else {"Accept": "application/json"}
+        sent = {**(self._headers() if auth else {"Accept": "application/json"}), **(headers or {})}
         attempt = 0
         while True:
             attempt += 1
             try:
-                response = self._http.request(method, self._url(path), json=body, headers=headers)
+                response = self._http.request(
+                    method,
+                    self._url(path),
+                    json=body,
+                    headers=sent,
+                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                )
             except httpx.TransportError as exc:
                 if self._retry_error(exc, idempotent, attempt):
                     time.sleep(self._delay(attempt, None))
@@ -190,11 +258,24 @@ class Client(_Core):
                 continue
             return self._parse(response)
 
-    def submit(self, model: str, /, *, kind: Kind = "image", **fields: Any) -> Prediction:
-        """Submit any model's task; ``fields`` are its request body beside ``model``."""
+    def submit(
+        self, model: str, /, *, kind: Kind = "image", wait: float | None = None, **fields: Any
+    ) -> Prediction:
+        """Submit any model's task; ``fields`` are its request body beside ``model``.
+
+        ``wait`` (seconds, at most 60) answers once the task ends or the wait runs out,
+        so a short task needs no polling."""
         body = {"model": model, **fields}
+        headers, timeout = self._wait_options(wait)
         return self._prediction(
-            self._request("POST", _SUBMIT_PATHS[kind], body=body, idempotent=False)
+            self._request(
+                "POST",
+                _SUBMIT_PATHS[kind],
+                body=body,
+                idempotent=False,
+                headers=headers,
+                timeout=timeout,
+            )
         )
 
     def edit(
@@ -209,6 +290,7 @@ class Client(_Core):
         enable_base64_output: bool | None = None,
         webhook_url: str | None = None,
         model: str = EDIT_MODEL,
+        wait: float | None = None,
         **extra: Any,
     ) -> Prediction:
         """Submit an image edit (contract 2.1); images may be paths, bytes, PIL images or URLs."""
@@ -221,13 +303,67 @@ class Client(_Core):
             "webhook_url": webhook_url,
         }
         body = self._edit_body(prompt, images, model, optional, extra)
+        headers, timeout = self._wait_options(wait)
         return self._prediction(
-            self._request("POST", _SUBMIT_PATHS["image"], body=body, idempotent=False)
+            self._request(
+                "POST",
+                _SUBMIT_PATHS["image"],
+                body=body,
+                idempotent=False,
+                headers=headers,
+                timeout=timeout,
+            )
         )
 
-    def result(self, task_id: str) -> Prediction:
-        path = f"/api/v1/model/result/{quote(task_id, safe='')}"
-        return self._prediction(self._request("GET", path, idempotent=True))
+    def result(self, task_id: str, *, wait: float | None = None, logs: bool = False) -> Prediction:
+        """The task now, or once it ends within ``wait`` seconds; ``logs`` adds its log lines."""
+        headers, timeout = self._wait_options(wait)
+        path = self._result_path(task_id, logs)
+        return self._prediction(
+            self._request("GET", path, idempotent=True, headers=headers, timeout=timeout)
+        )
+
+    def events(self, task_id: str, *, last_event_id: str | None = None) -> Iterator[TaskEvent]:
+        """The task's events as they happen, ending with the terminal one; a broken
+        connection is resumed from the last event received (``Last-Event-ID``)."""
+        failures = 0
+        while True:
+            try:
+                with self._http.stream(**self._events_request(task_id, last_event_id)) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        if response.status_code < 500:
+                            self._parse(response)
+                        raise httpx.RemoteProtocolError(f"HTTP {response.status_code}")
+                    decoder = SSEDecoder()
+                    for line in response.iter_lines():
+                        event = decoder.feed(line)
+                        if event is None:
+                            continue
+                        failures = 0
+                        last_event_id = event.id
+                        yield event
+                        if event.done:
+                            return
+                failures += 1
+                time.sleep(self._stream_retry(failures, task_id))
+            except httpx.TransportError:
+                failures += 1
+                time.sleep(self._stream_retry(failures, task_id))
+
+    def tasks(
+        self,
+        *,
+        status: str | Iterable[str] | None = None,
+        model: str | None = None,
+        since: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> TaskPage:
+        """One page of the account's tasks, newest first; follow ``TaskPage.next_cursor``."""
+        path = self._tasks_path(status, model, since, limit, cursor)
+        data = self._request("GET", path, idempotent=True)
+        return TaskPage.from_json(data if isinstance(data, dict) else {})
 
     def wait(
         self,
@@ -294,15 +430,27 @@ class AsyncClient(_Core):
             await self._http.aclose()
 
     async def _request(
-        self, method: str, path: str, *, body: Any = None, idempotent: bool, auth: bool = True
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        idempotent: bool,
+        auth: bool = True,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = None,
     ) -> Any:
-        headers = self._headers() if auth else {"Accept": "application/json"}
+        sent = {**(self._headers() if auth else {"Accept": "application/json"}), **(headers or {})}
         attempt = 0
         while True:
             attempt += 1
             try:
                 response = await self._http.request(
-                    method, self._url(path), json=body, headers=headers
+                    method,
+                    self._url(path),
+                    json=body,
+                    headers=sent,
+                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
                 )
             except httpx.TransportError as exc:
                 if self._retry_error(exc, idempotent, attempt):
@@ -314,10 +462,20 @@ class AsyncClient(_Core):
                 continue
             return self._parse(response)
 
-    async def submit(self, model: str, /, *, kind: Kind = "image", **fields: Any) -> Prediction:
+    async def submit(
+        self, model: str, /, *, kind: Kind = "image", wait: float | None = None, **fields: Any
+    ) -> Prediction:
         body = {"model": model, **fields}
+        headers, timeout = self._wait_options(wait)
         return self._prediction(
-            await self._request("POST", _SUBMIT_PATHS[kind], body=body, idempotent=False)
+            await self._request(
+                "POST",
+                _SUBMIT_PATHS[kind],
+                body=body,
+                idempotent=False,
+                headers=headers,
+                timeout=timeout,
+            )
         )
 
     async def edit(
@@ -332,6 +490,7 @@ class AsyncClient(_Core):
         enable_base64_output: bool | None = None,
         webhook_url: str | None = None,
         model: str = EDIT_MODEL,
+        wait: float | None = None,
         **extra: Any,
     ) -> Prediction:
         optional = {
@@ -344,13 +503,68 @@ class AsyncClient(_Core):
         }
         # Reading and encoding files is blocking work; keep it off the event loop.
         body = await asyncio.to_thread(self._edit_body, prompt, images, model, optional, extra)
+        headers, timeout = self._wait_options(wait)
         return self._prediction(
-            await self._request("POST", _SUBMIT_PATHS["image"], body=body, idempotent=False)
+            await self._request(
+                "POST",
+                _SUBMIT_PATHS["image"],
+                body=body,
+                idempotent=False,
+                headers=headers,
+                timeout=timeout,
+            )
         )
 
-    async def result(self, task_id: str) -> Prediction:
-        path = f"/api/v1/model/result/{quote(task_id, safe='')}"
-        return self._prediction(await self._request("GET", path, idempotent=True))
+    async def result(
+        self, task_id: str, *, wait: float | None = None, logs: bool = False
+    ) -> Prediction:
+        headers, timeout = self._wait_options(wait)
+        path = self._result_path(task_id, logs)
+        return self._prediction(
+            await self._request("GET", path, idempotent=True, headers=headers, timeout=timeout)
+        )
+
+    async def events(
+        self, task_id: str, *, last_event_id: str | None = None
+    ) -> AsyncIterator[TaskEvent]:
+        failures = 0
+        while True:
+            try:
+                request = self._events_request(task_id, last_event_id)
+                async with self._http.stream(**request) as response:
+                    if response.status_code >= 400:
+                        await response.aread()
+                        if response.status_code < 500:
+                            self._parse(response)
+                        raise httpx.RemoteProtocolError(f"HTTP {response.status_code}")
+                    decoder = SSEDecoder()
+                    async for line in response.aiter_lines():
+                        event = decoder.feed(line)
+                        if event is None:
+                            continue
+                        failures = 0
+                        last_event_id = event.id
+                        yield event
+                        if event.done:
+                            return
+                failures += 1
+                await asyncio.sleep(self._stream_retry(failures, task_id))
+            except httpx.TransportError:
+                failures += 1
+                await asyncio.sleep(self._stream_retry(failures, task_id))
+
+    async def tasks(
+        self,
+        *,
+        status: str | Iterable[str] | None = None,
+        model: str | None = None,
+        since: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> TaskPage:
+        path = self._tasks_path(status, model, since, limit, cursor)
+        data = await self._request("GET", path, idempotent=True)
+        return TaskPage.from_json(data if isinstance(data, dict) else {})
 
     async def wait(
         self,

@@ -12,8 +12,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from genhook.client._errors import TaskFailed
-
-TERMINAL_STATUSES = frozenset({"completed", "failed", "timeout"})
+from genhook.statuses import TERMINAL_STATUSES as TERMINAL_STATUSES
 
 
 def _str_or_none(value: Any) -> str | None:
@@ -22,6 +21,30 @@ def _str_or_none(value: Any) -> str | None:
 
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float_or_none(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One short line an engine logged while running a task."""
+
+    at: str
+    message: str
+
+    @classmethod
+    def parse_list(cls, value: Any) -> list[LogLine]:
+        if not isinstance(value, list):
+            return []
+        return [
+            cls(at=str(item.get("at", "")), message=str(item.get("message", "")))
+            for item in value
+            if isinstance(item, dict)
+        ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +62,13 @@ class Prediction:
     error: str | None = None
     error_code: int | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    # While waiting: tasks ahead of this one for its model.
+    queue_position: int | None = None
+    # While running: when it started and, when the engine reports it, its progress (0 to 1).
+    started_at: str | None = None
+    progress: float | None = None
+    # Engine log lines: all of them with ``result(logs=True)``, the new ones in an event.
+    logs: list[LogLine] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -61,6 +91,10 @@ class Prediction:
             error=_str_or_none(data.get("error")),
             error_code=_int_or_none(data.get("error_code")),
             info=dict(info) if isinstance(info, dict) else {},
+            queue_position=_int_or_none(data.get("queue_position")),
+            started_at=_str_or_none(data.get("started_at")),
+            progress=_float_or_none(data.get("progress")),
+            logs=LogLine.parse_list(data.get("logs")),
             raw=data,
         )
 
@@ -147,5 +181,41 @@ class Usage:
                 if isinstance(i, dict)
             ],
             next_cursor=_int_or_none(data.get("next_cursor")),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TaskEvent:
+    """One event of a task's stream: its ``id`` (pass it back as ``last_event_id`` to
+    resume), the status it reports and the task as it then was."""
+
+    id: str
+    event: str
+    prediction: Prediction
+
+    @property
+    def done(self) -> bool:
+        return self.prediction.done
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPage:
+    """One page of the account's tasks, newest first; pass ``next_cursor`` for the next."""
+
+    items: list[Prediction]
+    next_cursor: str | None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TaskPage:
+        items = data.get("items")
+        return cls(
+            items=[
+                Prediction.from_json(item)
+                for item in (items if isinstance(items, list) else [])
+                if isinstance(item, dict)
+            ],
+            next_cursor=_str_or_none(data.get("next_cursor")),
             raw=data,
         )

@@ -6,7 +6,17 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, LargeBinary, String, Text
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -172,3 +182,20 @@ class WebhookAttempt(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     response_excerpt: Mapped[str | None] = mapped_column(Text, nullable=True)
     kid: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class TaskEvent(Base):
+    """Progress and log lines an engine reported while running a task, in order; the
+    result's ``progress`` and ``logs`` and the event stream read them."""
+
+    __tablename__ = "task_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"))
+    # 0 to 1, when this event reports progress.
+    progress: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # One short log line, when this event carries one.
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_task_events_task", "task_id", "id"),)

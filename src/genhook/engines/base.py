@@ -24,6 +24,10 @@ class ModelKind(StrEnum):
     AUDIO = "audio"
 
 
+def _no_report(progress: float | None = None, log: str | None = None) -> None:
+    """Where a job reports when nobody listens (an engine run outside the worker)."""
+
+
 @dataclass(frozen=True, slots=True)
 class EngineJob:
     task_id: str
@@ -32,6 +36,9 @@ class EngineJob:
     params: Mapping[str, Any]
     # Input images as raw bytes, in request order, already fetched and size-capped.
     images: list[bytes]
+    # ``report(progress=0.5, log="line")`` from the engine's thread: progress 0 to 1 and/or a
+    # short log line, shown in the result and its event stream. Cheap; the worker throttles.
+    report: Callable[..., None] = _no_report
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from genhook.net import AddressPolicy, client_ssl_context, fetch_input_image
 from genhook.storage import BlobStore, DatabaseBlobStore
 from genhook.storage.blobs import extension_of, new_blob_key
 from genhook.tasks.lifecycle import Lifecycle
+from genhook.tasks.progress import ProgressRecorder
 
 log = logging.getLogger(__name__)
 
@@ -161,11 +162,21 @@ class Worker:
                 return
 
     async def _execute(self, task: Task) -> None:
+        progress = ProgressRecorder(
+            self.db, task.id, self.worker_id, self.settings.progress_interval_seconds
+        )
         try:
             images = await self._load_inputs(task)
             engine = await asyncio.to_thread(self.engine, task.model)
-            job = EngineJob(task_id=task.id, model=task.model, params=task.params, images=images)
-            result = await asyncio.to_thread(self._run_engine, engine, job)
+            job = EngineJob(
+                task_id=task.id,
+                model=task.model,
+                params=task.params,
+                images=images,
+                report=progress.report,
+            )
+            async with progress.running():
+                result = await asyncio.to_thread(self._run_engine, engine, job)
             keys = await self._store_outputs(result)
         except TaskFailure as failure:
             log.info("task %s failed: %s", task.id, failure)

@@ -90,27 +90,33 @@ class ImageEditEngine:
         check_prompt(prompt, self._terms)
         plan = parse_prompt(prompt, len(job.images), loose=thinking == "enabled")
         log.info("task %s plan: %s", job.task_id, plan.summary())
+        job.report(progress=0.05, log=f"plan: {plan.summary()}")
 
         limit = max(out_size)
         decoded = [
             decode_image(data, number, max_pixels=self._settings.max_input_pixels, reduce_to=limit)
             for number, data in enumerate(job.images, start=1)
         ]
+        job.report(progress=0.25, log=f"decoded {len(decoded)} input image(s)")
         if self._settings.moderation_reject_nsfw_inputs:
             self._moderate_inputs(decoded)
+            job.report(progress=0.35, log="inputs passed moderation")
 
         ctx = _ops.Context(out_size=out_size, fast=fast, detector=self.detector)
         images = [_cap(d.image, limit, ctx.fast) for d in decoded]
         canvas, finishing, summary_extra = self._execute(plan, images, ctx, limit)
+        job.report(progress=0.7, log="edits applied")
 
         fit_mode, why = _choose_fit(plan, len(images))
         final = self._finish(canvas, finishing, out_size, fit_mode, plan.fit.pad_color, ctx)
         if final.size != out_size:  # pragma: no cover - a broken invariant, not a user error
             raise TaskFailure(ErrorCode.ENGINE_ERROR, f"output is {final.size}, not {out_size}")
 
+        job.report(progress=0.8, log=f"fitted to {out_size[0]}*{out_size[1]} ({fit_mode})")
         nsfw_score = self.detector.detect(final, 320).nsfw_score
         nsfw = nsfw_score >= self._settings.nsfw_threshold
         data, content_type = _output.encode(final, output_format, fast)
+        job.report(progress=1.0, log=f"encoded {output_format}, {len(data)} bytes")
 
         info: dict[str, Any] = {
             "plan": plan.describe(),

@@ -1,0 +1,282 @@
+"""Waiting and watching: ``Prefer: wait`` on submit and result, ``?logs=1``, the event
+stream of one task and the listing of the account's tasks.
+
+A request without ``Prefer``, ``?logs`` or ``Last-Event-ID`` gets the plain answer; the
+extras cost nothing on the hot submit path unless asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import re
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from sqlalchemy import and_, or_, select
+
+from genhook.api.deps import AppState, current_account, get_state
+from genhook.api.errors import ERROR_RESPONSES
+from genhook.api.schemas import TaskListResponse
+from genhook.db import Account, Task
+from genhook.errors import FieldError, InvalidRequest, NotFound
+from genhook.statuses import POLLED_STATUSES, is_terminal, polled_status
+from genhook.tasks.views import prediction_view
+from genhook.tasks.watch import Signature, last_event_id, log_lines, task_view
+
+router = APIRouter()
+
+# A comment line this often keeps proxies from closing an idle stream.
+KEEPALIVE_SECONDS = 15.0
+_WAIT = re.compile(r"^wait(?:\s*=\s*(.*))?$", re.IGNORECASE)
+
+
+def prefer_wait(request: Request, max_seconds: float) -> float | None:
+    """Seconds asked for with ``Prefer: wait`` or ``Prefer: wait=N`` (capped), or None."""
+    header = request.headers.get("prefer")
+    if header is None:
+        return None
+    for preference in header.split(","):
+        match = _WAIT.match(preference.split(";")[0].strip())
+        if match is None:
+            continue
+        value = (match.group(1) or "").strip().strip('"')
+        if not value:
+            return max_seconds
+        if not value.isdigit():
+            message = f"wait must be whole seconds (0 to {max_seconds:g}), got {value!r}"
+            raise InvalidRequest(message, [FieldError("Prefer", message)])
+        return min(float(value), max_seconds)
+    return None
+
+
+def wants_logs(request: Request) -> bool:
+    value = request.query_params.get("logs")
+    if value is None:
+        return False
+    if value.lower() in ("1", "true", "yes"):
+        return True
+    if value.lower() in ("0", "false", "no", ""):
+        return False
+    message = f"logs must be 1 or 0, got {value!r}"
+    raise InvalidRequest(message, [FieldError("logs", message)])
+
+
+async def wait_until_done(state: AppState, task: Task, seconds: float) -> Task:
+    """The task once it has ended, or as it is when ``seconds`` run out."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    async with state.db.read() as session:
+        seen: Signature = (task.status, await last_event_id(session, task.id))
+    while not is_terminal(seen[0]):
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            break
+        changed = await state.watcher.wait_change(task.id, seen, remaining)
+        if changed is None:
+            break
+        seen = changed
+    async with state.db.read() as session:
+        fresh = await session.get(Task, task.id)
+    return fresh or task
+
+
+async def result_response(state: AppState, task: Task, request: Request) -> JSONResponse:
+    """A result, after ``Prefer: wait`` when asked, with the live fields and logs."""
+    wait = prefer_wait(request, state.settings.wait_max_seconds)
+    logs = wants_logs(request)
+    headers: dict[str, str] = {}
+    if wait is not None:
+        headers["Preference-Applied"] = f"wait={wait:g}"
+        if not is_terminal(task.status):
+            task = await wait_until_done(state, task, wait)
+    async with state.db.read() as session:
+        view = await task_view(session, task, state.settings, state.storage, logs=logs)
+    return JSONResponse(view, headers=headers)
+
+
+async def _owned_task(state: AppState, account: Account, request_id: str) -> Task:
+    async with state.db.read() as session:
+        task = await session.get(Task, request_id) if len(request_id) <= 64 else None
+    if task is None or task.account_id != account.id:
+        raise NotFound(f"no task {request_id!r}")
+    return task
+
+
+def _parse_event_id(value: str | None) -> tuple[str, int] | None:
+    """``Last-Event-ID`` is ``<status>:<n>``: the status last sent and its last event."""
+    if value is None or not value.strip():
+        return None
+    status, sep, number = value.strip().partition(":")
+    if not sep or status not in POLLED_STATUSES or not number.isdigit():
+        message = "Last-Event-ID must be an id this stream sent, such as 'processing:12'"
+        raise InvalidRequest(message, [FieldError("Last-Event-ID", message)])
+    return status, int(number)
+
+
+def _sse(event_id: str, event: str, data: dict[str, Any]) -> bytes:
+    body = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return f"id: {event_id}\nevent: {event}\ndata: {body}\n\n".encode()
+
+
+async def event_stream(
+    state: AppState, task_id: str, last: tuple[str, int] | None
+) -> AsyncIterator[bytes]:
+    """One event per change of the task's status or reported progress, then the terminal
+    event with the full result; an event already sent (``last``) is not sent again."""
+    sent = last
+    while True:
+        async with state.db.read() as session:
+            task = await session.get(Task, task_id)
+            if task is None:
+                return
+            newest = await last_event_id(session, task_id)
+            key = (polled_status(task.status), newest)
+            if key != sent:
+                view = await task_view(session, task, state.settings, state.storage)
+                lines = await log_lines(session, task_id, after=sent[1] if sent else 0)
+                if lines:
+                    view["logs"] = lines
+                yield _sse(f"{key[0]}:{key[1]}", key[0], view)
+                sent = key
+        if is_terminal(task.status):
+            return
+        changed = await state.watcher.wait_change(task_id, (task.status, newest), KEEPALIVE_SECONDS)
+        if state.watcher.closed:
+            # Shutting down: the client resumes on another process with Last-Event-ID.
+            return
+        if changed is None:
+            yield b": keep-alive\n\n"
+
+
+@router.get(
+    "/api/v1/model/result/{request_id}/events",
+    tags=["tasks"],
+    summary="A Server-Sent Events stream of the task's changes, ending after its end",
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "The event stream."},
+        **ERROR_RESPONSES,
+    },
+)
+async def get_events(request_id: str, request: Request) -> StreamingResponse:
+    state = await get_state(request)
+    account = await current_account(request, state)
+    await _owned_task(state, account, request_id)
+    last = _parse_event_id(request.headers.get("last-event-id"))
+    return StreamingResponse(
+        event_stream(state, request_id, last),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+def _encode_cursor(task: Task) -> str:
+    raw = f"{task.created_at}.{task.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[int, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+        created, _, task_id = raw.partition(".")
+        if not task_id or len(task_id) > 64:
+            raise ValueError(raw)
+        return int(created), task_id
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        message = "cursor must be the next_cursor of an earlier page"
+        raise InvalidRequest(message, [FieldError("cursor", message)]) from None
+
+
+def _since_ms(value: str) -> int:
+    text = value.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        message = "since must be an ISO 8601 time with a zone (e.g. 2026-01-01T00:00:00Z)"
+        raise InvalidRequest(message, [FieldError("since", message)])
+    return int(moment.timestamp() * 1000)
+
+
+def _limit(value: str | None) -> int:
+    if value is None:
+        return 20
+    if not value.isdigit() or not 1 <= int(value) <= 100:
+        message = f"limit must be a whole number from 1 to 100, got {value!r}"
+        raise InvalidRequest(message, [FieldError("limit", message)])
+    return int(value)
+
+
+def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": schema,
+    }
+
+
+@router.get(
+    "/api/v1/model/results",
+    tags=["tasks"],
+    summary="The account's tasks, newest first, a page at a time",
+    response_model=TaskListResponse,
+    responses=ERROR_RESPONSES,
+    openapi_extra={
+        "parameters": [
+            _query("status", "Comma-separated statuses as polled.", {"type": "string"}),
+            _query("model", "Only this model's tasks.", {"type": "string"}),
+            _query("since", "ISO 8601 time with a zone, or epoch ms.", {"type": "string"}),
+            _query("limit", "1 to 100 (default 20).", {"type": "integer"}),
+            _query("cursor", "next_cursor of the previous page.", {"type": "string"}),
+        ]
+    },
+)
+async def list_results(request: Request) -> JSONResponse:
+    state = await get_state(request)
+    account = await current_account(request, state)
+    query = request.query_params
+    stmt = select(Task).where(Task.account_id == account.id)
+    status = query.get("status")
+    if status:
+        stored: list[str] = []
+        for name in status.split(","):
+            if name.strip() not in POLLED_STATUSES:
+                message = f"status must be one of {', '.join(POLLED_STATUSES)}, got {name!r}"
+                raise InvalidRequest(message, [FieldError("status", message)])
+            stored += POLLED_STATUSES[name.strip()]
+        stmt = stmt.where(Task.status.in_(stored))
+    model = query.get("model")
+    if model:
+        stmt = stmt.where(Task.model == model)
+    since = query.get("since")
+    if since:
+        stmt = stmt.where(Task.created_at >= _since_ms(since))
+    limit = _limit(query.get("limit"))
+    cursor = query.get("cursor")
+    if cursor:
+        created, task_id = _decode_cursor(cursor)
+        stmt = stmt.where(
+            or_(
+                Task.created_at < created,
+                and_(Task.created_at == created, Task.id < task_id),
+            )
+        )
+    stmt = stmt.order_by(Task.created_at.desc(), Task.id.desc()).limit(limit + 1)
+    async with state.db.read() as session:
+        tasks = list((await session.scalars(stmt)).all())
+    more = len(tasks) > limit
+    tasks = tasks[:limit]
+    items = [await prediction_view(task, state.settings, state.storage) for task in tasks]
+    return JSONResponse(
+        {"items": items, "next_cursor": _encode_cursor(tasks[-1]) if more and tasks else None}
+    )

@@ -1,0 +1,168 @@
+"""Waiting on tasks: the live fields of a result (queue position, progress, logs), and a
+per-process watcher that wakes everyone waiting on a task when it changes.
+
+Workers run in other processes (often on other machines), so changes are found by polling
+the database; one poll per ``watch_poll_seconds`` serves every waiter of the process, in a
+single query, and runs only while someone waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, or_, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from genhook.config import Settings
+from genhook.db import Database, Task, TaskEvent, now_ms
+from genhook.storage import BlobStore
+from genhook.tasks.views import iso_ms, prediction_view
+
+log = logging.getLogger(__name__)
+
+# What a waiter has seen of a task: its stored status and its last event id (0: none).
+Signature = tuple[str, int]
+
+
+async def last_event_id(session: AsyncSession, task_id: str) -> int:
+    value = await session.scalar(select(func.max(TaskEvent.id)).where(TaskEvent.task_id == task_id))
+    return int(value or 0)
+
+
+async def queue_position(session: AsyncSession, task: Task) -> int:
+    """Runnable tasks of the same model that a worker takes before this one."""
+    ahead = await session.scalar(
+        select(func.count())
+        .select_from(Task)
+        .where(
+            Task.status == "created",
+            Task.model == task.model,
+            Task.deadline_at > now_ms(),
+            or_(
+                Task.available_at < task.available_at,
+                (Task.available_at == task.available_at) & (Task.id < task.id),
+            ),
+        )
+    )
+    return int(ahead or 0)
+
+
+async def log_lines(session: AsyncSession, task_id: str, after: int = 0) -> list[dict[str, str]]:
+    rows = await session.execute(
+        select(TaskEvent.created_at, TaskEvent.message)
+        .where(TaskEvent.task_id == task_id, TaskEvent.id > after, TaskEvent.message.is_not(None))
+        .order_by(TaskEvent.id)
+    )
+    return [{"at": iso_ms(at), "message": str(message)} for at, message in rows]
+
+
+async def live_fields(session: AsyncSession, task: Task) -> dict[str, Any]:
+    """Fields a waiting or running task adds to its result; none once it has ended."""
+    if task.status == "created":
+        return {"queue_position": await queue_position(session, task)}
+    if task.status != "processing":
+        return {}
+    fields: dict[str, Any] = {}
+    if task.started_at is not None:
+        fields["started_at"] = iso_ms(task.started_at)
+    progress = await session.scalar(
+        select(TaskEvent.progress)
+        .where(TaskEvent.task_id == task.id, TaskEvent.progress.is_not(None))
+        .order_by(TaskEvent.id.desc())
+        .limit(1)
+    )
+    if progress is not None:
+        fields["progress"] = round(float(progress), 4)
+    return fields
+
+
+async def task_view(
+    session: AsyncSession,
+    task: Task,
+    settings: Settings,
+    storage: BlobStore,
+    *,
+    logs: bool = False,
+) -> dict[str, Any]:
+    """The result as polling shows it, with the live fields and, on request, the logs."""
+    view = await prediction_view(task, settings, storage)
+    view.update(await live_fields(session, task))
+    if logs:
+        view["logs"] = await log_lines(session, task.id)
+    return view
+
+
+class TaskWatcher:
+    def __init__(self, db: Database, interval: float) -> None:
+        self.db = db
+        self.interval = interval
+        self._waiters: dict[str, list[tuple[Signature, asyncio.Future[Signature]]]] = {}
+        self._poller: asyncio.Task[None] | None = None
+        # Set at shutdown: every wait ends at once, so open streams and waiting requests
+        # answer now instead of holding the shutdown for its whole grace period.
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+        for waiters in self._waiters.values():
+            for seen, future in waiters:
+                if not future.done():
+                    future.set_result(seen)
+
+    async def wait_change(self, task_id: str, seen: Signature, timeout: float) -> Signature | None:
+        """The task's new signature once it differs from ``seen``; None after ``timeout``
+        or once the watcher is closed."""
+        if self.closed:
+            return None
+        future: asyncio.Future[Signature] = asyncio.get_running_loop().create_future()
+        entry = (seen, future)
+        self._waiters.setdefault(task_id, []).append(entry)
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self._poll())
+        try:
+            changed = await asyncio.wait_for(asyncio.shield(future), max(0.0, timeout))
+            return None if self.closed else changed
+        except TimeoutError:
+            return None
+        finally:
+            waiters = self._waiters.get(task_id)
+            if waiters is not None:
+                with contextlib.suppress(ValueError):
+                    waiters.remove(entry)
+                if not waiters:
+                    del self._waiters[task_id]
+
+    async def _poll(self) -> None:
+        while self._waiters:
+            await asyncio.sleep(self.interval)
+            try:
+                current = await self._signatures(list(self._waiters))
+            except Exception:
+                log.exception("watching tasks failed; retrying")
+                continue
+            for task_id, signature in current.items():
+                for seen, future in self._waiters.get(task_id, []):
+                    if signature != seen and not future.done():
+                        future.set_result(signature)
+
+    async def _signatures(self, task_ids: Sequence[str]) -> dict[str, Signature]:
+        found: dict[str, Signature] = {}
+        async with self.db.read() as session:
+            for start in range(0, len(task_ids), 500):
+                chunk = task_ids[start : start + 500]
+                last = (
+                    select(func.max(TaskEvent.id))
+                    .where(TaskEvent.task_id == Task.id)
+                    .correlate(Task)
+                    .scalar_subquery()
+                )
+                rows = await session.execute(
+                    select(Task.id, Task.status, last).where(Task.id.in_(chunk))
+                )
+                for task_id, status, event_id in rows:
+                    found[task_id] = (status, int(event_id or 0))
+        return found
