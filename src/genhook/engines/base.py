@@ -30,7 +30,8 @@ class EngineJob:
     model: str
     # Validated request fields, without ``images`` and ``webhook_url`` (never passed on).
     params: Mapping[str, Any]
-    # Input images as raw bytes, in request order, already fetched and size-capped.
+    # Input files (images, or a speech-to-text model's audio) as raw bytes, in request
+    # order, already fetched and size-capped.
     images: list[bytes]
 
 
@@ -46,6 +47,8 @@ class EngineResult:
     outputs: list[EngineOutput]
     # Shown to the user in the result under ``info`` (e.g. how the prompt was understood).
     info: dict[str, Any] = field(default_factory=dict)
+    # A speech-to-text model's structured transcript, shown as ``stt_result``.
+    stt_result: dict[str, Any] | None = None
 
 
 class Engine(Protocol):
