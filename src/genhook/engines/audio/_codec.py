@@ -71,6 +71,10 @@ def decode_for_speech(data: bytes, max_seconds: float) -> DecodedAudio:
     Raises ``TaskFailure`` for input that is not audio, is corrupt or truncated, has
     absurd parameters, or is longer than ``max_seconds``.
     """
+    if _wav_cut_short(data):
+        raise TaskFailure(
+            ErrorCode.INPUT_CORRUPT, "audio: the file is truncated (its data chunk is cut short)"
+        )
     try:
         container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
     except (av.error.FFmpegError, UnicodeDecodeError, ValueError):
@@ -134,6 +138,27 @@ def decode_for_speech(data: bytes, max_seconds: float) -> DecodedAudio:
     if not np.all(np.isfinite(samples)):
         raise TaskFailure(ErrorCode.INPUT_CORRUPT, "audio: the track decodes to invalid samples")
     return DecodedAudio(samples, source_format, rate, channels)
+
+
+def _wav_cut_short(data: bytes) -> bool:
+    """True when a WAV file's data chunk declares more bytes than the file holds.
+
+    FFmpeg estimates a WAV's duration from the file size, so a cut-off file would otherwise
+    decode as a shorter, complete recording.
+    """
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return False
+    offset = 12
+    while offset + 8 <= len(data):
+        chunk, size = (
+            data[offset : offset + 4],
+            int.from_bytes(data[offset + 4 : offset + 8], "little"),
+        )
+        if chunk == b"data":
+            # 0 and 0xFFFFFFFF mark a streamed WAV of unknown length.
+            return size not in (0, 0xFFFFFFFF) and offset + 8 + size > len(data)
+        offset += 8 + size + (size & 1)
+    return False
 
 
 def _declared_seconds(
