@@ -155,11 +155,10 @@ async def test_audio_urls_are_fetched(harness: Harness, audio_server: str) -> No
     good = await submitted(harness, {"model": STT, "audio": f"{audio_server}/speech"})
     missing = await submitted(harness, {"model": STT, "audio": f"{audio_server}/gone"})
     page = await submitted(harness, {"model": STT, "audio": f"{audio_server}/page"})
-    big = await submitted(harness, {"model": STT, "audio": f"{audio_server}/speech?big"})
-    for _ in range(3):  # claimed oldest first: good, missing, page
-        assert await harness.worker.run_once()
+    assert await harness.run_all() == 3
     harness.state.settings.input_max_bytes = 1000
-    assert await harness.worker.run_once()
+    big = await submitted(harness, {"model": STT, "audio": f"{audio_server}/speech"})
+    assert await harness.run_all() == 1
     assert (await harness.result(good))["status"] == "completed"
     result = await harness.result(missing)
     assert result["error_code"] == ErrorCode.INPUT_FETCH_FAILED
