@@ -13,7 +13,15 @@ from genhook.client._event import (
 )
 from genhook.client._images import ImageInput, data_url
 from genhook.client._jwks import parse_jwks
-from genhook.client._models import TERMINAL_STATUSES, Prediction, Usage, UsageItem
+from genhook.client._models import (
+    TERMINAL_STATUSES,
+    Prediction,
+    SttResult,
+    SttSegment,
+    SttWord,
+    Usage,
+    UsageItem,
+)
 from genhook.client._starlette import verify_request, webhook_dependency
 from genhook.client._verifier import WebhookVerifier
 from genhook.errors import (
@@ -43,6 +51,9 @@ __all__ = [
     "PayloadTooLarge",
     "Prediction",
     "SQLiteDedupStore",
+    "SttResult",
+    "SttSegment",
+    "SttWord",
     "TaskFailed",
     "TooManyRequests",
     "Unauthorized",
