@@ -70,4 +70,13 @@ STT_SPEC = ModelSpec(
     "timestamps; the bundled model is English-only tiny.en.",
 )
 
-__all__ = ["STT_MODEL_ID", "STT_SPEC", "TTS_MODEL_ID", "TTS_SPEC", "stt_pricing", "tts_pricing"]
+__all__ = [
+    "STT_MODEL_ID",
+    "STT_SPEC",
+    "TTS_MODEL_ID",
+    "TTS_SPEC",
+    "SpeechToTextRequest",
+    "TextToSpeechRequest",
+    "stt_pricing",
+    "tts_pricing",
+]
