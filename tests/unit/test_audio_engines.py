@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from genhook.config import Settings
+from genhook.engines.audio._requests import TextToSpeechRequest
 from genhook.engines.audio._stt import SpeechToTextEngine, to_srt
 from genhook.engines.audio._tts import TextToSpeechEngine
 from genhook.engines.base import EngineJob
@@ -118,6 +119,10 @@ def test_speed_changes_duration(tts: TextToSpeechEngine) -> None:
 def test_other_languages_speak(tts: TextToSpeechEngine) -> None:
     _, info = speak(tts, "Bonjour, comment allez-vous aujourd'hui ?", voice="fr")
     assert info["voice"] == "fr" and info["duration_seconds"] > 1
+    # Variants are matched without case and passed on as eSpeak NG names them.
+    voice = TextToSpeechRequest(model="m", prompt="x", voice="EN-US+alex").voice
+    _, info = speak(tts, SHORT, voice=voice)
+    assert info["voice"] == "en-us+Alex" and info["duration_seconds"] > 1
 
 
 @pytest.mark.parametrize(

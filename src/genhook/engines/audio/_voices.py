@@ -26,9 +26,10 @@ def languages() -> frozenset[str]:
 
 
 @cache
-def variants() -> frozenset[str]:
-    """Voice variants that may follow a language after ``+`` (``en-us+f3``)."""
-    return frozenset(p.name.lower() for p in (data_path() / "voices" / "!v").iterdir())
+def variants() -> dict[str, str]:
+    """Voice variants that may follow a language after ``+`` (``en-us+f3``), by lower-case
+    name; the values are the file names eSpeak NG looks up (``Alex``)."""
+    return {p.name.lower(): p.name for p in (data_path() / "voices" / "!v").iterdir()}
 
 
 def check_voice(value: str) -> str:
@@ -43,4 +44,4 @@ def check_voice(value: str) -> str:
         raise ValueError(
             f"unknown voice variant {variant!r}; use one of: {', '.join(sorted(variants()))}"
         )
-    return f"{language}+{variant}" if plus else language
+    return f"{language}+{variants()[variant]}" if plus else language
