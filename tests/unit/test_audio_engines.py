@@ -213,3 +213,11 @@ def test_english_only_model_refuses_other_languages(
     wav, _ = speak(tts, SHORT)
     assert failure(stt, wav, language="fr").code == ErrorCode.LANGUAGE_UNSUPPORTED
     assert transcribe(stt, wav, language="en")["language"] == "en"
+
+
+def test_language_codes_are_whispers() -> None:
+    from faster_whisper.tokenizer import _LANGUAGE_CODES
+
+    from genhook.engines.audio._requests import WHISPER_LANGUAGES
+
+    assert frozenset(_LANGUAGE_CODES) == WHISPER_LANGUAGES

@@ -33,6 +33,111 @@ OPUS_SAMPLE_RATES: tuple[int, ...] = (8000, 16000, 24000, 48000)
 
 _DATA_URL_RE = re.compile(r"^data:([a-zA-Z0-9.+/-]*)((?:;[a-zA-Z0-9=._-]+)*);base64,", re.DOTALL)
 _LANGUAGE_RE = re.compile(r"^[a-z]{2,3}$")
+# Whisper's language codes, kept here so the API process never loads the model's libraries.
+WHISPER_LANGUAGES = frozenset(
+    [
+        "af",
+        "am",
+        "ar",
+        "as",
+        "az",
+        "ba",
+        "be",
+        "bg",
+        "bn",
+        "bo",
+        "br",
+        "bs",
+        "ca",
+        "cs",
+        "cy",
+        "da",
+        "de",
+        "el",
+        "en",
+        "es",
+        "et",
+        "eu",
+        "fa",
+        "fi",
+        "fo",
+        "fr",
+        "gl",
+        "gu",
+        "ha",
+        "haw",
+        "he",
+        "hi",
+        "hr",
+        "ht",
+        "hu",
+        "hy",
+        "id",
+        "is",
+        "it",
+        "ja",
+        "jw",
+        "ka",
+        "kk",
+        "km",
+        "kn",
+        "ko",
+        "la",
+        "lb",
+        "ln",
+        "lo",
+        "lt",
+        "lv",
+        "mg",
+        "mi",
+        "mk",
+        "ml",
+        "mn",
+        "mr",
+        "ms",
+        "mt",
+        "my",
+        "ne",
+        "nl",
+        "nn",
+        "no",
+        "oc",
+        "pa",
+        "pl",
+        "ps",
+        "pt",
+        "ro",
+        "ru",
+        "sa",
+        "sd",
+        "si",
+        "sk",
+        "sl",
+        "sn",
+        "so",
+        "sq",
+        "sr",
+        "su",
+        "sv",
+        "sw",
+        "ta",
+        "te",
+        "tg",
+        "th",
+        "tk",
+        "tl",
+        "tr",
+        "tt",
+        "uk",
+        "ur",
+        "uz",
+        "vi",
+        "yi",
+        "yo",
+        "zh",
+        "yue",
+    ]
+)
 
 
 class TextToSpeechRequest(BaseModel):
@@ -100,10 +205,8 @@ class SpeechToTextRequest(BaseModel):
     def _language(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        from faster_whisper.tokenizer import _LANGUAGE_CODES
-
         code = value.strip().lower()
-        if not _LANGUAGE_RE.match(code) or code not in _LANGUAGE_CODES:
+        if not _LANGUAGE_RE.match(code) or code not in WHISPER_LANGUAGES:
             raise ValueError(
                 "language must be a Whisper language code such as en, fr, de, es, ja; "
                 "leave it out to detect the language"
