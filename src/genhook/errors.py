@@ -87,10 +87,11 @@ class ErrorCode(IntEnum):
 
 
 ERROR_CODE_DESCRIPTIONS: dict[ErrorCode, str] = {
-    ErrorCode.INPUT_FETCH_FAILED: "An input image URL could not be fetched (HTTP error, "
+    ErrorCode.INPUT_FETCH_FAILED: "An input image or audio URL could not be fetched (HTTP error, "
     "connection error or timeout).",
-    ErrorCode.INPUT_TOO_LARGE: "An input image is larger than the configured byte cap.",
-    ErrorCode.INPUT_ADDRESS_REFUSED: "An input image URL points at an address the target-"
+    ErrorCode.INPUT_TOO_LARGE: "An input image or audio file is larger than the configured "
+    "byte cap.",
+    ErrorCode.INPUT_ADDRESS_REFUSED: "An input image or audio URL points at an address the target-"
     "address policy refuses (private, loopback, link-local, ...).",
     ErrorCode.INPUT_UNSUPPORTED_FORMAT: "An input image is not one of JPEG, PNG, WEBP, BMP, "
     "TIFF, GIF, HEIC, HEIF; or an input audio file is not audio or video the service reads, "

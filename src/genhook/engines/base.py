@@ -28,7 +28,8 @@ class ModelKind(StrEnum):
 class EngineJob:
     task_id: str
     model: str
-    # Validated request fields, without ``images`` and ``webhook_url`` (never passed on).
+    # Validated request fields, without input files (``images``, ``audio``) and
+    # ``webhook_url`` (never passed on).
     params: Mapping[str, Any]
     # Input files (images, or a speech-to-text model's audio) as raw bytes, in request
     # order, already fetched and size-capped.
