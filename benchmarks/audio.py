@@ -5,7 +5,7 @@
 - Speech-to-text real-time factor on 30 s of speech (WAV, decoding included), with the
   default model: seconds of audio transcribed per second of wall time, by 1 and by 2 worker
   processes (multiprocessing, spawn, one model per process and the cores shared among them,
-  as ``genhook serve`` runs it), and per second of CPU.
+  as ``genhook serve`` runs it), and per second of CPU; greedy (the default) and 5 beams.
 - Round-trip word error rate: every known sentence spoken, then transcribed back, alone and
   all together.
 
@@ -71,8 +71,10 @@ def bench_tts(engine: TextToSpeechEngine, reps: int) -> dict[str, float]:
     }
 
 
-def _stt_worker(workers: int, data: bytes, reps: int, start: Any, out: Queue[Any]) -> None:
-    engine = SpeechToTextEngine(Settings(workers=workers))
+def _stt_worker(
+    workers: int, beam: int, data: bytes, reps: int, start: Any, out: Queue[Any]
+) -> None:
+    engine = SpeechToTextEngine(Settings(workers=workers, stt_beam_size=beam))
     engine.load()
     start.wait()
     cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -84,12 +86,12 @@ def _stt_worker(workers: int, data: bytes, reps: int, start: Any, out: Queue[Any
     out.put((audio, time.process_time() - cpu0, time.perf_counter() - wall0))
 
 
-def bench_stt(data: bytes, workers: int, reps: int) -> dict[str, float]:
+def bench_stt(data: bytes, workers: int, beam: int, reps: int) -> dict[str, float]:
     ctx = mp.get_context("spawn")
     start = ctx.Event()
     out: Queue[Any] = ctx.Queue()
     procs = [
-        ctx.Process(target=_stt_worker, args=(workers, data, reps, start, out))
+        ctx.Process(target=_stt_worker, args=(workers, beam, data, reps, start, out))
         for _ in range(workers)
     ]
     for proc in procs:
@@ -111,6 +113,7 @@ def bench_stt(data: bytes, workers: int, reps: int) -> dict[str, float]:
     wall = max(r[2] for r in results)
     return {
         "workers": workers,
+        "beam": beam,
         "audio_seconds": audio,
         "wall_seconds": wall,
         "rtf_wall": audio / wall,
@@ -118,8 +121,8 @@ def bench_stt(data: bytes, workers: int, reps: int) -> dict[str, float]:
     }
 
 
-def bench_wer(tts: TextToSpeechEngine) -> dict[str, float]:
-    stt = SpeechToTextEngine(Settings(workers=1))
+def bench_wer(tts: TextToSpeechEngine, beam: int) -> dict[str, float]:
+    stt = SpeechToTextEngine(Settings(workers=1, stt_beam_size=beam))
     stt.load()
     errors = total = 0
     for sentence in SENTENCES:
@@ -134,6 +137,7 @@ def bench_wer(tts: TextToSpeechEngine) -> dict[str, float]:
     assert joined.stt_result is not None
     je, jn = word_errors(text, joined.stt_result["text"])
     return {
+        "beam": beam,
         "sentences": len(SENTENCES),
         "words": total,
         "wer_each": errors / total,
@@ -148,6 +152,7 @@ def main() -> None:
     parser.add_argument(
         "--reps", type=int, default=2, help="transcriptions of the 30 s clip per worker"
     )
+    parser.add_argument("--beams", default="1,5", help="GENHOOK_STT_BEAM_SIZE values to run")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     print(f"cpu cores: {os.cpu_count()}, load average: {os.getloadavg()}")
@@ -157,11 +162,15 @@ def main() -> None:
     print("text-to-speech:", json.dumps(figures["tts"]))
     clip, seconds = thirty_seconds(tts)
     print(f"speech-to-text clip: {seconds:.1f} s of speech")
-    figures["stt"] = [bench_stt(clip, workers, args.reps) for workers in (1, 2)]
+    beams = [int(b) for b in args.beams.split(",")]
+    figures["stt"] = [
+        bench_stt(clip, workers, beam, args.reps) for beam in beams for workers in (1, 2)
+    ]
     for row in figures["stt"]:
         print("speech-to-text:", json.dumps(row))
-    figures["round_trip"] = bench_wer(tts)
-    print("round trip:", json.dumps(figures["round_trip"]))
+    figures["round_trip"] = [bench_wer(tts, beam) for beam in beams]
+    for row in figures["round_trip"]:
+        print("round trip:", json.dumps(row))
     print(f"load average after: {os.getloadavg()}")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))

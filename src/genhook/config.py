@@ -89,6 +89,8 @@ class Settings(BaseSettings):
     stt_max_duration_seconds: float = Field(default=600.0, gt=0, le=4 * 3600)
     # CPU threads per worker process for speech-to-text; 0 shares the cores among workers.
     stt_cpu_threads: int = Field(default=0, ge=0)
+    # 1 decodes greedily; more beams are a little more accurate and slower.
+    stt_beam_size: int = Field(default=1, ge=1, le=10)
 
     # Extra engines to register, as ``module:function`` names called with the registry.
     extra_engines: list[str] = Field(default_factory=list)

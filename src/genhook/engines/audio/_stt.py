@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 # Peak amplitude under which a recording counts as silence (about -60 dBFS).
 SILENCE_PEAK = 0.001
-BEAM_SIZE = 5
 
 
 def default_model_dir() -> Path:
@@ -81,7 +80,7 @@ class SpeechToTextEngine:
         segments, info = self._model.transcribe(
             audio.samples,
             language=language,
-            beam_size=BEAM_SIZE,
+            beam_size=self.settings.stt_beam_size,
             temperature=0.0,
             condition_on_previous_text=False,
             word_timestamps=words_wanted,
