@@ -81,6 +81,17 @@ class Settings(BaseSettings):
     # ``moderation_blocked_terms`` (see docs/engines/image-edit.md).
     moderation_builtin_terms: bool = True
 
+    # Audio models (docs/engines/text-to-speech.md, docs/engines/speech-to-text.md).
+    price_tts_per_1k_chars_usd: Decimal = Decimal("0.015")
+    price_stt_task_usd: Decimal = Decimal("0.006")
+    # A CTranslate2 Whisper model directory; unset uses the bundled English-only tiny.en.
+    stt_model_dir: Path | None = None
+    stt_max_duration_seconds: float = Field(default=600.0, gt=0, le=4 * 3600)
+    # CPU threads per worker process for speech-to-text; 0 shares the cores among workers.
+    stt_cpu_threads: int = Field(default=0, ge=0)
+    # 1 decodes greedily; more beams are a little more accurate and slower.
+    stt_beam_size: int = Field(default=1, ge=1, le=10)
+
     # Extra engines to register, as ``module:function`` names called with the registry.
     extra_engines: list[str] = Field(default_factory=list)
 

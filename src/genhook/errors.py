@@ -70,6 +70,8 @@ class ErrorCode(IntEnum):
     INPUT_UNSUPPORTED_FORMAT = 1004
     INPUT_CORRUPT = 1005
     INPUT_TOO_MANY_PIXELS = 1006
+    INPUT_AUDIO_TOO_LONG = 1101
+    INPUT_NO_SPEECH = 1102
 
     MODERATION_PROMPT_BLOCKED = 2001
     MODERATION_NSFW_INPUT = 2002
@@ -77,6 +79,7 @@ class ErrorCode(IntEnum):
     PROMPT_NOT_UNDERSTOOD = 3001
     INSTRUCTION_INVALID = 3002
     ENGINE_ERROR = 3099
+    LANGUAGE_UNSUPPORTED = 3101
 
     WORKER_LOST = 4001
     TIMEOUT = 4002
@@ -84,16 +87,22 @@ class ErrorCode(IntEnum):
 
 
 ERROR_CODE_DESCRIPTIONS: dict[ErrorCode, str] = {
-    ErrorCode.INPUT_FETCH_FAILED: "An input image URL could not be fetched (HTTP error, "
+    ErrorCode.INPUT_FETCH_FAILED: "An input image or audio URL could not be fetched (HTTP error, "
     "connection error or timeout).",
-    ErrorCode.INPUT_TOO_LARGE: "An input image is larger than the configured byte cap.",
-    ErrorCode.INPUT_ADDRESS_REFUSED: "An input image URL points at an address the target-"
+    ErrorCode.INPUT_TOO_LARGE: "An input image or audio file is larger than the configured "
+    "byte cap.",
+    ErrorCode.INPUT_ADDRESS_REFUSED: "An input image or audio URL points at an address the target-"
     "address policy refuses (private, loopback, link-local, ...).",
     ErrorCode.INPUT_UNSUPPORTED_FORMAT: "An input image is not one of JPEG, PNG, WEBP, BMP, "
-    "TIFF, GIF, HEIC, HEIF.",
-    ErrorCode.INPUT_CORRUPT: "An input image is truncated or cannot be decoded.",
+    "TIFF, GIF, HEIC, HEIF; or an input audio file is not audio or video the service reads, "
+    "or has no audio track.",
+    ErrorCode.INPUT_CORRUPT: "An input image or audio file is truncated or cannot be decoded, "
+    "or declares impossible parameters (sample rate, channels).",
     ErrorCode.INPUT_TOO_MANY_PIXELS: "An input image declares more pixels than the "
     "decompression-bomb limit; refused before decoding.",
+    ErrorCode.INPUT_AUDIO_TOO_LONG: "An input audio file is longer than "
+    "GENHOOK_STT_MAX_DURATION_SECONDS, by its header or by what it decodes to.",
+    ErrorCode.INPUT_NO_SPEECH: "An input audio file is silent or holds no recognisable speech.",
     ErrorCode.MODERATION_PROMPT_BLOCKED: "The prompt contains a term the moderation policy blocks.",
     ErrorCode.MODERATION_NSFW_INPUT: "An input image was classified NSFW and the moderation "
     "policy rejects NSFW inputs.",
@@ -101,6 +110,8 @@ ERROR_CODE_DESCRIPTIONS: dict[ErrorCode, str] = {
     "message lists the supported operations.",
     ErrorCode.INSTRUCTION_INVALID: "An instruction cannot be applied (for example it names "
     "image 3 of a two-image task).",
+    ErrorCode.LANGUAGE_UNSUPPORTED: "The requested language is not one the configured "
+    "speech-to-text model transcribes (the default model is English-only).",
     ErrorCode.ENGINE_ERROR: "The engine failed unexpectedly.",
     ErrorCode.WORKER_LOST: "The worker running the task stopped responding more times than "
     "the configured lease-loss limit.",

@@ -127,3 +127,33 @@ def test_live_fields_and_events_parse() -> None:
         ("completed:9", "completed", True),
     ]
     assert events[0].prediction.progress == 0.5
+
+
+def test_prediction_carries_a_typed_stt_result():
+    p = Prediction.from_json(
+        {
+            "id": "t",
+            "status": "completed",
+            "stt_result": {
+                "text": "Hello there.",
+                "language": "en",
+                "language_probability": 1,
+                "duration": 1.25,
+                "segments": [{"start": 0, "end": 1.2, "text": "Hello there."}, "junk"],
+                "words": [
+                    {"word": "Hello", "start": 0.0, "end": 0.5, "probability": 0.9},
+                    {"word": "there.", "start": 0.5, "end": 1.2, "probability": True},
+                ],
+            },
+        }
+    )
+    stt = p.stt_result
+    assert stt is not None and stt.text == "Hello there." and stt.language == "en"
+    assert stt.language_probability == 1.0 and stt.duration == 1.25
+    assert [s.text for s in stt.segments] == ["Hello there."]
+    assert [(w.word, w.start, w.end) for w in stt.words] == [
+        ("Hello", 0.0, 0.5),
+        ("there.", 0.5, 1.2),
+    ]
+    assert stt.words[1].probability == 0.0
+    assert Prediction.from_json({"stt_result": "no"}).stt_result is None

@@ -15,6 +15,7 @@ from genhook.api.errors import ERROR_RESPONSES
 from genhook.api.routes_watch import prefer_wait, result_response
 from genhook.api.schemas import PredictionResponse, UsageResponse
 from genhook.db import Account, Task, UsageLine
+from genhook.engines.audio import SpeechToTextRequest, TextToSpeechRequest
 from genhook.engines.edit_request import EditRequest
 from genhook.errors import NotFound
 from genhook.storage.blobs import valid_key
@@ -37,7 +38,24 @@ async def _caller(request: Request) -> tuple[AppState, Account]:
     return state, await current_account(request, state)
 
 
-def _submit_route(path_name: str, summary: str) -> None:
+_AUDIO_SUBMIT_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "oneOf": [
+                        TextToSpeechRequest.model_json_schema(),
+                        SpeechToTextRequest.model_json_schema(),
+                    ]
+                }
+            }
+        },
+    }
+}
+
+
+def _submit_route(path_name: str, summary: str, doc: dict[str, Any] = _SUBMIT_DOC) -> None:
     async def endpoint(request: Request) -> Any:
         state, account = await _caller(request)
         wait = prefer_wait(request, state.settings.wait_max_seconds)
@@ -55,14 +73,16 @@ def _submit_route(path_name: str, summary: str) -> None:
         summary=summary,
         response_model=PredictionResponse,
         responses=ERROR_RESPONSES,
-        openapi_extra=_SUBMIT_DOC,
+        openapi_extra=doc,
         tags=["tasks"],
     )
 
 
 _submit_route("generateImage", "Submit an image task (the image-edit model and other image models)")
 _submit_route("generateVideo", "Submit a video task (also accepts the image-edit model)")
-_submit_route("generateAudio", "Submit an audio task")
+_submit_route(
+    "generateAudio", "Submit an audio task (text-to-speech, speech-to-text)", _AUDIO_SUBMIT_DOC
+)
 
 
 @router.get(

@@ -16,6 +16,28 @@ class LogLineModel(BaseModel):
     message: str
 
 
+class SttSegment(BaseModel):
+    start: float = Field(description="Seconds from the start of the audio.")
+    end: float
+    text: str
+
+
+class SttWord(BaseModel):
+    word: str
+    start: float = Field(description="Seconds from the start of the audio.")
+    end: float
+    probability: float = Field(description="The model's confidence in the word, 0 to 1.")
+
+
+class SttResult(BaseModel):
+    text: str = Field(description="The full transcript.")
+    language: str = Field(description="The spoken language, given or detected (ISO 639-1).")
+    language_probability: float
+    duration: float = Field(description="Seconds of audio transcribed.")
+    segments: list[SttSegment]
+    words: list[SttWord] = Field(description="Empty when word_timestamps is false.")
+
+
 class PredictionResponse(BaseModel):
     id: str = Field(description="Task id; fetch the result with it.")
     model: str
@@ -50,6 +72,9 @@ class PredictionResponse(BaseModel):
 class TaskListResponse(BaseModel):
     items: list[PredictionResponse] = Field(description="Newest first.")
     next_cursor: str | None = Field(description="Pass as cursor for the next page; null: last.")
+    stt_result: SttResult | None = Field(
+        default=None, description="The transcript of a completed speech-to-text task."
+    )
 
 
 class UsageItem(BaseModel):

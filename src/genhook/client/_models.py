@@ -47,6 +47,67 @@ class LogLine:
         ]
 
 
+def _float(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+@dataclass(frozen=True, slots=True)
+class SttSegment:
+    """A stretch of the transcript; times in seconds from the start of the audio."""
+
+    start: float
+    end: float
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class SttWord:
+    """One word with its timing and the model's confidence (0 to 1)."""
+
+    word: str
+    start: float
+    end: float
+    probability: float
+
+
+@dataclass(frozen=True, slots=True)
+class SttResult:
+    """The ``stt_result`` of a completed speech-to-text task."""
+
+    text: str
+    language: str
+    language_probability: float
+    duration: float
+    segments: list[SttSegment] = field(default_factory=list)
+    words: list[SttWord] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SttResult:
+        return cls(
+            text=_str_or_none(data.get("text")) or "",
+            language=_str_or_none(data.get("language")) or "",
+            language_probability=_float(data.get("language_probability")),
+            duration=_float(data.get("duration")),
+            segments=[
+                SttSegment(_float(s.get("start")), _float(s.get("end")), str(s.get("text", "")))
+                for s in _dicts(data.get("segments"))
+            ],
+            words=[
+                SttWord(
+                    str(w.get("word", "")),
+                    _float(w.get("start")),
+                    _float(w.get("end")),
+                    _float(w.get("probability")),
+                )
+                for w in _dicts(data.get("words"))
+            ],
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Prediction:
     """A task as the submit and result endpoints (and a webhook's ``payload``) describe it."""
@@ -69,6 +130,7 @@ class Prediction:
     progress: float | None = None
     # Engine log lines: all of them with ``result(logs=True)``, the new ones in an event.
     logs: list[LogLine] = field(default_factory=list)
+    stt_result: SttResult | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -95,6 +157,9 @@ class Prediction:
             started_at=_str_or_none(data.get("started_at")),
             progress=_float_or_none(data.get("progress")),
             logs=LogLine.parse_list(data.get("logs")),
+            stt_result=SttResult.from_json(stt)
+            if isinstance(stt := data.get("stt_result"), dict)
+            else None,
             raw=data,
         )
 

@@ -32,9 +32,11 @@ def _no_report(progress: float | None = None, log: str | None = None) -> None:
 class EngineJob:
     task_id: str
     model: str
-    # Validated request fields, without ``images`` and ``webhook_url`` (never passed on).
+    # Validated request fields, without input files (``images``, ``audio``) and
+    # ``webhook_url`` (never passed on).
     params: Mapping[str, Any]
-    # Input images as raw bytes, in request order, already fetched and size-capped.
+    # Input files (images, or a speech-to-text model's audio) as raw bytes, in request
+    # order, already fetched and size-capped.
     images: list[bytes]
     # ``report(progress=0.5, log="line")`` from the engine's thread: progress 0 to 1 and/or a
     # short log line, shown in the result and its event stream. Cheap; the worker throttles.
@@ -53,6 +55,8 @@ class EngineResult:
     outputs: list[EngineOutput]
     # Shown to the user in the result under ``info`` (e.g. how the prompt was understood).
     info: dict[str, Any] = field(default_factory=dict)
+    # A speech-to-text model's structured transcript, shown as ``stt_result``.
+    stt_result: dict[str, Any] | None = None
 
 
 class Engine(Protocol):

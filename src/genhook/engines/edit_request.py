@@ -56,11 +56,15 @@ IMAGE_REFS = "image_refs"
 
 @dataclass(frozen=True, slots=True)
 class ImageRef:
-    """One ``images`` item: either a URL to fetch later or decoded data-URL bytes."""
+    """One input (an ``images`` item, or another model's input file): either a URL to fetch
+    later or decoded data-URL bytes."""
 
     url: str | None = None
     data: bytes | None = None
     format: str | None = None
+    # For non-image inputs: the stored blob's type and the request field errors name.
+    content_type: str | None = None
+    field: str | None = None
 
 
 def parse_image_ref(value: str) -> ImageRef:

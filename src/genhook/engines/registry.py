@@ -13,6 +13,7 @@ from decimal import Decimal
 from pydantic import BaseModel
 
 from genhook.config import Settings
+from genhook.engines.audio import STT_SPEC, TTS_SPEC
 from genhook.engines.base import Charge, Engine, ModelKind, ModelSpec
 from genhook.engines.edit_request import EditRequest
 
@@ -88,6 +89,8 @@ IMAGE_EDIT_SPEC = ModelSpec(
 def build_registry(settings: Settings) -> Registry:
     registry = Registry()
     registry.register(IMAGE_EDIT_SPEC)
+    registry.register(TTS_SPEC)
+    registry.register(STT_SPEC)
     for target in settings.extra_engines:
         module_name, _, func_name = target.partition(":")
         module = importlib.import_module(module_name)

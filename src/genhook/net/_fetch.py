@@ -94,7 +94,7 @@ async def _read_capped(response: aiohttp.ClientResponse, max_bytes: int) -> byte
 
 
 def _failed(why: str) -> TaskFailure:
-    return TaskFailure(ErrorCode.INPUT_FETCH_FAILED, f"an input image could not be fetched: {why}")
+    return TaskFailure(ErrorCode.INPUT_FETCH_FAILED, f"the input could not be fetched: {why}")
 
 
 def _refusal(exc: AddressRefused) -> TaskFailure:
@@ -104,11 +104,11 @@ def _refusal(exc: AddressRefused) -> TaskFailure:
 def _refused() -> TaskFailure:
     return TaskFailure(
         ErrorCode.INPUT_ADDRESS_REFUSED,
-        "an input image URL points at an address the service does not connect to",
+        "the input URL points at an address the service does not connect to",
     )
 
 
 def _too_large(max_bytes: int) -> TaskFailure:
     return TaskFailure(
-        ErrorCode.INPUT_TOO_LARGE, f"an input image is larger than the {max_bytes}-byte limit"
+        ErrorCode.INPUT_TOO_LARGE, f"the input is larger than the {max_bytes}-byte limit"
     )

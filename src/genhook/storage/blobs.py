@@ -44,6 +44,12 @@ CONTENT_TYPE_BY_EXTENSION = {
     ".gif": "image/gif",
     ".heic": "image/heic",
     ".heif": "image/heif",
+    ".mp3": "audio/mpeg",
+    ".wav": "audio/wav",
+    ".ogg": "audio/ogg",
+    ".flac": "audio/flac",
+    ".json": "application/json",
+    ".srt": "application/x-subrip",
 }
 
 

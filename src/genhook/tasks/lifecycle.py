@@ -127,12 +127,12 @@ class Lifecycle:
         outputs: list[str],
         nsfw: list[bool],
         info: dict[str, Any],
+        stt_result: dict[str, Any] | None = None,
     ) -> bool:
-        return await self._finish(
-            task_id,
-            worker_id,
-            dict(status="completed", outputs=outputs, has_nsfw_contents=nsfw, info=info),
-        )
+        values = dict(status="completed", outputs=outputs, has_nsfw_contents=nsfw, info=info)
+        if stt_result is not None:
+            values["stt_result"] = stt_result
+        return await self._finish(task_id, worker_id, values)
 
     async def fail(
         self,

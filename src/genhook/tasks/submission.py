@@ -127,7 +127,7 @@ class Submitter:
             model=spec.id,
             kind=spec.kind.value,
             status="created",
-            params=request.model_dump(mode="json", exclude={"images", "webhook_url"}),
+            params=request.model_dump(mode="json", exclude={"images", "audio", "webhook_url"}),
             inputs=inputs,
             webhook_url=webhook_url,
             created_at=now,
@@ -193,13 +193,15 @@ def input_rows(
     for index, ref in enumerate(refs):
         if ref.data is not None and ref.format is not None:
             key = f"inputs/{task_id}_{index}.{ref.format}"
-            content_type = CONTENT_TYPES[ref.format]
+            content_type = ref.content_type or CONTENT_TYPES[ref.format]
             blobs.append(
                 {"key": key, "content_type": content_type, "data": ref.data, "created_at": now}
             )
             inputs.append({"blob": key, "format": ref.format})
         else:
             inputs.append({"url": ref.url})
+        if ref.field is not None:
+            inputs[-1]["field"] = ref.field
     return inputs, blobs
 
 

@@ -60,6 +60,8 @@ async def prediction_view(
         view["error"] = task.error_message or TIMEOUT_MESSAGE
     if task.info:
         view["info"] = task.info
+    if task.status == "completed" and task.stt_result is not None:
+        view["stt_result"] = task.stt_result
     if task.finished_at is not None:
         view["completed_at"] = iso_ms(task.finished_at)
     return view

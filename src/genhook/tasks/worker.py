@@ -197,6 +197,7 @@ class Worker:
             outputs=keys,
             nsfw=[output.nsfw for output in result.outputs],
             info=result.info,
+            stt_result=result.stt_result,
         )
         if not done:
             for key in keys:
@@ -229,7 +230,8 @@ class Worker:
                     )
                 )
             except TaskFailure as failure:
-                raise TaskFailure(failure.code, f"images[{index}]: {failure.message}") from None
+                label = item.get("field") or f"images[{index}]"
+                raise TaskFailure(failure.code, f"{label}: {failure.message}") from None
         return images
 
     async def _store_outputs(self, result: EngineResult) -> list[str]:

@@ -1,0 +1,180 @@
+"""Benchmark of the two audio models on the CPU.
+
+- Text-to-speech real-time factor: seconds of speech produced per second of CPU, for the
+  known sentences spoken as one text and encoded to MP3 (synthesis and encoding included).
+- Speech-to-text real-time factor on 30 s of speech (WAV, decoding included), with the
+  default model: seconds of audio transcribed per second of wall time, by 1 and by 2 worker
+  processes (multiprocessing, spawn, one model per process and the cores shared among them,
+  as ``genhook serve`` runs it), and per second of CPU; greedy (the default) and 5 beams.
+- Round-trip word error rate: every known sentence spoken, then transcribed back, alone and
+  all together.
+
+    .venv/bin/python benchmarks/audio.py                 # everything
+    .venv/bin/python benchmarks/audio.py --reps 4 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from multiprocessing.queues import Queue
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support.speech import SENTENCES, word_errors
+
+from genhook.config import Settings
+from genhook.engines.audio._stt import SpeechToTextEngine
+from genhook.engines.audio._tts import TextToSpeechEngine
+from genhook.engines.base import EngineJob
+
+TARGET_SECONDS = 30.0
+
+
+def speak(engine: TextToSpeechEngine, text: str, fmt: str = "wav") -> tuple[bytes, float]:
+    params = {"prompt": text, "output_format": fmt, "sample_rate": 16000 if fmt == "wav" else 24000}
+    result = engine.run(EngineJob("bench", "genhook/text-to-speech", params, []))
+    return result.outputs[0].data, float(result.info["duration_seconds"])
+
+
+def thirty_seconds(engine: TextToSpeechEngine) -> tuple[bytes, float]:
+    """About 30 s of speech: as many sentences as fit."""
+    chosen: list[str] = []
+    for sentence in SENTENCES * 2:
+        trial = " ".join([*chosen, sentence])
+        if speak(engine, trial)[1] > TARGET_SECONDS:
+            break
+        chosen.append(sentence)
+    return speak(engine, " ".join(chosen))
+
+
+def bench_tts(engine: TextToSpeechEngine, reps: int) -> dict[str, float]:
+    text = " ".join(SENTENCES)
+    audio = cpu = wall = 0.0
+    for _ in range(reps):
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        _, seconds = speak(engine, text, "mp3")
+        cpu += time.process_time() - cpu0
+        wall += time.perf_counter() - wall0
+        audio += seconds
+    return {
+        "audio_seconds": audio,
+        "cpu_seconds": cpu,
+        "rtf_cpu": audio / cpu,
+        "rtf_wall": audio / wall,
+    }
+
+
+def _stt_worker(
+    workers: int, beam: int, data: bytes, reps: int, start: Any, out: Queue[Any]
+) -> None:
+    engine = SpeechToTextEngine(Settings(workers=workers, stt_beam_size=beam))
+    engine.load()
+    start.wait()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    audio = 0.0
+    for _ in range(reps):
+        result = engine.run(EngineJob("bench", "genhook/speech-to-text", {}, [data]))
+        assert result.stt_result is not None
+        audio += result.stt_result["duration"]
+    out.put((audio, time.process_time() - cpu0, time.perf_counter() - wall0))
+
+
+def bench_stt(data: bytes, workers: int, beam: int, reps: int) -> dict[str, float]:
+    ctx = mp.get_context("spawn")
+    start = ctx.Event()
+    out: Queue[Any] = ctx.Queue()
+    procs = [
+        ctx.Process(target=_stt_worker, args=(workers, beam, data, reps, start, out))
+        for _ in range(workers)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        time.sleep(0.5)
+        results = []
+        start.set()
+        for _ in procs:
+            results.append(out.get(timeout=600))
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    audio = sum(r[0] for r in results)
+    cpu = sum(r[1] for r in results)
+    wall = max(r[2] for r in results)
+    return {
+        "workers": workers,
+        "beam": beam,
+        "audio_seconds": audio,
+        "wall_seconds": wall,
+        "rtf_wall": audio / wall,
+        "rtf_cpu": audio / cpu,
+    }
+
+
+def bench_wer(tts: TextToSpeechEngine, beam: int) -> dict[str, float]:
+    stt = SpeechToTextEngine(Settings(workers=1, stt_beam_size=beam))
+    stt.load()
+    errors = total = 0
+    for sentence in SENTENCES:
+        data, _ = speak(tts, sentence)
+        result = stt.run(EngineJob("bench", "genhook/speech-to-text", {}, [data]))
+        assert result.stt_result is not None
+        e, n = word_errors(sentence, result.stt_result["text"])
+        errors, total = errors + e, total + n
+    text = " ".join(SENTENCES)
+    data, _ = speak(tts, text)
+    joined = stt.run(EngineJob("bench", "genhook/speech-to-text", {}, [data]))
+    assert joined.stt_result is not None
+    je, jn = word_errors(text, joined.stt_result["text"])
+    return {
+        "beam": beam,
+        "sentences": len(SENTENCES),
+        "words": total,
+        "wer_each": errors / total,
+        "wer_joined": je / jn,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--reps", type=int, default=2, help="transcriptions of the 30 s clip per worker"
+    )
+    parser.add_argument("--beams", default="1,5", help="GENHOOK_STT_BEAM_SIZE values to run")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    print(f"cpu cores: {os.cpu_count()}, load average: {os.getloadavg()}")
+    tts = TextToSpeechEngine(Settings())
+    tts.load()
+    figures: dict[str, Any] = {"tts": bench_tts(tts, max(3, args.reps))}
+    print("text-to-speech:", json.dumps(figures["tts"]))
+    clip, seconds = thirty_seconds(tts)
+    print(f"speech-to-text clip: {seconds:.1f} s of speech")
+    beams = [int(b) for b in args.beams.split(",")]
+    figures["stt"] = [
+        bench_stt(clip, workers, beam, args.reps) for beam in beams for workers in (1, 2)
+    ]
+    for row in figures["stt"]:
+        print("speech-to-text:", json.dumps(row))
+    figures["round_trip"] = [bench_wer(tts, beam) for beam in beams]
+    for row in figures["round_trip"]:
+        print("round trip:", json.dumps(row))
+    print(f"load average after: {os.getloadavg()}")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

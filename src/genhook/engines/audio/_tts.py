@@ -1,0 +1,48 @@
+"""``genhook/text-to-speech``: eSpeak NG speech, encoded by PyAV."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from genhook.engines.audio._codec import ENCODINGS, encode
+from genhook.engines.audio._espeak import Espeak
+from genhook.engines.base import EngineJob, EngineOutput, EngineResult
+from genhook.errors import ErrorCode, TaskFailure
+
+if TYPE_CHECKING:
+    from genhook.config import Settings
+
+
+class TextToSpeechEngine:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._espeak: Espeak | None = None
+
+    def load(self) -> None:
+        self._espeak = Espeak.get()
+
+    def run(self, job: EngineJob) -> EngineResult:
+        espeak = self._espeak or Espeak.get()
+        params = job.params
+        text: str = params["prompt"]
+        voice: str = params.get("voice", "en-us")
+        fmt: str = params.get("output_format", "mp3")
+        rate: int = params.get("sample_rate", 24000)
+        try:
+            samples = espeak.synthesize(text, voice, float(params.get("speed", 1.0)))
+        except ValueError as exc:
+            raise TaskFailure(ErrorCode.INSTRUCTION_INVALID, str(exc)) from None
+        if len(samples) == 0:
+            raise TaskFailure(ErrorCode.PROMPT_NOT_UNDERSTOOD, "the text holds nothing to speak")
+        data = encode(samples, espeak.sample_rate, fmt, rate)
+        duration = len(samples) / espeak.sample_rate
+        return EngineResult(
+            outputs=[EngineOutput(data=data, content_type=ENCODINGS[fmt][3])],
+            info={
+                "duration_seconds": round(duration, 3),
+                "voice": voice,
+                "sample_rate": rate,
+                "output_format": fmt,
+                "characters": len(text),
+            },
+        )

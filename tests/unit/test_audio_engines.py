@@ -1,0 +1,223 @@
+"""The audio engines on real audio: speech made by the text-to-speech model is transcribed
+back by the speech-to-text model, every output format decodes, every accepted input format
+transcribes, and hostile files fail with their documented error codes."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import struct
+from typing import Any
+
+import av
+import numpy as np
+import pytest
+
+from genhook.config import Settings
+from genhook.engines.audio._requests import TextToSpeechRequest
+from genhook.engines.audio._stt import SpeechToTextEngine, to_srt
+from genhook.engines.audio._tts import TextToSpeechEngine
+from genhook.engines.base import EngineJob
+from genhook.errors import ErrorCode, TaskFailure
+from tests.support.speech import SENTENCES, transcode, word_error_rate
+
+# Measured on the bundled tiny.en (int8, greedy): 2.2% over all SENTENCES spoken as one
+# recording, 12.1% when each sentence is transcribed alone (docs/performance.md).
+MAX_ROUND_TRIP_WER = 0.10
+SHORT = "We will meet at the library on Monday morning."
+
+
+@pytest.fixture(scope="module")
+def tts() -> TextToSpeechEngine:
+    engine = TextToSpeechEngine(Settings(workers=1))
+    engine.load()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def stt() -> SpeechToTextEngine:
+    engine = SpeechToTextEngine(Settings(workers=1, stt_max_duration_seconds=120))
+    engine.load()
+    return engine
+
+
+def speak(tts: TextToSpeechEngine, text: str, **params: Any) -> tuple[bytes, dict[str, Any]]:
+    values: dict[str, Any] = {"prompt": text, "output_format": "wav", "sample_rate": 16000}
+    values.update(params)
+    result = tts.run(EngineJob("t", "genhook/text-to-speech", values, []))
+    assert len(result.outputs) == 1
+    return result.outputs[0].data, result.info
+
+
+def transcribe(stt: SpeechToTextEngine, data: bytes, **params: Any) -> dict[str, Any]:
+    result = stt.run(EngineJob("t", "genhook/speech-to-text", params, [data]))
+    assert result.stt_result is not None
+    return result.stt_result
+
+
+def failure(stt: SpeechToTextEngine, data: bytes, **params: Any) -> TaskFailure:
+    with pytest.raises(TaskFailure) as caught:
+        transcribe(stt, data, **params)
+    return caught.value
+
+
+def test_round_trip_word_error_rate(tts: TextToSpeechEngine, stt: SpeechToTextEngine) -> None:
+    text = " ".join(SENTENCES)
+    audio, info = speak(tts, text)
+    result = transcribe(stt, audio, word_timestamps=True)
+    assert word_error_rate(text, result["text"]) <= MAX_ROUND_TRIP_WER, result["text"]
+    assert result["language"] == "en"
+    assert result["duration"] == pytest.approx(info["duration_seconds"], abs=0.05)
+    words = result["words"]
+    assert len(words) >= 0.9 * len(text.split())
+    starts = [w["start"] for w in words]
+    assert starts == sorted(starts)
+    for word, following in itertools.pairwise(words):
+        assert 0 <= word["start"] <= word["end"] <= following["start"] <= result["duration"]
+        assert 0 <= word["probability"] <= 1
+    assert words[-1]["end"] <= result["duration"]
+    segments = result["segments"]
+    assert segments and all(s["start"] <= s["end"] <= result["duration"] for s in segments)
+    assert [s["start"] for s in segments] == sorted(s["start"] for s in segments)
+    srt = to_srt(result)
+    assert srt.startswith("1\n00:00:00,") and " --> " in srt
+
+
+@pytest.mark.parametrize(
+    ("fmt", "container", "codecs", "rate"),
+    [
+        ("mp3", "mp3", {"mp3", "mp3float"}, 24000),
+        ("wav", "wav", {"pcm_s16le"}, 22050),
+        ("ogg", "ogg", {"opus", "libopus"}, 48000),
+        ("flac", "flac", {"flac"}, 44100),
+    ],
+)
+def test_every_output_format_decodes(
+    tts: TextToSpeechEngine, fmt: str, container: str, codecs: set[str], rate: int
+) -> None:
+    data, info = speak(tts, SHORT, output_format=fmt, sample_rate=rate)
+    with av.open(io.BytesIO(data)) as decoded:
+        assert decoded.format.name == container
+        stream = decoded.streams.audio[0]
+        assert stream.codec_context.name in codecs
+        assert stream.codec_context.sample_rate == rate
+        samples = sum(frame.samples for frame in decoded.decode(stream))
+    # Encoder priming and padding add a few milliseconds, never more.
+    assert samples / rate == pytest.approx(info["duration_seconds"], abs=0.08)
+    assert 1.5 < info["duration_seconds"] < 5
+    assert info["voice"] == "en-us" and info["characters"] == len(SHORT)
+
+
+def test_speed_changes_duration(tts: TextToSpeechEngine) -> None:
+    _, normal = speak(tts, SHORT)
+    _, fast = speak(tts, SHORT, speed=2.0)
+    _, slow = speak(tts, SHORT, speed=0.5)
+    assert fast["duration_seconds"] < 0.7 * normal["duration_seconds"]
+    assert slow["duration_seconds"] > 1.5 * normal["duration_seconds"]
+
+
+def test_other_languages_speak(tts: TextToSpeechEngine) -> None:
+    _, info = speak(tts, "Bonjour, comment allez-vous aujourd'hui ?", voice="fr")
+    assert info["voice"] == "fr" and info["duration_seconds"] > 1
+    # Variants are matched without case and passed on as eSpeak NG names them.
+    voice = TextToSpeechRequest(model="m", prompt="x", voice="EN-US+alex").voice
+    _, info = speak(tts, SHORT, voice=voice)
+    assert info["voice"] == "en-us+Alex" and info["duration_seconds"] > 1
+
+
+@pytest.mark.parametrize(
+    ("container", "codec", "video"),
+    [
+        ("mp3", "libmp3lame", False),
+        ("ogg", "libopus", False),
+        ("flac", "flac", False),
+        ("ipod", "aac", False),  # .m4a
+        ("adts", "aac", False),  # raw AAC
+        ("webm", "libopus", False),
+        ("mp4", "aac", True),  # a video with a sound track
+        ("matroska", "libopus", True),
+    ],
+)
+def test_accepted_input_formats_transcribe(
+    tts: TextToSpeechEngine, stt: SpeechToTextEngine, container: str, codec: str, video: bool
+) -> None:
+    wav, _ = speak(tts, SHORT)
+    data = transcode(wav, container, codec, video=video)
+    result = transcribe(stt, data, word_timestamps=False)
+    assert word_error_rate(SHORT, result["text"]) <= 0.25, result["text"]
+    assert result["words"] == []
+
+
+def wav_header(rate: int, channels: int, data_bytes: int) -> bytes:
+    block = channels * 2
+    return (
+        b"RIFF"
+        + struct.pack("<I", 36 + data_bytes)
+        + b"WAVEfmt "
+        + struct.pack("<IHHIIHH", 16, 1, channels, rate, rate * block, block, 16)
+        + b"data"
+        + struct.pack("<I", data_bytes)
+    )
+
+
+def pcm(seconds: float, rate: int = 16000, amplitude: float = 0.0) -> bytes:
+    t = np.arange(int(seconds * rate)) / rate
+    return (np.sin(2 * np.pi * 220 * t) * amplitude * 32767).astype("<i2").tobytes()
+
+
+def test_not_audio_fails(stt: SpeechToTextEngine) -> None:
+    for data in [b"\x89PNG\r\n\x1a\n" + bytes(200), b"hello, this is text", bytes(4096)]:
+        assert failure(stt, data).code == ErrorCode.INPUT_UNSUPPORTED_FORMAT
+
+
+def test_truncated_audio_fails(tts: TextToSpeechEngine, stt: SpeechToTextEngine) -> None:
+    wav, _ = speak(tts, " ".join(SENTENCES[:3]))
+    assert failure(stt, wav[: len(wav) // 3]).code == ErrorCode.INPUT_CORRUPT
+    flac = transcode(wav, "flac", "flac")
+    assert failure(stt, flac[: len(flac) // 3]).code == ErrorCode.INPUT_CORRUPT
+
+
+def test_silence_fails(stt: SpeechToTextEngine) -> None:
+    silent = pcm(3.0)
+    assert (
+        failure(stt, wav_header(16000, 1, len(silent)) + silent).code == ErrorCode.INPUT_NO_SPEECH
+    )
+
+
+def test_too_long_fails_before_decoding_the_rest(stt: SpeechToTextEngine) -> None:
+    long = pcm(130.0, rate=8000, amplitude=0.2)
+    caught = failure(stt, wav_header(8000, 1, len(long)) + long)
+    assert caught.code == ErrorCode.INPUT_AUDIO_TOO_LONG
+    assert "120-second limit" in caught.message
+
+
+def test_decoder_bombs_fail(tts: TextToSpeechEngine, stt: SpeechToTextEngine) -> None:
+    # An hour of silence compresses to a small FLAC: refused by what it declares.
+    hour = transcode(wav_header(8000, 1, 8000 * 2 * 3600) + bytes(8000 * 2 * 3600), "flac", "flac")
+    assert len(hour) < 2_000_000
+    assert failure(stt, hour).code == ErrorCode.INPUT_AUDIO_TOO_LONG
+    # A raw ADTS stream declares nothing; decoding stops at the limit.
+    wav, _ = speak(tts, " ".join(SENTENCES))
+    looped = transcode(wav, "adts", "aac") * 2
+    assert failure(stt, looped).code == ErrorCode.INPUT_AUDIO_TOO_LONG
+    # Absurd parameters are refused before decoding.
+    body = pcm(1.0, amplitude=0.2)
+    for rate, channels in [(2_000_000_000, 1), (16000, 4000)]:
+        caught = failure(stt, wav_header(rate, channels, len(body)) + body)
+        assert caught.code in (ErrorCode.INPUT_CORRUPT, ErrorCode.INPUT_UNSUPPORTED_FORMAT)
+
+
+def test_english_only_model_refuses_other_languages(
+    tts: TextToSpeechEngine, stt: SpeechToTextEngine
+) -> None:
+    wav, _ = speak(tts, SHORT)
+    assert failure(stt, wav, language="fr").code == ErrorCode.LANGUAGE_UNSUPPORTED
+    assert transcribe(stt, wav, language="en")["language"] == "en"
+
+
+def test_language_codes_are_whispers() -> None:
+    from faster_whisper.tokenizer import _LANGUAGE_CODES
+
+    from genhook.engines.audio._requests import WHISPER_LANGUAGES
+
+    assert frozenset(_LANGUAGE_CODES) == WHISPER_LANGUAGES
