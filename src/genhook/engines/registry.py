@@ -88,6 +88,9 @@ IMAGE_EDIT_SPEC = ModelSpec(
 def build_registry(settings: Settings) -> Registry:
     registry = Registry()
     registry.register(IMAGE_EDIT_SPEC)
+    from genhook.engines.image_to_video import video_spec
+
+    registry.register(video_spec(settings))
     for target in settings.extra_engines:
         module_name, _, func_name = target.partition(":")
         module = importlib.import_module(module_name)
