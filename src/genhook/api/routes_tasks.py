@@ -11,7 +11,8 @@ from sqlalchemy import func, select
 
 from genhook.api.bodies import read_json_body
 from genhook.api.deps import AccountDep, AppState, StateDep, current_account, get_state
-from genhook.api.errors import ERROR_RESPONSES
+from genhook.api.errors import ERROR_RESPONSES, ErrorResponse
+from genhook.api.ranges import ranged_response
 from genhook.api.schemas import PredictionResponse, UsageResponse
 from genhook.db import Account, Task, UsageLine
 from genhook.engines.edit_request import EditRequest
@@ -81,19 +82,25 @@ async def get_result(request_id: str, request: Request) -> Any:
     "/api/v1/outputs/{key:path}",
     tags=["tasks"],
     summary="Download an output (the unguessable URL is the credential)",
-    responses={200: {"content": {"image/jpeg": {}, "image/png": {}}}, 404: ERROR_RESPONSES[404]},
+    responses={
+        200: {"content": {"image/jpeg": {}, "image/png": {}, "video/mp4": {}}},
+        206: {"description": "One byte range of the output (HTTP Range requests)"},
+        404: ERROR_RESPONSES[404],
+        416: {"model": ErrorResponse, "description": "The byte range is past the output's end."},
+    },
 )
-async def get_output(key: str, state: StateDep) -> Response:
+async def get_output(key: str, state: StateDep, request: Request) -> Response:
     if not key.startswith("outputs/") or not valid_key(key):
         raise NotFound("no such output")
     blob = await state.storage.get(key)
     if blob is None:
         raise NotFound("no such output")
     data, content_type = blob
-    return Response(
+    return ranged_response(
         data,
-        media_type=content_type,
-        headers={"Cache-Control": "private, max-age=31536000, immutable"},
+        content_type,
+        request.headers.get("range"),
+        {"Cache-Control": "private, max-age=31536000, immutable"},
     )
 
 

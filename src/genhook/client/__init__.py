@@ -13,7 +13,7 @@ from genhook.client._event import (
 )
 from genhook.client._images import ImageInput, data_url
 from genhook.client._jwks import parse_jwks
-from genhook.client._models import TERMINAL_STATUSES, Prediction, Usage, UsageItem
+from genhook.client._models import TERMINAL_STATUSES, ModelInfo, Prediction, Usage, UsageItem
 from genhook.client._starlette import verify_request, webhook_dependency
 from genhook.client._verifier import WebhookVerifier
 from genhook.errors import (
@@ -39,6 +39,7 @@ __all__ = [
     "ImageInput",
     "InvalidRequest",
     "MemoryDedupStore",
+    "ModelInfo",
     "NotFound",
     "PayloadTooLarge",
     "Prediction",

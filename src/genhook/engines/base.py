@@ -32,6 +32,8 @@ class EngineJob:
     params: Mapping[str, Any]
     # Input images as raw bytes, in request order, already fetched and size-capped.
     images: list[bytes]
+    # The task's deadline (Unix seconds): long engines stop computing past it.
+    deadline: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,8 @@ class ModelSpec:
     # Submit paths (by kind) that accept this model; always includes ``kind``.
     accepted_on: frozenset[ModelKind] = frozenset()
     description: str = ""
+    # The catalogue's price list: ``{"summary": words, "unit": ..., "prices_usd": {...}}``.
+    price_list: Callable[[Settings], dict[str, Any]] | None = None
 
     def accepts(self, path_kind: ModelKind) -> bool:
         return path_kind == self.kind or path_kind in self.accepted_on

@@ -8,12 +8,12 @@ See ``docs/engines/image-to-video.md``.
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from genhook.engines.base import Charge, ModelKind, ModelSpec
-from genhook.engines.video_request import VideoRequest, frame_size
+from genhook.engines.video_request import SHORT_SIDES, VideoRequest, frame_size
 
 if TYPE_CHECKING:
     from genhook.config import Settings
@@ -50,6 +50,16 @@ def video_pricing(settings: Settings, request: BaseModel) -> Charge:
     )
 
 
+def video_price_list(settings: Settings) -> dict[str, Any]:
+    prices = {name: video_price_per_second(settings, name) for name in SHORT_SIDES}
+    words = ", ".join(f"{price} USD at {name}" for name, price in prices.items())
+    return {
+        "summary": f"per second of output video: {words}",
+        "unit": "second",
+        "prices_usd": {name: str(price) for name, price in prices.items()},
+    }
+
+
 def _engine(settings: Settings) -> Engine:
     from genhook.engines.image_to_video._engine import ImageToVideoEngine
 
@@ -63,6 +73,7 @@ def video_spec(settings: Settings) -> ModelSpec:
         request_schema=VideoRequest,
         engine_factory=_engine,
         pricing=video_pricing,
+        price_list=video_price_list,
         deadline_seconds=settings.video_deadline_seconds,
         description=(
             "Animates 1 to 10 images into an H.264 MP4 on the CPU: camera moves, fades and "

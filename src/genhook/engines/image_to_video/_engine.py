@@ -184,7 +184,9 @@ class ImageToVideoEngine:
         timeline = Timeline(len(stills), float(duration), transition, overlap)
 
         started = time.perf_counter()
-        data, samples = self._encode(stills, motion, timeline, decor, size, fps, duration)
+        data, samples = self._encode(
+            stills, motion, timeline, decor, size, fps, duration, job.deadline
+        )
         elapsed = time.perf_counter() - started
         del stills
         nsfw_score = max(
@@ -226,6 +228,7 @@ class ImageToVideoEngine:
         size: tuple[int, int],
         fps: int,
         duration: int,
+        deadline: float | None,
     ) -> tuple[bytes, list[Image.Image]]:
         """Make and encode the frames one at a time into an MP4 with the index up front."""
         inner = decor.inner
@@ -255,6 +258,13 @@ class ImageToVideoEngine:
                 stream.width, stream.height = size
                 stream.pix_fmt = "yuv420p"
                 for number in range(frames):
+                    if deadline is not None and time.time() >= deadline:
+                        # The worker ends the task `timeout`; stop spending the CPU on it.
+                        raise TaskFailure(
+                            ErrorCode.TIMEOUT,
+                            f"the video was not finished by its deadline ({number} of "
+                            f"{frames} frames made)",
+                        )
                     t = (number + 0.5) / fps
                     index, following, mix = timeline.at(t)
                     picture = render(stills[index], camera.view(timeline.progress(index, t)), inner)
