@@ -370,3 +370,38 @@ def test_listen_command_with_the_live_service(service):
         dict(headers), body
     )
     assert event.session_id == created.id
+
+
+def test_models_command_and_sdk_with_the_live_service(service):
+    with Client(service.api_key, base_url=service.base_url) as client:
+        ids = {model.id for model in client.models()}
+        assert {"genhook/image-edit", "genhook/image-to-video", MODEL} <= ids
+        assert client.model("genhook/image-to-video").kind == "video"
+    env = {**service.env, "COLUMNS": "200"}
+    common = ["--base-url", service.base_url, "--api-key", service.api_key]
+    listed = subprocess.run(
+        [sys.executable, "-m", "genhook.cli", "models", *common],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "genhook/image-to-video" in listed.stdout and MODEL in listed.stdout
+    one = subprocess.run(
+        [sys.executable, "-m", "genhook.cli", "models", "genhook/image-to-video", *common],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert one.returncode == 0, one.stderr
+    assert "duration" in one.stdout and "1080p" in one.stdout
+    missing = subprocess.run(
+        [sys.executable, "-m", "genhook.cli", "models", "nobody/nothing", *common],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert missing.returncode == 3 and "404" in missing.stderr

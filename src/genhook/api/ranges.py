@@ -30,11 +30,11 @@ def byte_range(header: str | None, size: int) -> tuple[int, int] | bool | None:
             return False
         return max(0, size - suffix), size - 1
     first = int(first_text)
-    last = int(last_text) if last_text else size - 1
-    if last < first:
-        return None
+    if last_text and int(last_text) < first:
+        return None  # malformed: ignored
     if first >= size:
         return False
+    last = int(last_text) if last_text else size - 1
     return first, min(last, size - 1)
 
 

@@ -60,7 +60,7 @@ def video_price_list(settings: Settings) -> dict[str, Any]:
     }
 
 
-def _engine(settings: Settings) -> Engine:
+def _make_engine(settings: Settings) -> Engine:
     from genhook.engines.image_to_video._engine import ImageToVideoEngine
 
     return ImageToVideoEngine(settings)
@@ -71,7 +71,7 @@ def video_spec(settings: Settings) -> ModelSpec:
         id=VIDEO_MODEL_ID,
         kind=ModelKind.VIDEO,
         request_schema=VideoRequest,
-        engine_factory=_engine,
+        engine_factory=_make_engine,
         pricing=video_pricing,
         price_list=video_price_list,
         deadline_seconds=settings.video_deadline_seconds,

@@ -127,7 +127,10 @@ def parse_motion(prompt: str) -> MotionPlan:
         nonlocal text
         for match in pattern.finditer(text):
             move = handle(match)
-            if move is not None:
+            # The same move said twice ("handheld, shaky") is one move.
+            if move is not None and all(
+                (move.op, move.params) != (seen.op, seen.params) for _, seen in found
+            ):
                 found.append((match.start(), move))
         text = pattern.sub(",", text)
 
