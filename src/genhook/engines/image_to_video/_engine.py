@@ -253,6 +253,9 @@ class ImageToVideoEngine:
                         "preset": settings.video_encoder_preset,
                         "crf": str(settings.video_crf),
                         "threads": str(settings.video_encoder_threads),
+                        # OpenCV's I420 is BT.601 limited range; say so, so players agree.
+                        "x264-params": "colorprim=smpte170m:transfer=smpte170m:"
+                        "colormatrix=smpte170m:range=tv",
                     },
                 )
                 stream.width, stream.height = size
