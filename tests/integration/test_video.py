@@ -125,6 +125,30 @@ async def test_video_is_an_h264_mp4_of_the_exact_size_rate_and_length(harness: H
     assert np.abs(inner[:, :, 0] - inner[:, :, 1]).max() <= 12
 
 
+async def test_portrait_frames_with_a_rotation_and_a_caption(harness: Harness) -> None:
+    # 854 rows: chroma planes of an odd number of rows in the encoder's layout.
+    result = await run_video(
+        harness,
+        prompt='rotate 20 degrees counterclockwise, add the caption "hi" in yellow',
+        aspect_ratio="9:16",
+        fps=30,
+    )
+    assert result["status"] == "completed", result
+    assert result["info"]["plan"][0] == {
+        "op": "rotate",
+        "degrees": 20.0,
+        "direction": "counterclockwise",
+        "from": "rotate 20 degrees counterclockwise",
+    }
+    facts, frames = decode((await download(harness, result["outputs"][0])).content)
+    assert (facts["width"], facts["height"]) == (480, 854) and len(frames) == 30
+    # Yellow caption letters near the bottom, on every frame.
+    bottom = frames[15][-160:].astype(int)
+    assert np.count_nonzero(
+        (bottom[:, :, 0] > 200) & (bottom[:, :, 1] > 200) & (bottom[:, :, 2] < 90)
+    )
+
+
 async def test_zoom_in_grows_the_central_object_frame_over_frame(harness: Harness) -> None:
     result = await run_video(harness, prompt="slowly zoom in", aspect_ratio="4:3")
     assert result["info"]["plan"][0]["op"] == "zoom_in"

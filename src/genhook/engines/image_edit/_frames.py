@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from genhook.engines.image_edit import _output
 from genhook.engines.image_edit._decode import DecodedImage
@@ -89,34 +89,27 @@ def moderate_inputs(detector: Detector, decoded: list[DecodedImage], threshold: 
 
 @dataclass(slots=True)
 class Decor:
-    """Borders and captions drawn once at output size and laid over every frame.
+    """Borders and captions, drawn once at output size, for laying over every frame.
 
-    ``inner`` is the size of the moving picture, placed at ``offset`` inside ``frame`` (the
-    border drawn around it); ``caption`` is a box of the moving picture, with its color and
-    alpha, blended onto each frame.
+    The moving picture has size ``inner`` and sits at ``offset`` (x, y) inside ``frame``, the
+    border drawn around it (None without a border); ``caption_rgb`` and ``caption_alpha`` are
+    the caption's pixels in ``caption_box`` (x0, y0, x1, y1) of the moving picture. Offsets
+    and box corners are even, so the layers stay aligned with yuv420p's 2x2 chroma blocks.
     """
 
     size: tuple[int, int]
     inner: tuple[int, int]
-    offset: int
+    offset: tuple[int, int]
     frame: Array | None
     caption_box: tuple[int, int, int, int] | None = None
     caption_rgb: Array | None = None
     caption_alpha: Array | None = None
 
-    def apply(self, picture: Array) -> Array:
-        """``picture`` (inner size, RGB) with the caption and the border; may reuse a buffer."""
-        if self.caption_box is not None:
-            assert self.caption_rgb is not None and self.caption_alpha is not None
-            x0, y0, x1, y1 = self.caption_box
-            region = picture[y0:y1, x0:x1].astype(np.float32)
-            region += (self.caption_rgb - region) * self.caption_alpha
-            picture[y0:y1, x0:x1] = region.astype(np.uint8)
-        if self.frame is None:
-            return picture
-        o = self.offset
-        self.frame[o : o + self.inner[1], o : o + self.inner[0]] = picture
-        return self.frame
+
+def _even_inside(low: int, high: int, limit: int) -> tuple[int, int]:
+    low -= low % 2
+    high += high % 2
+    return max(0, low), min(limit, high)
 
 
 def build_decor(finishing: list[Step], size: tuple[int, int]) -> Decor:
@@ -127,20 +120,32 @@ def build_decor(finishing: list[Step], size: tuple[int, int]) -> Decor:
         if s.op == "border"
     ]
     total = sum(width for width, _ in borders)
-    inner = (max(16, size[0] - 2 * total), max(16, size[1] - 2 * total))
-    # Even sizes keep the moving picture aligned with yuv420p's 2x2 chroma blocks.
-    inner = (inner[0] - inner[0] % 2, inner[1] - inner[1] % 2)
-    offset = (size[0] - inner[0]) // 2
+    inner_list = []
+    for side in size:
+        pad = side - max(16, side - 2 * total)
+        pad = (pad + 3) // 4 * 4  # an even offset on each side
+        inner_list.append(side - pad)
+    inner = (inner_list[0], inner_list[1])
+    offset = ((size[0] - inner[0]) // 2, (size[1] - inner[1]) // 2)
     decor = Decor(size=size, inner=inner, offset=offset, frame=None)
     if borders:
-        canvas = Image.new("RGB", inner, (0, 0, 0))
-        left = offset
+        # The first border named is the innermost, as in the edit engine; draw from the
+        # outside in, the innermost taking whatever rounding leaves up to the picture.
+        kept: list[tuple[int, str]] = []
+        left = min(offset)
         for width, color in borders:
             width = min(width, left)
             if width > 0:
-                canvas = _output.surround(canvas, width, color)
+                kept.append((width, color))
                 left -= width
-        canvas = _output.fit(canvas, size, "stretch", "#000000", True)
+        canvas = Image.new("RGB", size, (0, 0, 0))
+        draw = ImageDraw.Draw(canvas)
+        inset = 0
+        for width, color in reversed(kept):
+            draw.rectangle(
+                (inset, inset, size[0] - 1 - inset, size[1] - 1 - inset), fill=_output.rgb(color)
+            )
+            inset += width
         decor.frame = np.array(canvas, dtype=np.uint8)
     layer = Image.new("RGBA", inner, (0, 0, 0, 0))
     for step in finishing:
@@ -149,7 +154,8 @@ def build_decor(finishing: list[Step], size: tuple[int, int]) -> Decor:
     alpha = np.asarray(layer.getchannel("A"))
     if alpha.any():
         ys, xs = np.nonzero(alpha)
-        x0, y0, x1, y1 = int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1
+        x0, x1 = _even_inside(int(xs.min()), int(xs.max()) + 1, inner[0])
+        y0, y1 = _even_inside(int(ys.min()), int(ys.max()) + 1, inner[1])
         rgba = np.asarray(layer, dtype=np.float32)[y0:y1, x0:x1]
         decor.caption_box = (x0, y0, x1, y1)
         decor.caption_rgb = rgba[:, :, :3]

@@ -1,8 +1,8 @@
 """The virtual camera: where it looks in each still at each moment, and frame rendering.
 
 Each still is prepared once at ``HEADROOM`` times the frame size, so zooming in up to that
-factor never enlarges pixels. A frame is a window of the still, resized to the frame:
-a crop and one resize when the window is upright, an affine warp when it is rotated.
+factor never enlarges pixels. A frame is a window of the still, resized to the frame
+(see ``_yuv.render``).
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import cv2
-import numpy as np
 import numpy.typing as npt
 
 from genhook.engines.image_to_video._motion import MotionPlan
@@ -95,40 +93,3 @@ class Camera:
             cy += min(room_y, amp) * dy / 1.5
         angle = motion.rotate_degrees * e
         return View(cx, cy, zoom, angle)
-
-
-def render(still: Array, view: View, size: tuple[int, int]) -> Array:
-    """The frame of ``size`` that ``view`` sees in ``still`` (RGB, uint8)."""
-    height, width = still.shape[:2]
-    out_w, out_h = size
-    win_w, win_h = width / view.zoom, height / view.zoom
-    if view.angle == 0.0:
-        # Upright: an integer crop and one resize, several times cheaper than a warp.
-        x0 = round(view.cx - win_w / 2)
-        y0 = round(view.cy - win_h / 2)
-        x1 = x0 + max(1, round(win_w))
-        y1 = y0 + max(1, round(win_h))
-        x0, x1 = max(0, x0), min(width, x1)
-        y0, y1 = max(0, y0), min(height, y1)
-        window = still[y0:y1, x0:x1]
-        interpolation = cv2.INTER_AREA if window.shape[1] > 1.5 * out_w else cv2.INTER_LINEAR
-        frame: Array = cv2.resize(window, size, interpolation=interpolation)
-        return frame
-    scale = win_w / out_w
-    theta = math.radians(-view.angle)
-    c, s = math.cos(theta) * scale, math.sin(theta) * scale
-    matrix = np.array(
-        [
-            [c, -s, view.cx - (c * out_w / 2 - s * out_h / 2)],
-            [s, c, view.cy - (s * out_w / 2 + c * out_h / 2)],
-        ],
-        dtype=np.float64,
-    )
-    warped: Array = cv2.warpAffine(
-        still,
-        matrix,
-        size,
-        flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
-        borderMode=cv2.BORDER_REFLECT_101,
-    )
-    return warped

@@ -40,8 +40,9 @@ from genhook.engines.image_edit import (
     read_looks,
     register_heif,
 )
-from genhook.engines.image_to_video._camera import HEADROOM, Array, Camera, ease, render
+from genhook.engines.image_to_video._camera import HEADROOM, Camera
 from genhook.engines.image_to_video._motion import MotionPlan, Move, parse_motion
+from genhook.engines.image_to_video._yuv import I420, FrameDecor, fade, mix, render
 from genhook.engines.video_request import frame_size, nearest_aspect_ratio
 from genhook.errors import ErrorCode, TaskFailure
 
@@ -221,7 +222,7 @@ class ImageToVideoEngine:
 
     def _encode(
         self,
-        stills: list[Array],
+        stills: list[I420],
         motion: MotionPlan,
         timeline: Timeline,
         decor: Decor,
@@ -232,10 +233,10 @@ class ImageToVideoEngine:
     ) -> tuple[bytes, list[Image.Image]]:
         """Make and encode the frames one at a time into an MP4 with the index up front."""
         inner = decor.inner
-        still_size = (stills[0].shape[1], stills[0].shape[0])
-        camera = Camera(motion, still_size, timeline.segment + timeline.overlap)
+        overlay = FrameDecor(decor)
+        camera = Camera(motion, stills[0].size, timeline.segment + timeline.overlap)
         frames = duration * fps
-        fade = min(MAX_FADE_SECONDS, duration * 0.2)
+        fade_seconds = min(MAX_FADE_SECONDS, duration * 0.2)
         # One sample per still, at the middle of its segment, for the NSFW flag.
         sample_at = {
             min(frames - 1, int((i + 0.5) * timeline.segment * fps)) for i in range(len(stills))
@@ -269,7 +270,7 @@ class ImageToVideoEngine:
                             f"{frames} frames made)",
                         )
                     t = (number + 0.5) / fps
-                    index, following, mix = timeline.at(t)
+                    index, following, share = timeline.at(t)
                     picture = render(stills[index], camera.view(timeline.progress(index, t)), inner)
                     if following is not None:
                         other = render(
@@ -277,19 +278,18 @@ class ImageToVideoEngine:
                             camera.view(timeline.progress(following, t)),
                             inner,
                         )
-                        picture = _mix(picture, other, mix, timeline.transition)
-                    frame = decor.apply(picture)
+                        picture = mix(picture, other, share, timeline.transition)
+                    frame = overlay.apply(picture)
                     level = 1.0
-                    if motion.fade_in and t < fade:
-                        level = min(level, t / fade)
-                    if motion.fade_out and duration - t < fade:
-                        level = min(level, (duration - t) / fade)
+                    if motion.fade_in and t < fade_seconds:
+                        level = min(level, t / fade_seconds)
+                    if motion.fade_out and duration - t < fade_seconds:
+                        level = min(level, (duration - t) / fade_seconds)
                     if level < 1.0:
-                        frame = cv2.convertScaleAbs(frame, alpha=level)
+                        frame = fade(frame, level)
                     if number in sample_at:
                         samples.append(_sample(frame))
-                    yuv = np.asarray(cv2.cvtColor(frame, cv2.COLOR_RGB2YUV_I420), np.uint8)
-                    video_frame = av.VideoFrame.from_ndarray(yuv, format="yuv420p")
+                    video_frame = av.VideoFrame.from_ndarray(frame.buf, format="yuv420p")
                     video_frame.pts = number
                     container.mux(stream.encode(video_frame))
                 container.mux(stream.encode(None))
@@ -306,44 +306,25 @@ def _still(
     ctx: EditContext,
     inner: tuple[int, int],
     plan: EditPlan | None,
-) -> Array:
+) -> I420:
     """One input with its looks, filling ``inner`` times the headroom (cover, unless the
-    prompt asked to fit it whole)."""
+    prompt asked to fit it whole), in the encoder's own format."""
     from genhook.engines.image_edit._output import fit, flatten
     from genhook.engines.image_edit._plan import FitMode
 
     image = apply_looks(looks, decoded.image, index, ctx)
     image = flatten(image, (0, 0, 0)) if image.mode == "RGBA" else image.convert("RGB")
-    target = (round(inner[0] * HEADROOM), round(inner[1] * HEADROOM))
+    target = (2 * round(inner[0] * HEADROOM / 2), 2 * round(inner[1] * HEADROOM / 2))
     mode: FitMode = "cover"
     pad = "#000000"
     if plan is not None and plan.fit.mode != "auto":
         mode, pad = plan.fit.mode, plan.fit.pad_color
     fitted = fit(image, target, mode, pad, False)
-    return np.ascontiguousarray(np.asarray(fitted.convert("RGB"), dtype=np.uint8))
+    return I420.from_rgb(np.ascontiguousarray(np.asarray(fitted.convert("RGB"), np.uint8)))
 
 
-def _mix(a: Array, b: Array, p: float, style: str) -> Array:
-    """A transition from ``a`` to ``b`` at ``p`` (0 to 1)."""
-    width = a.shape[1]
-    if style == "crossfade":
-        mixed: Array = cv2.addWeighted(a, 1.0 - p, b, p, 0.0)
-        return mixed
-    if style == "slide":
-        shift = round(ease(p) * width)
-        out = np.empty_like(a)
-        out[:, : width - shift] = a[:, shift:]
-        out[:, width - shift :] = b[:, :shift]
-        return out
-    if style == "wipe":
-        edge = round(p * width)
-        a[:, :edge] = b[:, :edge]
-        return a
-    return a if p < 0.5 else b
-
-
-def _sample(frame: Array) -> Image.Image:
-    image = Image.fromarray(frame)
+def _sample(frame: I420) -> Image.Image:
+    image = Image.fromarray(frame.to_rgb())
     image.thumbnail((NSFW_SAMPLE_RESOLUTION, NSFW_SAMPLE_RESOLUTION))
     return image
 
