@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from genhook.config import Settings
 from genhook.engines.base import Charge, Engine, ModelKind, ModelSpec
 from genhook.engines.edit_request import EditRequest
+from genhook.engines.image_to_video import video_spec
 
 IMAGE_EDIT_MODEL_ID = "genhook/image-edit"
 TIER_1_5K_MAX_PIXELS = 2_360_000
@@ -107,8 +108,6 @@ IMAGE_EDIT_SPEC = ModelSpec(
 def build_registry(settings: Settings) -> Registry:
     registry = Registry()
     registry.register(IMAGE_EDIT_SPEC)
-    from genhook.engines.image_to_video import video_spec
-
     registry.register(video_spec(settings))
     for target in settings.extra_engines:
         module_name, _, func_name = target.partition(":")

@@ -41,7 +41,7 @@ from genhook.engines.image_edit import (
     register_heif,
 )
 from genhook.engines.image_to_video._camera import HEADROOM, Camera
-from genhook.engines.image_to_video._motion import MotionPlan, Move, parse_motion
+from genhook.engines.image_to_video._motion import MotionPlan, parse_motion
 from genhook.engines.image_to_video._yuv import I420, FrameDecor, fade, mix, render
 from genhook.engines.video_request import frame_size, nearest_aspect_ratio
 from genhook.errors import ErrorCode, TaskFailure
@@ -351,4 +351,4 @@ def _motion_summary(motion: MotionPlan) -> str:
     return ", ".join(bits)
 
 
-__all__ = ["ImageToVideoEngine", "Move"]
+__all__ = ["ImageToVideoEngine"]
