@@ -75,9 +75,11 @@ def apply_looks(looks: Looks, image: Image.Image, index: int, ctx: Context) -> I
     return image
 
 
-def moderate_inputs(detector: Detector, decoded: list[DecodedImage], threshold: float) -> None:
+def moderate_inputs(
+    detector: Detector, decoded: list[DecodedImage], threshold: float, first_number: int = 1
+) -> None:
     """Refuse the task when an input picture is classified NSFW (the moderation policy)."""
-    for number, item in enumerate(decoded, start=1):
+    for number, item in enumerate(decoded, start=first_number):
         score = detector.detect(item.image, 320).nsfw_score
         if score >= threshold:
             raise TaskFailure(

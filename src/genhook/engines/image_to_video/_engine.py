@@ -140,19 +140,25 @@ class ImageToVideoEngine:
 
         # Decode no larger than the widest frame of this resolution needs, whatever the ratio.
         limit = math.ceil(max(frame_size(resolution, "16:9")) * HEADROOM)
-        decoded = [
-            decode_image(data, number, max_pixels=self._settings.max_input_pixels, reduce_to=limit)
-            for number, data in enumerate(job.images, start=1)
-        ]
-        first = decoded[0]
+
+        def decode(number: int) -> DecodedImage:
+            decoded = decode_image(
+                job.images[number - 1],
+                number,
+                max_pixels=self._settings.max_input_pixels,
+                reduce_to=limit,
+            )
+            if self._settings.moderation_reject_nsfw_inputs:
+                moderate_inputs(self.detector, [decoded], self._settings.nsfw_threshold, number)
+            return decoded
+
+        first = decode(1)
         aspect = params.get("aspect_ratio")
         aspect_why = "asked for"
         if aspect is None:
             aspect = nearest_aspect_ratio(first.image.width, first.image.height)
             aspect_why = "nearest to the first image"
         size = frame_size(resolution, str(aspect))
-        if self._settings.moderation_reject_nsfw_inputs:
-            moderate_inputs(self.detector, decoded, self._settings.nsfw_threshold)
 
         notes: list[str] = list(motion.notes)
         if not motion.camera_moves:
@@ -169,10 +175,12 @@ class ImageToVideoEngine:
             )
         decor = build_decor(looks.finishing, size)
         ctx = EditContext(out_size=decor.inner, fast=False, detector=self.detector)
-        stills = [
-            _still(d, looks, index, ctx, decor.inner, looks.plan) for index, d in enumerate(decoded)
-        ]
-        del decoded, first
+        # One decoded input at a time: only the stills, a fraction of the inputs' size, stay.
+        stills: list[I420] = []
+        for index in range(len(job.images)):
+            decoded = first if index == 0 else decode(index + 1)
+            stills.append(_still(decoded, looks, index, ctx, decor.inner, looks.plan))
+        del first, decoded
         notes.extend(ctx.notes)
 
         transition = motion.transition or (DEFAULT_TRANSITION if len(stills) > 1 else "cut")
