@@ -82,6 +82,22 @@ def decode(data: bytes) -> tuple[Any, list[np.ndarray[Any, Any]]]:
     return facts, frames
 
 
+async def video_frames(
+    harness: Harness, result: dict[str, Any]
+) -> tuple[Any, list[np.ndarray[Any, Any]]]:
+    """Download a completed task's MP4 and decode it; every video the tests make is held to
+    what its ``info`` promises: H.264, yuv420p, the size, the frame count and the length."""
+    assert result["status"] == "completed", result
+    info = result["info"]
+    facts, frames = decode((await download(harness, result["outputs"][0])).content)
+    assert facts["codec"] == "h264" and facts["pix_fmt"] == "yuv420p"
+    assert f"{facts['width']}*{facts['height']}" == info["size"]
+    assert facts["rate"] == info["fps"]
+    assert len(frames) == info["frames"] == info["duration"] * info["fps"]
+    assert facts["duration"] == pytest.approx(info["duration"], abs=0.05)
+    return facts, frames
+
+
 def red_area(frame: np.ndarray[Any, Any]) -> int:
     r, g, b = (frame[:, :, i].astype(int) for i in range(3))
     return int(np.count_nonzero((r > 150) & (g < 90) & (b < 90)))
@@ -140,7 +156,7 @@ async def test_portrait_frames_with_a_rotation_and_a_caption(harness: Harness) -
         "direction": "counterclockwise",
         "from": "rotate 20 degrees counterclockwise",
     }
-    facts, frames = decode((await download(harness, result["outputs"][0])).content)
+    facts, frames = await video_frames(harness, result)
     assert (facts["width"], facts["height"]) == (480, 854) and len(frames) == 30
     # Yellow caption letters near the bottom, on every frame.
     bottom = frames[15][-160:].astype(int)
@@ -152,7 +168,7 @@ async def test_portrait_frames_with_a_rotation_and_a_caption(harness: Harness) -
 async def test_zoom_in_grows_the_central_object_frame_over_frame(harness: Harness) -> None:
     result = await run_video(harness, prompt="slowly zoom in", aspect_ratio="4:3")
     assert result["info"]["plan"][0]["op"] == "zoom_in"
-    _, frames = decode((await download(harness, result["outputs"][0])).content)
+    _, frames = await video_frames(harness, result)
     areas = [red_area(frames[i]) for i in (0, 6, 12, 18, 23)]
     assert all(a < b for a, b in itertools.pairwise(areas)), areas
     assert areas[-1] > 1.4 * areas[0], areas
@@ -160,14 +176,14 @@ async def test_zoom_in_grows_the_central_object_frame_over_frame(harness: Harnes
 
 async def test_zoom_out_and_pan_move_the_way_the_plan_says(harness: Harness) -> None:
     out = await run_video(harness, prompt="zoom out", aspect_ratio="4:3")
-    _, frames = decode((await download(harness, out["outputs"][0])).content)
+    _, frames = await video_frames(harness, out)
     areas = [red_area(frames[i]) for i in (0, 12, 23)]
     assert areas[0] > areas[1] > areas[2], areas
 
     # The camera pans left, so the scene travels right across the frame.
     pan = await run_video(harness, prompt="pan left", aspect_ratio="4:3")
     assert pan["info"]["plan"][0] == {"op": "pan", "direction": "left", "from": "pan left"}
-    _, frames = decode((await download(harness, pan["outputs"][0])).content)
+    _, frames = await video_frames(harness, pan)
     xs = [red_centroid_x(frames[i]) for i in (0, 12, 23)]
     assert xs[0] < xs[1] < xs[2], xs
     assert xs[2] - xs[0] > 20
@@ -181,7 +197,7 @@ async def test_crossfade_mixes_the_two_images_at_the_boundary(harness: Harness) 
     )
     info = result["info"]
     assert info["transition"] == "crossfade"
-    _, frames = decode((await download(harness, result["outputs"][0])).content)
+    _, frames = await video_frames(harness, result)
     means = [frame.reshape(-1, 3).mean(axis=0) for frame in frames]
     assert means[0][0] > 180 and means[0][2] < 60  # red alone
     assert means[-1][2] > 180 and means[-1][0] < 60  # blue alone
@@ -196,7 +212,7 @@ async def test_wipe_reveals_the_next_image_from_the_left(harness: Harness) -> No
     red = picture(background=(220, 20, 20), radius=0)
     blue = picture(background=(20, 20, 220), radius=0)
     result = await run_video(harness, prompt="wipe", images=[red, blue], duration=2)
-    _, frames = decode((await download(harness, result["outputs"][0])).content)
+    _, frames = await video_frames(harness, result)
     middle = frames[24]
     width = middle.shape[1]
     assert middle[:, : width // 8, 2].mean() > 180  # left: the next image
@@ -205,7 +221,8 @@ async def test_wipe_reveals_the_next_image_from_the_left(harness: Harness) -> No
 
 async def test_no_recognised_motion_gives_a_default_and_says_so(harness: Harness) -> None:
     result = await run_video(harness, prompt="something lovely", aspect_ratio=None)
-    assert result["status"] == "completed"
+    facts, _ = await video_frames(harness, result)
+    assert (facts["width"], facts["height"]) == (640, 480)
     info = result["info"]
     assert "default" in info["motion"]
     assert any("default motion" in note for note in info["notes"])
@@ -214,6 +231,7 @@ async def test_no_recognised_motion_gives_a_default_and_says_so(harness: Harness
 
 async def test_output_answers_range_requests(harness: Harness) -> None:
     result = await run_video(harness)
+    await video_frames(harness, result)
     url = result["outputs"][0]
     whole = (await download(harness, url)).content
     size = len(whole)
@@ -312,7 +330,7 @@ async def test_hostile_inputs_end_failed_with_their_code(
 
 async def test_billed_per_second_by_resolution(harness: Harness) -> None:
     result = await run_video(harness, duration=2, resolution="480p")
-    assert result["status"] == "completed"
+    await video_frames(harness, result)
     usage = (await harness.client.get("/api/v1/usage", headers=harness.headers)).json()
     item = usage["items"][0]
     assert item["model"] == VIDEO and item["tier"] == "480p"
