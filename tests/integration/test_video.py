@@ -352,3 +352,11 @@ async def test_a_video_past_its_deadline_ends_timeout(tmp_path: Any, database_ur
     finally:
         await harness.client.aclose()
         await harness.state.db.dispose()
+
+
+async def test_base64_output_is_the_mp4_itself(harness: Harness) -> None:
+    result = await run_video(harness, enable_base64_output=True)
+    assert result["status"] == "completed", result
+    data = base64.b64decode(result["outputs"][0], validate=True)
+    facts, frames = decode(data)
+    assert facts["codec"] == "h264" and len(frames) == result["info"]["frames"] == 24
