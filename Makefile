@@ -46,6 +46,7 @@ bench: install-dev
 	$(BIN)/python benchmarks/webhook_delivery.py
 	$(BIN)/python benchmarks/verify.py
 	$(BIN)/python benchmarks/watch.py
+	$(BIN)/python benchmarks/video.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -91,6 +91,17 @@ class Settings(BaseSettings):
     stt_cpu_threads: int = Field(default=0, ge=0)
     # 1 decodes greedily; more beams are a little more accurate and slower.
     stt_beam_size: int = Field(default=1, ge=1, le=10)
+    # Video model (genhook/image-to-video): price per second of output by resolution, and
+    # the H.264 encoder's speed/size trade-off (see docs/engines/image-to-video.md).
+    price_video_480p_per_second_usd: Decimal = Decimal("0.010")
+    price_video_720p_per_second_usd: Decimal = Decimal("0.020")
+    price_video_1080p_per_second_usd: Decimal = Decimal("0.040")
+    video_deadline_seconds: float = Field(default=600.0, gt=0)
+    video_encoder_preset: Literal[
+        "ultrafast", "superfast", "veryfast", "faster", "fast", "medium"
+    ] = "ultrafast"
+    video_crf: int = Field(default=23, ge=0, le=51)
+    video_encoder_threads: int = Field(default=1, ge=0)
 
     # Extra engines to register, as ``module:function`` names called with the registry.
     extra_engines: list[str] = Field(default_factory=list)

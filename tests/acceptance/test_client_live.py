@@ -370,3 +370,75 @@ def test_listen_command_with_the_live_service(service):
         dict(headers), body
     )
     assert event.session_id == created.id
+
+
+def test_models_command_and_sdk_with_the_live_service(service):
+    with Client(service.api_key, base_url=service.base_url) as client:
+        ids = {model.id for model in client.models()}
+        assert {"genhook/image-edit", "genhook/image-to-video", MODEL} <= ids
+        assert client.model("genhook/image-to-video").kind == "video"
+    env = {**service.env, "COLUMNS": "200"}
+    common = ["--base-url", service.base_url, "--api-key", service.api_key]
+    listed = subprocess.run(
+        [sys.executable, "-m", "genhook.cli", "models", *common],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "genhook/image-to-video" in listed.stdout and MODEL in listed.stdout
+    one = subprocess.run(
+        [sys.executable, "-m", "genhook.cli", "models", "genhook/image-to-video", *common],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert one.returncode == 0, one.stderr
+    assert "duration" in one.stdout and "1080p" in one.stdout
+    missing = subprocess.run(
+        [sys.executable, "-m", "genhook.cli", "models", "nobody/nothing", *common],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert missing.returncode == 3 and "404" in missing.stderr
+
+
+def test_a_video_through_the_whole_service(service, inbox):
+    """A real video task through ``genhook serve``'s worker processes, its signed
+    ``video.task.terminal`` callback, and the MP4 fetched with Range requests."""
+    import av
+
+    from genhook.client import data_url
+
+    with Client(service.api_key, base_url=service.base_url) as client:
+        created = client.submit(
+            "genhook/image-to-video",
+            kind="video",
+            prompt="zoom in, then fade out",
+            images=[data_url(red_png())],
+            duration=1,
+            resolution="480p",
+            fps=24,
+            webhook_url=inbox.url,
+        )
+        done = client.wait(created.id, timeout=120, poll_interval=0.1)
+    assert done.succeeded, done.raw
+    url = done.outputs[0]
+    assert url.endswith(".mp4")
+    whole = httpx.get(url)
+    assert whole.headers["content-type"] == "video/mp4"
+    head = httpx.get(url, headers={"Range": "bytes=0-1023"})
+    assert head.status_code == 206 and head.content == whole.content[:1024]
+    with av.open(io.BytesIO(whole.content)) as container:
+        stream = container.streams.video[0]
+        assert stream.codec_context.name == "h264"
+        assert (stream.codec_context.width, stream.codec_context.height) == (480, 480)
+        assert sum(1 for _ in container.decode(stream)) == 24
+    event = WebhookVerifier(hmac_secret=service.signing_secret).verify(
+        headers_of(inbox.wait_for(created.id)), inbox.wait_for(created.id).body
+    )
+    assert event.event_type == "video.task.terminal" and event.payload.outputs == done.outputs

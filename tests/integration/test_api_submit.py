@@ -280,4 +280,8 @@ async def test_health_and_openapi(harness: Harness) -> None:
         assert path in spec["paths"]
     submit = spec["paths"]["/api/v1/model/generateImage"]["post"]
     assert "400" in submit["responses"] and "401" in submit["responses"]
-    assert "images" in submit["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    # A union of the accepting models' request schemas, each with its fields.
+    union = submit["requestBody"]["content"]["application/json"]["schema"]
+    for member in union["oneOf"]:
+        name = member["$ref"].rsplit("/", 1)[1]
+        assert "images" in spec["components"]["schemas"][name]["properties"]

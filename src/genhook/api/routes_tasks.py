@@ -11,11 +11,11 @@ from sqlalchemy import func, select
 
 from genhook.api.bodies import read_json_body
 from genhook.api.deps import AccountDep, AppState, StateDep, current_account, get_state
-from genhook.api.errors import ERROR_RESPONSES
+from genhook.api.errors import ERROR_RESPONSES, ErrorResponse
+from genhook.api.ranges import ranged_response
 from genhook.api.routes_watch import prefer_wait, result_response
 from genhook.api.schemas import PredictionResponse, UsageResponse
 from genhook.db import Account, Task, UsageLine
-from genhook.engines.audio import SpeechToTextRequest, TextToSpeechRequest
 from genhook.engines.edit_request import EditRequest
 from genhook.errors import NotFound
 from genhook.storage.blobs import valid_key
@@ -36,23 +36,6 @@ async def _caller(request: Request) -> tuple[AppState, Account]:
     request than the whole submit does; used by the two hot endpoints."""
     state = await get_state(request)
     return state, await current_account(request, state)
-
-
-_AUDIO_SUBMIT_DOC = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "oneOf": [
-                        TextToSpeechRequest.model_json_schema(),
-                        SpeechToTextRequest.model_json_schema(),
-                    ]
-                }
-            }
-        },
-    }
-}
 
 
 def _submit_route(path_name: str, summary: str, doc: dict[str, Any] = _SUBMIT_DOC) -> None:
@@ -80,9 +63,7 @@ def _submit_route(path_name: str, summary: str, doc: dict[str, Any] = _SUBMIT_DO
 
 _submit_route("generateImage", "Submit an image task (the image-edit model and other image models)")
 _submit_route("generateVideo", "Submit a video task (also accepts the image-edit model)")
-_submit_route(
-    "generateAudio", "Submit an audio task (text-to-speech, speech-to-text)", _AUDIO_SUBMIT_DOC
-)
+_submit_route("generateAudio", "Submit an audio task (text-to-speech, speech-to-text)")
 
 
 @router.get(
@@ -105,19 +86,25 @@ async def get_result(request_id: str, request: Request) -> Any:
     "/api/v1/outputs/{key:path}",
     tags=["tasks"],
     summary="Download an output (the unguessable URL is the credential)",
-    responses={200: {"content": {"image/jpeg": {}, "image/png": {}}}, 404: ERROR_RESPONSES[404]},
+    responses={
+        200: {"content": {"image/jpeg": {}, "image/png": {}, "video/mp4": {}}},
+        206: {"description": "One byte range of the output (HTTP Range requests)"},
+        404: ERROR_RESPONSES[404],
+        416: {"model": ErrorResponse, "description": "The byte range is past the output's end."},
+    },
 )
-async def get_output(key: str, state: StateDep) -> Response:
+async def get_output(key: str, state: StateDep, request: Request) -> Response:
     if not key.startswith("outputs/") or not valid_key(key):
         raise NotFound("no such output")
     blob = await state.storage.get(key)
     if blob is None:
         raise NotFound("no such output")
     data, content_type = blob
-    return Response(
+    return ranged_response(
         data,
-        media_type=content_type,
-        headers={"Cache-Control": "private, max-age=31536000, immutable"},
+        content_type,
+        request.headers.get("range"),
+        {"Cache-Control": "private, max-age=31536000, immutable"},
     )
 
 

@@ -1,4 +1,4 @@
-"""Client-side commands: ``listen``, ``submit``, ``result`` and ``wait``.
+"""Client-side commands: ``listen``, ``submit``, ``result``, ``wait`` and ``models``.
 
 They use only the SDK (``genhook.client``), so they work on the bare ``pip install genhook``.
 The root app registers them with ``register(app)``.
@@ -50,6 +50,7 @@ def register(app: typer.Typer) -> None:
     app.command("submit")(submit)
     app.command("result")(result)
     app.command("wait")(wait)
+    app.command("models")(models)
     from genhook.cli import watch_cmds
 
     watch_cmds.register(app)
@@ -207,6 +208,49 @@ def wait(
             raise _fail_request(exc) from None
     print_prediction(prediction, as_json)
     _exit_for(prediction)
+
+
+def models(
+    model_id: str | None = typer.Argument(None, help="Show one model, with its fields."),
+    base_url: str | None = BASE_URL,
+    api_key: str | None = API_KEY,
+    as_json: bool = AS_JSON,
+) -> None:
+    """List the service's models: kind, submit path, price and deadline."""
+    with Client(api_key, base_url=base_url) as client:
+        try:
+            found = [client.model(model_id)] if model_id else client.models()
+        except GenhookError as exc:
+            raise _fail_request(exc) from None
+    if as_json:
+        raw = [m.raw for m in found]
+        console.print_json(json.dumps(raw[0] if model_id else {"models": raw}))
+        return
+    table = Table("model", "kind", "submit to", "price", "deadline")
+    for info in found:
+        table.add_row(
+            escape(info.id),
+            info.kind,
+            "\n".join(info.submit_paths),
+            escape(str(info.pricing.get("summary", ""))),
+            f"{info.deadline_seconds:g} s" if info.deadline_seconds is not None else "",
+        )
+    console.print(table)
+    if model_id:
+        info = found[0]
+        console.print(escape(info.description))
+        properties = info.request_schema.get("properties", {})
+        required = set(info.request_schema.get("required", []))
+        fields = Table("field", "type", "required", "default")
+        for name, prop in properties.items():
+            kind = prop.get("type") or " | ".join(
+                str(p.get("type", p.get("enum", ""))) for p in prop.get("anyOf", [])
+            )
+            if "enum" in prop:
+                kind = " | ".join(map(str, prop["enum"]))
+            default = json.dumps(prop["default"]) if "default" in prop else ""
+            fields.add_row(name, escape(str(kind)), "yes" if name in required else "", default)
+        console.print(fields)
 
 
 def print_delivery(delivery: Delivery, show_body: bool) -> None:

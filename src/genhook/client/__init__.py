@@ -16,6 +16,7 @@ from genhook.client._jwks import parse_jwks
 from genhook.client._models import (
     TERMINAL_STATUSES,
     LogLine,
+    ModelInfo,
     Prediction,
     SttResult,
     SttSegment,
@@ -52,6 +53,7 @@ __all__ = [
     "InvalidRequest",
     "LogLine",
     "MemoryDedupStore",
+    "ModelInfo",
     "NotFound",
     "PayloadTooLarge",
     "Prediction",

@@ -21,7 +21,7 @@ import httpx
 from genhook import __version__
 from genhook.client._errors import APIConnectionError, WaitTimeout, error_from_response
 from genhook.client._images import ImageInput, image_items
-from genhook.client._models import Prediction, TaskEvent, TaskPage, Usage
+from genhook.client._models import ModelInfo, Prediction, TaskEvent, TaskPage, Usage, model_list
 from genhook.client._sse import SSEDecoder
 from genhook.retry import backoff_delay, parse_retry_after
 
@@ -42,6 +42,11 @@ _MAX_RETRY_AFTER = 60.0
 _STREAM_READ_TIMEOUT = 60.0
 
 OnUpdate = Callable[[Prediction], None]
+
+
+def _model_path(model_id: str) -> str:
+    # Model ids hold a slash (owner/name), which the route takes as part of the path.
+    return "/api/v1/models/" + quote(model_id, safe="/")
 
 
 class _Core:
@@ -395,6 +400,15 @@ class Client(_Core):
         data = self._request("GET", self._usage_path(limit, cursor), idempotent=True)
         return Usage.from_json(data if isinstance(data, dict) else {})
 
+    def models(self) -> list[ModelInfo]:
+        """Every model the service runs, with its request schema, price and deadline."""
+        return model_list(self._request("GET", "/api/v1/models", idempotent=True))
+
+    def model(self, model_id: str) -> ModelInfo:
+        """One model of the catalogue; ``NotFound`` when the service has no such model."""
+        data = self._request("GET", _model_path(model_id), idempotent=True)
+        return ModelInfo.from_json(data if isinstance(data, dict) else {})
+
     def jwks(self) -> dict[str, Any]:
         """The public webhook signing keys (no API key needed)."""
         data = self._request("GET", "/api/v1/webhooks/jwks.json", idempotent=True, auth=False)
@@ -593,6 +607,13 @@ class AsyncClient(_Core):
     async def usage(self, *, limit: int = 100, cursor: int | None = None) -> Usage:
         data = await self._request("GET", self._usage_path(limit, cursor), idempotent=True)
         return Usage.from_json(data if isinstance(data, dict) else {})
+
+    async def models(self) -> list[ModelInfo]:
+        return model_list(await self._request("GET", "/api/v1/models", idempotent=True))
+
+    async def model(self, model_id: str) -> ModelInfo:
+        data = await self._request("GET", _model_path(model_id), idempotent=True)
+        return ModelInfo.from_json(data if isinstance(data, dict) else {})
 
     async def jwks(self) -> dict[str, Any]:
         data = await self._request("GET", "/api/v1/webhooks/jwks.json", idempotent=True, auth=False)

@@ -284,3 +284,49 @@ class TaskPage:
             next_cursor=_str_or_none(data.get("next_cursor")),
             raw=data,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """One model of the service's catalogue (``GET /api/v1/models``)."""
+
+    id: str
+    kind: str
+    description: str
+    submit_paths: list[str]
+    request_schema: dict[str, Any]
+    pricing: dict[str, Any]
+    deadline_seconds: float | None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModelInfo:
+        paths = data.get("submit_paths")
+        schema = data.get("request_schema")
+        pricing = data.get("pricing")
+        deadline = data.get("deadline_seconds")
+        return cls(
+            id=str(data.get("id", "")),
+            kind=str(data.get("kind", "")),
+            description=str(data.get("description", "")),
+            submit_paths=[p for p in paths if isinstance(p, str)]
+            if isinstance(paths, list)
+            else [],
+            request_schema=dict(schema) if isinstance(schema, dict) else {},
+            pricing=dict(pricing) if isinstance(pricing, dict) else {},
+            deadline_seconds=float(deadline)
+            if isinstance(deadline, int | float) and not isinstance(deadline, bool)
+            else None,
+            raw=data,
+        )
+
+    @property
+    def fields(self) -> list[str]:
+        """The request fields the model takes, in schema order."""
+        properties = self.request_schema.get("properties")
+        return list(properties) if isinstance(properties, dict) else []
+
+
+def model_list(data: Any) -> list[ModelInfo]:
+    models = data.get("models") if isinstance(data, dict) else None
+    return [ModelInfo.from_json(m) for m in models or [] if isinstance(m, dict)]

@@ -41,6 +41,8 @@ class EngineJob:
     # ``report(progress=0.5, log="line")`` from the engine's thread: progress 0 to 1 and/or a
     # short log line, shown in the result and its event stream. Cheap; the worker throttles.
     report: Callable[..., None] = _no_report
+    # The task's deadline (Unix seconds): long engines stop computing past it.
+    deadline: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +96,8 @@ class ModelSpec:
     # Submit paths (by kind) that accept this model; always includes ``kind``.
     accepted_on: frozenset[ModelKind] = frozenset()
     description: str = ""
+    # The catalogue's price list: ``{"summary": words, "unit": ..., "prices_usd": {...}}``.
+    price_list: Callable[[Settings], dict[str, Any]] | None = None
 
     def accepts(self, path_kind: ModelKind) -> bool:
         return path_kind == self.kind or path_kind in self.accepted_on

@@ -135,19 +135,7 @@ class EditRequest(BaseModel):
     @field_validator("images")
     @classmethod
     def _images(cls, value: list[str], info: ValidationInfo) -> list[str]:
-        errors: list[tuple[int, str]] = []
-        refs: list[ImageRef] = []
-        for index, item in enumerate(value):
-            try:
-                refs.append(parse_image_ref(item))
-            except ValueError as exc:
-                errors.append((index, str(exc)))
-        if errors:
-            raise ImageItemsError(errors)
-        # Hand the decoded images to the caller, so submission does not decode them again.
-        if isinstance(info.context, dict):
-            info.context[IMAGE_REFS] = refs
-        return value
+        return check_image_items(value, info)
 
     @field_validator("size")
     @classmethod
@@ -158,6 +146,23 @@ class EditRequest(BaseModel):
     @property
     def dimensions(self) -> tuple[int, int]:
         return parse_size(self.size)
+
+
+def check_image_items(value: list[str], info: ValidationInfo) -> list[str]:
+    """The ``images`` rule shared by every model that takes input images."""
+    errors: list[tuple[int, str]] = []
+    refs: list[ImageRef] = []
+    for index, item in enumerate(value):
+        try:
+            refs.append(parse_image_ref(item))
+        except ValueError as exc:
+            errors.append((index, str(exc)))
+    if errors:
+        raise ImageItemsError(errors)
+    # Hand the decoded images to the caller, so submission does not decode them again.
+    if isinstance(info.context, dict):
+        info.context[IMAGE_REFS] = refs
+    return value
 
 
 class ImageItemsError(ValueError):

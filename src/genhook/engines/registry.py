@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator
 from decimal import Decimal
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -16,6 +17,7 @@ from genhook.config import Settings
 from genhook.engines.audio import STT_SPEC, TTS_SPEC
 from genhook.engines.base import Charge, Engine, ModelKind, ModelSpec
 from genhook.engines.edit_request import EditRequest
+from genhook.engines.image_to_video import video_spec
 
 IMAGE_EDIT_MODEL_ID = "genhook/image-edit"
 TIER_1_5K_MAX_PIXELS = 2_360_000
@@ -68,6 +70,23 @@ def edit_pricing(settings: Settings, request: BaseModel) -> Charge:
     return Charge(tier=tier, output_pixels=pixels, input_images=inputs, lines=tuple(lines))
 
 
+def edit_price_list(settings: Settings) -> dict[str, Any]:
+    """The edit pricing of ``edit_pricing`` for the model catalogue."""
+    return {
+        "summary": (
+            f"{settings.price_tier_1_5k_usd} USD per output up to {TIER_1_5K_MAX_PIXELS} pixels "
+            f"(1.5K tier), {settings.price_tier_2k_usd} USD above (2K tier), plus "
+            f"{settings.price_extra_input_image_usd} USD per input image after the first"
+        ),
+        "unit": "task",
+        "prices_usd": {
+            "1.5K": str(settings.price_tier_1_5k_usd),
+            "2K": str(settings.price_tier_2k_usd),
+            "extra_input_image": str(settings.price_extra_input_image_usd),
+        },
+    }
+
+
 def _image_edit_engine(settings: Settings) -> Engine:
     from genhook.engines.image_edit import ImageEditEngine
 
@@ -83,6 +102,7 @@ IMAGE_EDIT_SPEC = ModelSpec(
     deadline_seconds=300.0,
     accepted_on=frozenset({ModelKind.VIDEO}),
     description="Edits 1 to 10 images under a text prompt on the CPU (Pillow, OpenCV).",
+    price_list=edit_price_list,
 )
 
 
@@ -91,6 +111,7 @@ def build_registry(settings: Settings) -> Registry:
     registry.register(IMAGE_EDIT_SPEC)
     registry.register(TTS_SPEC)
     registry.register(STT_SPEC)
+    registry.register(video_spec(settings))
     for target in settings.extra_engines:
         module_name, _, func_name = target.partition(":")
         module = importlib.import_module(module_name)

@@ -50,6 +50,7 @@ CONTENT_TYPE_BY_EXTENSION = {
     ".flac": "audio/flac",
     ".json": "application/json",
     ".srt": "application/x-subrip",
+    ".mp4": "video/mp4",
 }
 
 

@@ -174,12 +174,17 @@ class Worker:
                 params=task.params,
                 images=images,
                 report=progress.report,
+                deadline=task.deadline_at / 1000,
             )
             async with progress.running():
                 result = await asyncio.to_thread(self._run_engine, engine, job)
             keys = await self._store_outputs(result)
         except TaskFailure as failure:
             log.info("task %s failed: %s", task.id, failure)
+            if failure.code == ErrorCode.TIMEOUT:
+                # An engine that stopped at the deadline ends the task like the supervisor.
+                await self.lifecycle.time_out(task.id, self.worker_id)
+                return
             await self.lifecycle.fail(task.id, self.worker_id, failure.code, failure.message)
             return
         except Exception:

@@ -156,15 +156,9 @@ class ImageEditEngine:
         )
 
     def _moderate_inputs(self, decoded: list[DecodedImage]) -> None:
-        threshold = self._settings.nsfw_threshold
-        for number, item in enumerate(decoded, start=1):
-            score = self.detector.detect(item.image, 320).nsfw_score
-            if score >= threshold:
-                raise TaskFailure(
-                    ErrorCode.MODERATION_NSFW_INPUT,
-                    f"image {number} was classified NSFW (score {score:.2f}, threshold "
-                    f"{threshold:.2f}); the moderation policy rejects NSFW inputs",
-                )
+        from genhook.engines.image_edit._frames import moderate_inputs
+
+        moderate_inputs(self.detector, decoded, self._settings.nsfw_threshold)
 
     def _execute(
         self, plan: EditPlan, images: list[Image.Image], ctx: _ops.Context, limit: int
@@ -187,7 +181,7 @@ class ImageEditEngine:
             for step in steps:
                 if step.targets and step.op not in COMBINE_OPS:
                     for index in step.targets:
-                        images[index] = _apply_to_input(step, images[index], ctx)
+                        images[index] = apply_to_input(step, images[index], ctx)
             steps = [s for s in steps if not s.targets or s.op in COMBINE_OPS]
 
         canvas: Image.Image | None = images[0] if single else None
@@ -203,7 +197,7 @@ class ImageEditEngine:
                         f"{', '.join(map(str, unused))} not used by {step.op.replace('_', ' ')}"
                     )
             elif canvas is None:
-                images = [_apply_to_input(step, image, ctx) for image in images]
+                images = [apply_to_input(step, image, ctx) for image in images]
             elif step.op in FINISHING_OPS:
                 finishing.append(step)
             else:
@@ -244,7 +238,7 @@ class ImageEditEngine:
         return content
 
 
-def _apply_to_input(step: Step, image: Image.Image, ctx: _ops.Context) -> Image.Image:
+def apply_to_input(step: Step, image: Image.Image, ctx: _ops.Context) -> Image.Image:
     if step.op == "border":
         width = _output.border_width(step.params, image.size, ctx.px(image, 1.0))
         return _output.add_border(image, width, str(step.params["color"]))
