@@ -5,6 +5,7 @@ Every field is documented in ``docs/configuration.md``; keep the two in step.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 from functools import cached_property
 from pathlib import Path
@@ -83,6 +84,22 @@ class Settings(BaseSettings):
 
     # Extra engines to register, as ``module:function`` names called with the registry.
     extra_engines: list[str] = Field(default_factory=list)
+
+    # Idempotent submit: an ``Idempotency-Key`` is remembered this long per account.
+    idempotency_key_ttl_seconds: float = Field(default=86400.0, gt=0)
+
+    # Per-account submit limits, enforced in the database across api processes; 0 turns a
+    # limit off. ``genhook accounts limits`` overrides them per account.
+    rate_limit_per_second: float = Field(default=0.0, ge=0)
+    # Submits a quiet account may send at once; 0 means one second's worth (at least 1).
+    rate_limit_burst: int = Field(default=0, ge=0)
+    max_tasks_in_flight: int = Field(default=0, ge=0)
+
+    # Output retention: outputs are deleted this long after their task ends (seconds or
+    # ISO 8601, e.g. ``P7D``); the job runs next to webhook reconciliation.
+    output_retention: timedelta = Field(default=timedelta(days=7))
+    retention_interval_seconds: float = Field(default=60.0, gt=0)
+    retention_batch: int = Field(default=200, ge=1)
 
     log_level: str = "INFO"
 

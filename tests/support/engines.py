@@ -23,8 +23,9 @@ from genhook.errors import ErrorCode, TaskFailure
 class FakeEditEngine:
     """Renders a solid image of the requested size whose colour is the mean of the inputs.
 
-    Prompt words steer it: ``sleep=<seconds>`` waits, ``fail`` fails with INSTRUCTION_INVALID,
-    ``crash`` raises an unexpected error, ``nsfw`` flags the output.
+    Prompt words steer it: ``sleep=<seconds>`` waits (an engine that cannot stop early),
+    ``wait=<seconds>`` waits but stops early when the task is given up, ``fail`` fails with
+    INSTRUCTION_INVALID, ``crash`` raises an unexpected error, ``nsfw`` flags the output.
     """
 
     loads = 0
@@ -37,6 +38,10 @@ class FakeEditEngine:
         for word in prompt.split():
             if word.startswith("sleep="):
                 time.sleep(float(word.split("=", 1)[1]))
+            if word.startswith("wait="):
+                # Stops early when the job is given up, as an engine that can should.
+                job.stop.wait(float(word.split("=", 1)[1]))
+                job.stop_if_asked()
         if "fail" in prompt.split():
             raise TaskFailure(ErrorCode.INSTRUCTION_INVALID, "the prompt asked to fail")
         if "crash" in prompt.split():

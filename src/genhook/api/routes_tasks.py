@@ -11,12 +11,19 @@ from sqlalchemy import func, select
 
 from genhook.api.bodies import read_json_body
 from genhook.api.deps import AccountDep, AppState, StateDep, current_account, get_state
-from genhook.api.errors import ERROR_RESPONSES
+from genhook.api.errors import ERROR_RESPONSES, SUBMIT_ERROR_RESPONSES, ErrorResponse
 from genhook.api.schemas import PredictionResponse, UsageResponse
 from genhook.db import Account, Task, UsageLine
 from genhook.engines.edit_request import EditRequest
 from genhook.errors import NotFound
 from genhook.storage.blobs import valid_key
+from genhook.tasks.admission import (
+    IDEMPOTENCY_HEADER,
+    START_DEADLINE_HEADER,
+    parse_idempotency_key,
+    parse_start_deadline,
+)
+from genhook.tasks.retention import raise_if_expired
 from genhook.tasks.views import iso_ms, prediction_view
 
 router = APIRouter()
@@ -39,8 +46,12 @@ async def _caller(request: Request) -> tuple[AppState, Account]:
 def _submit_route(path_name: str, summary: str) -> None:
     async def endpoint(request: Request) -> Any:
         state, account = await _caller(request)
+        key = parse_idempotency_key(request.headers.get(IDEMPOTENCY_HEADER))
+        start = parse_start_deadline(request.headers.get(START_DEADLINE_HEADER))
         body = await read_json_body(request, state.settings.max_body_bytes)
-        task = await state.submitter.submit(account.id, path_name, body)
+        task = await state.submitter.submit(
+            account.id, path_name, body, idempotency_key=key, start_deadline=start
+        )
         return JSONResponse(await prediction_view(task, state.settings, state.storage))
 
     endpoint.__name__ = f"submit_{path_name}"
@@ -50,7 +61,7 @@ def _submit_route(path_name: str, summary: str) -> None:
         methods=["POST"],
         summary=summary,
         response_model=PredictionResponse,
-        responses=ERROR_RESPONSES,
+        responses=SUBMIT_ERROR_RESPONSES,
         openapi_extra=_SUBMIT_DOC,
         tags=["tasks"],
     )
@@ -81,13 +92,18 @@ async def get_result(request_id: str, request: Request) -> Any:
     "/api/v1/outputs/{key:path}",
     tags=["tasks"],
     summary="Download an output (the unguessable URL is the credential)",
-    responses={200: {"content": {"image/jpeg": {}, "image/png": {}}}, 404: ERROR_RESPONSES[404]},
+    responses={
+        200: {"content": {"image/jpeg": {}, "image/png": {}}},
+        404: ERROR_RESPONSES[404],
+        410: {"model": ErrorResponse, "description": "Deleted at the end of its retention."},
+    },
 )
 async def get_output(key: str, state: StateDep) -> Response:
     if not key.startswith("outputs/") or not valid_key(key):
         raise NotFound("no such output")
     blob = await state.storage.get(key)
     if blob is None:
+        await raise_if_expired(state.db, key)
         raise NotFound("no such output")
     data, content_type = blob
     return Response(

@@ -9,12 +9,13 @@ from pydantic import BaseModel, Field
 
 class Urls(BaseModel):
     get: str = Field(description="The result endpoint of this task.")
+    cancel: str | None = Field(default=None, description="POST here to cancel the task.")
 
 
 class PredictionResponse(BaseModel):
     id: str = Field(description="Task id; fetch the result with it.")
     model: str
-    status: Literal["created", "processing", "completed", "failed"]
+    status: Literal["created", "processing", "completed", "failed", "canceled"]
     outputs: list[str] = Field(
         description="Output URLs (or raw base64 strings when enable_base64_output is true); "
         "empty unless status is completed."
@@ -28,6 +29,11 @@ class PredictionResponse(BaseModel):
         default=None, description="Engine details, e.g. how the prompt was understood."
     )
     completed_at: str | None = Field(default=None, description="ISO 8601 UTC end time.")
+    outputs_expire_at: str | None = Field(
+        default=None,
+        description="ISO 8601 UTC time the outputs are deleted (GENHOOK_OUTPUT_RETENTION "
+        "after the task ended); their URLs answer 410 after it.",
+    )
 
 
 class UsageItem(BaseModel):

@@ -17,8 +17,10 @@ from genhook.client._models import TERMINAL_STATUSES, Prediction, Usage, UsageIt
 from genhook.client._starlette import verify_request, webhook_dependency
 from genhook.client._verifier import WebhookVerifier
 from genhook.errors import (
+    Conflict,
     FieldError,
     GenhookError,
+    Gone,
     InvalidRequest,
     NotFound,
     PayloadTooLarge,
@@ -33,9 +35,11 @@ __all__ = [
     "APIConnectionError",
     "AsyncClient",
     "Client",
+    "Conflict",
     "DedupStore",
     "FieldError",
     "GenhookError",
+    "Gone",
     "ImageInput",
     "InvalidRequest",
     "MemoryDedupStore",

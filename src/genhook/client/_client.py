@@ -87,6 +87,21 @@ class _Core:
         return backoff_delay(attempt, self.retry_backoff, self.retry_backoff_cap)
 
     @staticmethod
+    def _submit_headers(
+        idempotency_key: str | None, start_deadline: float | None
+    ) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        if idempotency_key is not None:
+            headers["Idempotency-Key"] = idempotency_key
+        if start_deadline is not None:
+            headers["X-Start-Deadline"] = f"{start_deadline:g}"
+        return headers
+
+    @staticmethod
+    def _cancel_path(task_id: str) -> str:
+        return f"/api/v1/model/result/{quote(task_id, safe='')}/cancel"
+
+    @staticmethod
     def _usage_path(limit: int, cursor: int | None) -> str:
         query = f"limit={limit}" + (f"&cursor={cursor}" if cursor is not None else "")
         return f"/api/v1/usage?{query}"
@@ -172,9 +187,17 @@ class Client(_Core):
             self._http.close()
 
     def _request(
-        self, method: str, path: str, *, body: Any = None, idempotent: bool, auth: bool = True
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        idempotent: bool,
+        auth: bool = True,
+        extra_headers: dict[str, str] | None = None,
     ) -> Any:
         headers = self._headers() if auth else {"Accept": "application/json"}
+        headers.update(extra_headers or {})
         attempt = 0
         while True:
             attempt += 1
@@ -190,11 +213,31 @@ class Client(_Core):
                 continue
             return self._parse(response)
 
-    def submit(self, model: str, /, *, kind: Kind = "image", **fields: Any) -> Prediction:
-        """Submit any model's task; ``fields`` are its request body beside ``model``."""
+    def submit(
+        self,
+        model: str,
+        /,
+        *,
+        kind: Kind = "image",
+        idempotency_key: str | None = None,
+        start_deadline: float | None = None,
+        **fields: Any,
+    ) -> Prediction:
+        """Submit any model's task; ``fields`` are its request body beside ``model``.
+
+        With ``idempotency_key`` a retry can never create a second task, so the submit is
+        retried like a read; ``start_deadline`` (seconds) ends it ``timeout`` if it has not
+        started by then.
+        """
         body = {"model": model, **fields}
         return self._prediction(
-            self._request("POST", _SUBMIT_PATHS[kind], body=body, idempotent=False)
+            self._request(
+                "POST",
+                _SUBMIT_PATHS[kind],
+                body=body,
+                idempotent=idempotency_key is not None,
+                extra_headers=self._submit_headers(idempotency_key, start_deadline),
+            )
         )
 
     def edit(
@@ -209,6 +252,8 @@ class Client(_Core):
         enable_base64_output: bool | None = None,
         webhook_url: str | None = None,
         model: str = EDIT_MODEL,
+        idempotency_key: str | None = None,
+        start_deadline: float | None = None,
         **extra: Any,
     ) -> Prediction:
         """Submit an image edit (contract 2.1); images may be paths, bytes, PIL images or URLs."""
@@ -222,8 +267,18 @@ class Client(_Core):
         }
         body = self._edit_body(prompt, images, model, optional, extra)
         return self._prediction(
-            self._request("POST", _SUBMIT_PATHS["image"], body=body, idempotent=False)
+            self._request(
+                "POST",
+                _SUBMIT_PATHS["image"],
+                body=body,
+                idempotent=idempotency_key is not None,
+                extra_headers=self._submit_headers(idempotency_key, start_deadline),
+            )
         )
+
+    def cancel(self, task_id: str) -> Prediction:
+        """Cancel a task that has not ended; ``Conflict`` (409) when it already had."""
+        return self._prediction(self._request("POST", self._cancel_path(task_id), idempotent=False))
 
     def result(self, task_id: str) -> Prediction:
         path = f"/api/v1/model/result/{quote(task_id, safe='')}"
@@ -294,9 +349,17 @@ class AsyncClient(_Core):
             await self._http.aclose()
 
     async def _request(
-        self, method: str, path: str, *, body: Any = None, idempotent: bool, auth: bool = True
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        idempotent: bool,
+        auth: bool = True,
+        extra_headers: dict[str, str] | None = None,
     ) -> Any:
         headers = self._headers() if auth else {"Accept": "application/json"}
+        headers.update(extra_headers or {})
         attempt = 0
         while True:
             attempt += 1
@@ -314,10 +377,25 @@ class AsyncClient(_Core):
                 continue
             return self._parse(response)
 
-    async def submit(self, model: str, /, *, kind: Kind = "image", **fields: Any) -> Prediction:
+    async def submit(
+        self,
+        model: str,
+        /,
+        *,
+        kind: Kind = "image",
+        idempotency_key: str | None = None,
+        start_deadline: float | None = None,
+        **fields: Any,
+    ) -> Prediction:
         body = {"model": model, **fields}
         return self._prediction(
-            await self._request("POST", _SUBMIT_PATHS[kind], body=body, idempotent=False)
+            await self._request(
+                "POST",
+                _SUBMIT_PATHS[kind],
+                body=body,
+                idempotent=idempotency_key is not None,
+                extra_headers=self._submit_headers(idempotency_key, start_deadline),
+            )
         )
 
     async def edit(
@@ -332,6 +410,8 @@ class AsyncClient(_Core):
         enable_base64_output: bool | None = None,
         webhook_url: str | None = None,
         model: str = EDIT_MODEL,
+        idempotency_key: str | None = None,
+        start_deadline: float | None = None,
         **extra: Any,
     ) -> Prediction:
         optional = {
@@ -345,7 +425,18 @@ class AsyncClient(_Core):
         # Reading and encoding files is blocking work; keep it off the event loop.
         body = await asyncio.to_thread(self._edit_body, prompt, images, model, optional, extra)
         return self._prediction(
-            await self._request("POST", _SUBMIT_PATHS["image"], body=body, idempotent=False)
+            await self._request(
+                "POST",
+                _SUBMIT_PATHS["image"],
+                body=body,
+                idempotent=idempotency_key is not None,
+                extra_headers=self._submit_headers(idempotency_key, start_deadline),
+            )
+        )
+
+    async def cancel(self, task_id: str) -> Prediction:
+        return self._prediction(
+            await self._request("POST", self._cancel_path(task_id), idempotent=False)
         )
 
     async def result(self, task_id: str) -> Prediction:

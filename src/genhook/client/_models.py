@@ -12,8 +12,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from genhook.client._errors import TaskFailed
+from genhook.task_states import TERMINAL, UNSUCCESSFUL
 
-TERMINAL_STATUSES = frozenset({"completed", "failed", "timeout"})
+TERMINAL_STATUSES = frozenset(TERMINAL)
 
 
 def _str_or_none(value: Any) -> str | None:
@@ -39,6 +40,8 @@ class Prediction:
     error: str | None = None
     error_code: int | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    # When the outputs are deleted (ISO 8601); their URLs answer 410 after it.
+    outputs_expire_at: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -61,6 +64,7 @@ class Prediction:
             error=_str_or_none(data.get("error")),
             error_code=_int_or_none(data.get("error_code")),
             info=dict(info) if isinstance(info, dict) else {},
+            outputs_expire_at=_str_or_none(data.get("outputs_expire_at")),
             raw=data,
         )
 
@@ -73,9 +77,13 @@ class Prediction:
     def succeeded(self) -> bool:
         return self.status == "completed"
 
+    @property
+    def canceled(self) -> bool:
+        return self.status == "canceled"
+
     def raise_for_failure(self) -> Prediction:
         """Return self when completed or still running; raise ``TaskFailed`` otherwise."""
-        if self.status in ("failed", "timeout"):
+        if self.status in UNSUCCESSFUL:
             code = f" (error_code {self.error_code})" if self.error_code is not None else ""
             message = self.error or f"task {self.status}"
             raise TaskFailed(f"task {self.id} {self.status}{code}: {message}", self)

@@ -24,6 +24,7 @@ from genhook.errors import FieldError, InvalidRequest
 from genhook.media import CONTENT_TYPES
 from genhook.net import AddressPolicy
 from genhook.storage import BlobStore
+from genhook.tasks.admission import Admission, request_hash
 
 
 class GroupInserter:
@@ -103,8 +104,27 @@ class Submitter:
 
     def __post_init__(self) -> None:
         self._inserter = GroupInserter(self.db)
+        self.admission = Admission(self.settings, self.db)
 
-    async def submit(self, account_id: str, path_name: str, body: Any) -> Task:
+    async def submit(
+        self,
+        account_id: str,
+        path_name: str,
+        body: Any,
+        *,
+        idempotency_key: str | None = None,
+        start_deadline: float | None = None,
+    ) -> Task:
+        """Create a task, or return the one an earlier submit with ``idempotency_key`` made.
+
+        ``start_deadline`` (seconds) ends the task ``timeout`` if no worker starts it in time.
+        """
+        digest = ""
+        if idempotency_key is not None:
+            digest = request_hash(path_name, body)
+            earlier = await self.admission.replay(account_id, idempotency_key, digest, now_ms())
+            if earlier is not None:
+                return earlier
         path_kind = PATH_KINDS[path_name]
         context: dict[str, Any] = {}
         request = self._validate(path_kind, body, context)
@@ -147,6 +167,11 @@ class Submitter:
                 "total_micros": int(charge.total * 1_000_000),
             },
         )
+        if start_deadline is not None:
+            task.start_deadline_at = now + int(start_deadline * 1000)
+        limits = await self.admission.limits(account_id)
+        if idempotency_key is not None or limits.active:
+            return await self.admission.insert(task, blobs, limits, idempotency_key, digest, now)
         await self._inserter.insert(task, blobs)
         return task
 

@@ -29,6 +29,11 @@ from genhook.tasks.lifecycle import Lifecycle
 log = logging.getLogger(__name__)
 
 
+# How long an engine asked to stop gets before its process is marked for replacement.
+ENGINE_STOP_POLLS = 10
+ENGINE_STOP_POLL_SECONDS = 0.05
+
+
 class LeaseLost(Exception):
     pass
 
@@ -56,6 +61,8 @@ class Worker:
         self._ssl_context = client_ssl_context(self.settings.webhook_ca_file)
         # Set when an abandoned engine call is still computing: the process should be replaced.
         self.tainted = False
+        # The running job's stop signal (EngineJob.stop), set whenever the task is given up.
+        self._job_stop = threading.Event()
 
     def engine(self, model: str) -> Engine:
         engine = self._engines.get(model)
@@ -89,6 +96,7 @@ class Worker:
         return True
 
     async def process(self, task: Task, stop: asyncio.Event | None = None) -> None:
+        self._job_stop = threading.Event()
         lost = asyncio.Event()
         heartbeat = asyncio.create_task(self._heartbeat(task.id, lost))
         work = asyncio.create_task(self._execute(task))
@@ -98,6 +106,12 @@ class Worker:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await heartbeat
+        if self._engine_busy.is_set() and self._job_stop.is_set():
+            # Asked to stop (cancel, deadline, lost lease): an engine that can, stops soon.
+            for _ in range(ENGINE_STOP_POLLS):
+                if not self._engine_busy.is_set():
+                    break
+                await asyncio.sleep(ENGINE_STOP_POLL_SECONDS)
         if self._engine_busy.is_set():
             # A thread cannot be killed: stop claiming so the supervisor replaces this process.
             log.warning("task %s: the engine is still running after being abandoned", task.id)
@@ -124,10 +138,13 @@ class Worker:
                 if work.done():
                     break
                 if lost.is_set():
-                    log.warning("task %s: lease lost; abandoning", task.id)
+                    # Also how a cancel arrives: the task is no longer ``processing``.
+                    log.warning("task %s: lease lost or task canceled; abandoning", task.id)
+                    self._job_stop.set()
                     work.cancel()
                     return
                 if loop.time() >= deadline:
+                    self._job_stop.set()
                     work.cancel()
                     if await self.lifecycle.time_out(task.id, self.worker_id):
                         log.info("task %s timed out", task.id)
@@ -137,6 +154,7 @@ class Worker:
                     waiters.discard(stop_waiter)
                     log.info("task %s: finishing before shutdown", task.id)
                 elif grace_deadline is not None and loop.time() >= grace_deadline:
+                    self._job_stop.set()
                     work.cancel()
                     await self.lifecycle.release(task.id, self.worker_id)
                     log.info("task %s: released at shutdown", task.id)
@@ -164,7 +182,13 @@ class Worker:
         try:
             images = await self._load_inputs(task)
             engine = await asyncio.to_thread(self.engine, task.model)
-            job = EngineJob(task_id=task.id, model=task.model, params=task.params, images=images)
+            job = EngineJob(
+                task_id=task.id,
+                model=task.model,
+                params=task.params,
+                images=images,
+                stop=self._job_stop,
+            )
             result = await asyncio.to_thread(self._run_engine, engine, job)
             keys = await self._store_outputs(result)
         except TaskFailure as failure:
