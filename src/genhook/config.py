@@ -5,13 +5,14 @@ Every field is documented in ``docs/configuration.md``; keep the two in step.
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 from decimal import Decimal
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -102,6 +103,15 @@ class Settings(BaseSettings):
     retention_batch: int = Field(default=200, ge=1)
 
     log_level: str = "INFO"
+
+    @field_validator("output_retention", mode="before")
+    @classmethod
+    def _seconds_or_iso(cls, value: object) -> object:
+        """``GENHOOK_OUTPUT_RETENTION=3600`` means seconds; ISO 8601 (``P7D``) also works."""
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                return timedelta(seconds=float(value))
+        return value
 
     @cached_property
     def resolved_database_url(self) -> str:
