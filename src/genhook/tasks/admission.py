@@ -14,7 +14,7 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -26,6 +26,9 @@ from genhook.config import Settings
 from genhook.db import AccountLimit, Blob, Database, IdempotencyKey, Task
 from genhook.errors import Conflict, FieldError, InvalidRequest, TooManyRequests
 from genhook.task_states import ACTIVE
+
+if TYPE_CHECKING:
+    from genhook.tasks.submission import GroupInserter
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 START_DEADLINE_HEADER = "X-Start-Deadline"
@@ -100,9 +103,11 @@ def effective_limits(settings: Settings, row: AccountLimit | None) -> Limits:
 
 
 class Admission:
-    def __init__(self, settings: Settings, db: Database) -> None:
+    def __init__(self, settings: Settings, db: Database, inserter: GroupInserter) -> None:
         self.settings = settings
         self.db = db
+        # Keyed submits of unlimited accounts share the batched inserts of plain ones.
+        self.inserter = inserter
         # Overrides change rarely (from the CLI); a short cache spares a read per submit.
         self._cache: dict[str, tuple[float, Limits]] = {}
 
@@ -122,11 +127,21 @@ class Admission:
         """The task a live ``key`` created, or None; 409 when it came with another body."""
         async with self.db.read() as session:
             row = await session.get(IdempotencyKey, (account_id, key))
-            if row is None or row.expires_at <= now:
-                return None
-            if row.request_hash != digest:
-                raise _key_conflict(key)
-            return await session.get(Task, row.task_id)
+            if row is not None and row.expires_at > now:
+                if row.request_hash != digest:
+                    raise _key_conflict(key)
+                return await session.get(Task, row.task_id)
+        if row is not None:
+            # Past its time: free the key for this request.
+            async with self.db.write() as session:
+                await session.execute(
+                    delete(IdempotencyKey).where(
+                        IdempotencyKey.account_id == account_id,
+                        IdempotencyKey.key == key,
+                        IdempotencyKey.expires_at <= now,
+                    )
+                )
+        return None
 
     async def insert(
         self,
@@ -138,30 +153,33 @@ class Admission:
         now: int,
     ) -> Task:
         """Write ``task`` under its key and its account's limits, or raise; returns the task
-        to answer with (another request's, when that one holds the key)."""
+        to answer with (another request's, when that one holds the key).
+
+        Without limits the rows join the batched insert; a batch that fails on a taken key
+        is retried row by row, so only the duplicate fails, and it replays the winner.
+        """
+        keys: list[dict[str, Any]] = []
+        if key is not None:
+            ttl_ms = int(self.settings.idempotency_key_ttl_seconds * 1000)
+            keys.append(
+                {
+                    "account_id": task.account_id,
+                    "key": key,
+                    "request_hash": digest,
+                    "task_id": task.id,
+                    "created_at": now,
+                    "expires_at": now + ttl_ms,
+                }
+            )
         try:
+            if not limits.active:
+                await self.inserter.insert(task, blobs, keys)
+                return task
             async with self.db.write() as session:
-                if key is not None:
-                    await session.execute(
-                        delete(IdempotencyKey).where(
-                            IdempotencyKey.account_id == task.account_id,
-                            IdempotencyKey.key == key,
-                            IdempotencyKey.expires_at <= now,
-                        )
-                    )
-                    ttl_ms = int(self.settings.idempotency_key_ttl_seconds * 1000)
-                    await session.execute(
-                        insert(IdempotencyKey).values(
-                            account_id=task.account_id,
-                            key=key,
-                            request_hash=digest,
-                            task_id=task.id,
-                            created_at=now,
-                            expires_at=now + ttl_ms,
-                        )
-                    )
-                if limits.active:
-                    await self._take_slot(session, task.account_id, limits, now)
+                # The key first: a parallel retry waits here for this transaction's outcome.
+                if keys:
+                    await session.execute(insert(IdempotencyKey), keys)
+                await self._take_slot(session, task.account_id, limits, now)
                 columns = [column.key for column in Task.__table__.columns]
                 await session.execute(
                     insert(Task), [{name: getattr(task, name) for name in columns}]

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy import insert
 
 from genhook.config import Settings
-from genhook.db import Blob, Database, Task, now_ms
+from genhook.db import Blob, Database, IdempotencyKey, Task, now_ms
 from genhook.engines.base import ModelKind
 from genhook.engines.edit_request import IMAGE_REFS, ImageItemsError, ImageRef, parse_image_ref
 from genhook.engines.registry import PATH_KINDS, Registry, submit_paths
@@ -41,9 +41,12 @@ class GroupInserter:
         self._pending: list[tuple[_Row, asyncio.Future[None]]] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    async def insert(self, task: Task, blobs: list[dict[str, Any]]) -> None:
+    async def insert(
+        self, task: Task, blobs: list[dict[str, Any]], keys: list[dict[str, Any]] | None = None
+    ) -> None:
+        """``keys``: the submit's ``idempotency_keys`` row, written in the same transaction."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append(((task, blobs), future))
+        self._pending.append(((task, blobs, keys or []), future))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         await asyncio.shield(future)
@@ -69,14 +72,17 @@ class GroupInserter:
                 _settle(batch, None)
 
     async def _write(self, rows: list[_Row]) -> None:
-        blobs = [blob for _, task_blobs in rows for blob in task_blobs]
+        blobs = [blob for _, task_blobs, _ in rows for blob in task_blobs]
+        keys = [key for _, _, task_keys in rows for key in task_keys]
         async with self.db.write() as session:
-            await session.execute(insert(Task), [_values(task) for task, _ in rows])
+            await session.execute(insert(Task), [_values(task) for task, _, _ in rows])
             if blobs:
                 await session.execute(insert(Blob), blobs)
+            if keys:
+                await session.execute(insert(IdempotencyKey), keys)
 
 
-_Row = tuple[Task, list[dict[str, Any]]]
+_Row = tuple[Task, list[dict[str, Any]], list[dict[str, Any]]]
 _COLUMNS = [column.key for column in Task.__table__.columns]
 
 
@@ -104,7 +110,7 @@ class Submitter:
 
     def __post_init__(self) -> None:
         self._inserter = GroupInserter(self.db)
-        self.admission = Admission(self.settings, self.db)
+        self.admission = Admission(self.settings, self.db, self._inserter)
 
     async def submit(
         self,
