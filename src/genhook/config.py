@@ -86,6 +86,9 @@ class Settings(BaseSettings):
     # Extra engines to register, as ``module:function`` names called with the registry.
     extra_engines: list[str] = Field(default_factory=list)
 
+    # How often a busy worker checks whether its task was canceled (a cheap indexed read).
+    cancel_check_seconds: float = Field(default=1.0, gt=0)
+
     # Idempotent submit: an ``Idempotency-Key`` is remembered this long per account.
     idempotency_key_ttl_seconds: float = Field(default=86400.0, gt=0)
 

@@ -108,6 +108,16 @@ class Lifecycle:
             )
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
+    async def still_held(self, task_id: str, worker_id: str) -> bool:
+        """A read-only check that the task is still ``processing`` under this worker."""
+        async with self.db.read() as session:
+            row = (
+                await session.execute(
+                    select(Task.status, Task.lease_owner).where(Task.id == task_id)
+                )
+            ).first()
+        return row is not None and row.status == "processing" and row.lease_owner == worker_id
+
     async def release(self, task_id: str, worker_id: str) -> bool:
         """Give a task back without counting a lost lease (graceful shutdown)."""
         now = now_ms()
