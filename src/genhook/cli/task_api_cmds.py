@@ -96,8 +96,8 @@ def limits(
     if as_json:
         print(json.dumps(view))
         return
-    effective_view = view["effective"]
-    console.print(f"account {view['account_id']} (0: unlimited; overrides: {view['overrides']})")
-    console.print(f"  submits per second: {effective_view['per_second']:g}")
-    console.print(f"  burst:              {effective_view['burst']}")
-    console.print(f"  tasks in flight:    {effective_view['in_flight']}")
+    console.print(f"account {view['account_id']} (0 means unlimited)")
+    labels = {"per_second": "submits per second", "burst": "burst", "in_flight": "tasks in flight"}
+    for name, label in labels.items():
+        source = "setting" if view["overrides"][name] is None else "override"
+        console.print(f"  {label + ':':20} {view['effective'][name]:g} ({source})")
