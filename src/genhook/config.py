@@ -5,12 +5,14 @@ Every field is documented in ``docs/configuration.md``; keep the two in step.
 
 from __future__ import annotations
 
+import contextlib
+from datetime import timedelta
 from decimal import Decimal
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -111,8 +113,35 @@ class Settings(BaseSettings):
     wait_max_seconds: float = Field(default=60.0, ge=0, le=60)
     watch_poll_seconds: float = Field(default=0.1, gt=0)
     progress_interval_seconds: float = Field(default=0.25, gt=0)
+    # How often a busy worker checks whether its task was canceled (a cheap indexed read).
+    cancel_check_seconds: float = Field(default=1.0, gt=0)
+
+    # Idempotent submit: an ``Idempotency-Key`` is remembered this long per account.
+    idempotency_key_ttl_seconds: float = Field(default=86400.0, gt=0)
+
+    # Per-account submit limits, enforced in the database across api processes; 0 turns a
+    # limit off. ``genhook accounts limits`` overrides them per account.
+    rate_limit_per_second: float = Field(default=0.0, ge=0)
+    # Submits a quiet account may send at once; 0 means one second's worth (at least 1).
+    rate_limit_burst: int = Field(default=0, ge=0)
+    max_tasks_in_flight: int = Field(default=0, ge=0)
+
+    # Output retention: outputs are deleted this long after their task ends (seconds or
+    # ISO 8601, e.g. ``P7D``); the job runs next to webhook reconciliation.
+    output_retention: timedelta = Field(default=timedelta(days=7))
+    retention_interval_seconds: float = Field(default=60.0, gt=0)
+    retention_batch: int = Field(default=200, ge=1)
 
     log_level: str = "INFO"
+
+    @field_validator("output_retention", mode="before")
+    @classmethod
+    def _seconds_or_iso(cls, value: object) -> object:
+        """``GENHOOK_OUTPUT_RETENTION=3600`` means seconds; ISO 8601 (``P7D``) also works."""
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                return timedelta(seconds=float(value))
+        return value
 
     @cached_property
     def resolved_database_url(self) -> str:

@@ -53,6 +53,16 @@ class PayloadTooLarge(GenhookError):
 class TooManyRequests(GenhookError):
     status_code = 429
 
+    def __init__(
+        self, message: str, errors: list[FieldError] | None = None, retry_after: int = 1
+    ) -> None:
+        super().__init__(message, errors)
+        self.retry_after = max(1, retry_after)
+
+
+class Gone(GenhookError):
+    status_code = 410
+
 
 class ServiceUnavailable(GenhookError):
     status_code = 503
@@ -84,6 +94,7 @@ class ErrorCode(IntEnum):
     WORKER_LOST = 4001
     TIMEOUT = 4002
     INTERNAL_ERROR = 4003
+    CANCELED = 4004
 
 
 ERROR_CODE_DESCRIPTIONS: dict[ErrorCode, str] = {
@@ -117,6 +128,7 @@ ERROR_CODE_DESCRIPTIONS: dict[ErrorCode, str] = {
     "the configured lease-loss limit.",
     ErrorCode.TIMEOUT: "The task did not finish before its model's deadline.",
     ErrorCode.INTERNAL_ERROR: "An unexpected error in the service.",
+    ErrorCode.CANCELED: "The task was canceled by its owner (status ``canceled``).",
 }
 
 

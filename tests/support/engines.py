@@ -23,9 +23,10 @@ from genhook.errors import ErrorCode, TaskFailure
 class FakeEditEngine:
     """Renders a solid image of the requested size whose colour is the mean of the inputs.
 
-    Prompt words steer it: ``sleep=<seconds>`` waits, ``fail`` fails with INSTRUCTION_INVALID,
-    ``crash`` raises an unexpected error, ``nsfw`` flags the output, ``steps=<n>`` splits the
-    sleep into n steps and reports progress and a log line after each.
+    Prompt words steer it: ``sleep=<seconds>`` waits (an engine that cannot stop early),
+    ``wait=<seconds>`` waits but stops early when the task is given up, ``fail`` fails with
+    INSTRUCTION_INVALID, ``crash`` raises an unexpected error, ``nsfw`` flags the output,
+    ``steps=<n>`` splits the sleep into n steps and reports progress and a log line after each.
     """
 
     loads = 0
@@ -41,6 +42,10 @@ class FakeEditEngine:
             time.sleep(float(words.get("sleep", "0")) / steps)
             if "steps" in words:
                 job.report(progress=step / steps, log=f"step {step} of {steps}")
+        if "wait" in words:
+            # Stops early when the job is given up, as an engine that can should.
+            job.stop.wait(float(words["wait"]))
+            job.stop_if_asked()
         if "fail" in prompt.split():
             raise TaskFailure(ErrorCode.INSTRUCTION_INVALID, "the prompt asked to fail")
         if "crash" in prompt.split():

@@ -19,6 +19,7 @@ from sqlalchemy import text
 from genhook import __version__
 from genhook.api.deps import AppState
 from genhook.api.errors import install_error_handlers
+from genhook.api.routes_cancel import router as cancel_router
 from genhook.api.routes_models import install_models
 from genhook.api.routes_tasks import router as tasks_router
 from genhook.api.routes_watch import router as watch_router
@@ -102,6 +103,7 @@ def create_app(
     app.state.genhook = state
     install_error_handlers(app)
     app.include_router(tasks_router)
+    app.include_router(cancel_router)
     app.include_router(webhooks_router)
     app.include_router(watch_router)
     install_models(app, state.registry)

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from genhook.errors import FieldError, GenhookError
+from genhook.errors import FieldError, GenhookError, TooManyRequests
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +40,13 @@ def error_body(status: int, message: str, errors: list[FieldError] | None = None
 
 
 def error_response(
-    status: int, message: str, errors: list[FieldError] | None = None
+    status: int,
+    message: str,
+    errors: list[FieldError] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status == 401:
+        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
     return JSONResponse(error_body(status, message, errors), status_code=status, headers=headers)
 
 
@@ -52,12 +56,21 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "No such task for this account."},
     413: {"model": ErrorResponse, "description": "Request body over the configured cap."},
 }
+# The submit paths also push back (limits) and refuse a reused Idempotency-Key.
+SUBMIT_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES,
+    409: {"model": ErrorResponse, "description": "Idempotency-Key reused with another body."},
+    429: {"model": ErrorResponse, "description": "Over a limit; see the Retry-After header."},
+}
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GenhookError)
     async def _genhook(_: Request, exc: GenhookError) -> JSONResponse:
-        return error_response(exc.status_code, exc.message, exc.errors)
+        headers = None
+        if isinstance(exc, TooManyRequests):
+            headers = {"Retry-After": str(exc.retry_after)}
+        return error_response(exc.status_code, exc.message, exc.errors, headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from genhook.api.bodies import read_json_body
 from genhook.api.deps import AccountDep, AppState, StateDep, current_account, get_state
-from genhook.api.errors import ERROR_RESPONSES, ErrorResponse
+from genhook.api.errors import ERROR_RESPONSES, SUBMIT_ERROR_RESPONSES, ErrorResponse
 from genhook.api.ranges import ranged_response
 from genhook.api.routes_watch import prefer_wait, result_response
 from genhook.api.schemas import PredictionResponse, UsageResponse
@@ -19,6 +19,13 @@ from genhook.db import Account, Task, UsageLine
 from genhook.engines.edit_request import EditRequest
 from genhook.errors import NotFound
 from genhook.storage.blobs import valid_key
+from genhook.tasks.admission import (
+    IDEMPOTENCY_HEADER,
+    START_DEADLINE_HEADER,
+    parse_idempotency_key,
+    parse_start_deadline,
+)
+from genhook.tasks.retention import raise_if_expired
 from genhook.tasks.views import iso_ms, prediction_view
 
 router = APIRouter()
@@ -42,8 +49,12 @@ def _submit_route(path_name: str, summary: str, doc: dict[str, Any] = _SUBMIT_DO
     async def endpoint(request: Request) -> Any:
         state, account = await _caller(request)
         wait = prefer_wait(request, state.settings.wait_max_seconds)
+        key = parse_idempotency_key(request.headers.get(IDEMPOTENCY_HEADER))
+        start = parse_start_deadline(request.headers.get(START_DEADLINE_HEADER))
         body = await read_json_body(request, state.settings.max_body_bytes)
-        task = await state.submitter.submit(account.id, path_name, body)
+        task = await state.submitter.submit(
+            account.id, path_name, body, idempotency_key=key, start_deadline=start
+        )
         if wait is not None:
             return await result_response(state, task, request)
         return JSONResponse(await prediction_view(task, state.settings, state.storage))
@@ -55,7 +66,7 @@ def _submit_route(path_name: str, summary: str, doc: dict[str, Any] = _SUBMIT_DO
         methods=["POST"],
         summary=summary,
         response_model=PredictionResponse,
-        responses=ERROR_RESPONSES,
+        responses=SUBMIT_ERROR_RESPONSES,
         openapi_extra=doc,
         tags=["tasks"],
     )
@@ -90,6 +101,7 @@ async def get_result(request_id: str, request: Request) -> Any:
         200: {"content": {"image/jpeg": {}, "image/png": {}, "video/mp4": {}}},
         206: {"description": "One byte range of the output (HTTP Range requests)"},
         404: ERROR_RESPONSES[404],
+        410: {"model": ErrorResponse, "description": "Deleted at the end of its retention."},
         416: {"model": ErrorResponse, "description": "The byte range is past the output's end."},
     },
 )
@@ -98,6 +110,7 @@ async def get_output(key: str, state: StateDep, request: Request) -> Response:
         raise NotFound("no such output")
     blob = await state.storage.get(key)
     if blob is None:
+        await raise_if_expired(state.db, key)
         raise NotFound("no such output")
     data, content_type = blob
     return ranged_response(

@@ -25,7 +25,7 @@ from genhook.api.errors import ERROR_RESPONSES
 from genhook.api.schemas import TaskListResponse
 from genhook.db import Account, Task
 from genhook.errors import FieldError, InvalidRequest, NotFound
-from genhook.statuses import POLLED_STATUSES, is_terminal, polled_status
+from genhook.task_states import POLLED_STATUSES, is_terminal, polled_status
 from genhook.tasks.views import prediction_view
 from genhook.tasks.watch import Signature, last_event_id, log_lines, task_view
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 class Urls(BaseModel):
     get: str = Field(description="The result endpoint of this task.")
+    cancel: str | None = Field(default=None, description="POST here to cancel the task.")
 
 
 class LogLineModel(BaseModel):
@@ -41,7 +42,7 @@ class SttResult(BaseModel):
 class PredictionResponse(BaseModel):
     id: str = Field(description="Task id; fetch the result with it.")
     model: str
-    status: Literal["created", "processing", "completed", "failed"]
+    status: Literal["created", "processing", "completed", "failed", "canceled"]
     outputs: list[str] = Field(
         description="Output URLs (or raw base64 strings when enable_base64_output is true); "
         "empty unless status is completed."
@@ -67,14 +68,19 @@ class PredictionResponse(BaseModel):
     logs: list[LogLineModel] | None = Field(
         default=None, description="The engine's log lines, with ?logs=1 (and in stream events)."
     )
+    stt_result: SttResult | None = Field(
+        default=None, description="The transcript of a completed speech-to-text task."
+    )
+    outputs_expire_at: str | None = Field(
+        default=None,
+        description="ISO 8601 UTC time the outputs are deleted (GENHOOK_OUTPUT_RETENTION "
+        "after the task ended); their URLs answer 410 after it.",
+    )
 
 
 class TaskListResponse(BaseModel):
     items: list[PredictionResponse] = Field(description="Newest first.")
     next_cursor: str | None = Field(description="Pass as cursor for the next page; null: last.")
-    stt_result: SttResult | None = Field(
-        default=None, description="The transcript of a completed speech-to-text task."
-    )
 
 
 class UsageItem(BaseModel):

@@ -203,13 +203,14 @@ def keys_revoke(key_id: str) -> None:
 
 def _register_command_groups() -> None:
     """Attach the webhook and client command groups, which live in their own modules."""
-    from genhook.cli import client_cmds
+    from genhook.cli import client_cmds, task_api_cmds
     from genhook.cli import webhooks as webhook_cli
 
     app.add_typer(webhook_cli.signing_keys_app, name="signing-keys")
     app.add_typer(webhook_cli.deliveries_app, name="deliveries")
     accounts_app.command("rotate-secret")(webhook_cli.rotate_secret)
     client_cmds.register(app)
+    task_api_cmds.register(app, accounts_app)
 
 
 _register_command_groups()

@@ -28,6 +28,7 @@ from genhook.client import (
 from genhook.client._client import Kind
 from genhook.client._images import image_items
 from genhook.client._listen import Delivery, Listener
+from genhook.task_states import UNSUCCESSFUL
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -65,9 +66,13 @@ def _fail_request(exc: GenhookError) -> typer.Exit:
 
 
 def _status_style(status: str) -> str:
-    return {"completed": "green", "OK": "green", "failed": "red", "timeout": "red"}.get(
-        status, "yellow"
-    )
+    return {
+        "completed": "green",
+        "OK": "green",
+        "failed": "red",
+        "timeout": "red",
+        "canceled": "red",
+    }.get(status, "yellow")
 
 
 def print_prediction(prediction: Prediction, as_json: bool) -> None:
@@ -93,6 +98,8 @@ def print_prediction(prediction: Prediction, as_json: bool) -> None:
         )
     if prediction.info:
         table.add_row("info", escape(json.dumps(prediction.info, ensure_ascii=False)))
+    if prediction.outputs_expire_at:
+        table.add_row("outputs expire", prediction.outputs_expire_at)
     if "get" in prediction.urls:
         table.add_row("result", prediction.urls["get"])
     console.print(table)
@@ -125,7 +132,7 @@ def _wait_with_progress(client: Client, task_id: str, timeout: float, as_json: b
 
 
 def _exit_for(prediction: Prediction) -> None:
-    if prediction.status in ("failed", "timeout"):
+    if prediction.status in UNSUCCESSFUL:
         raise typer.Exit(EXIT_TASK_FAILED)
 
 
@@ -141,6 +148,12 @@ def submit(
     webhook_url: str | None = typer.Option(None, "--webhook-url", help="https callback URL."),
     field: list[str] = typer.Option(
         [], "--field", "-f", help="Extra body field KEY=VALUE (VALUE parsed as JSON if it can)."
+    ),
+    idempotency_key: str | None = typer.Option(
+        None, "--idempotency-key", help="Makes a resubmit return the first task (24 h)."
+    ),
+    start_deadline: float | None = typer.Option(
+        None, "--start-deadline", help="Seconds; a task not started by then ends timeout."
     ),
     wait_for_it: bool = typer.Option(False, "--wait", help="Wait for the terminal state."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds --wait waits at most."),
@@ -165,7 +178,13 @@ def submit(
     fields.update(_parse_field(item) for item in field)
     with Client(api_key, base_url=base_url) as client:
         try:
-            created = client.submit(model, kind=cast(Kind, kind), **fields)
+            created = client.submit(
+                model,
+                kind=cast(Kind, kind),
+                idempotency_key=idempotency_key,
+                start_deadline=start_deadline,
+                **fields,
+            )
             if not wait_for_it:
                 print_prediction(created, as_json)
                 return

@@ -30,8 +30,10 @@ from genhook.client._sse import SSEDecoder
 from genhook.client._starlette import verify_request, webhook_dependency
 from genhook.client._verifier import WebhookVerifier
 from genhook.errors import (
+    Conflict,
     FieldError,
     GenhookError,
+    Gone,
     InvalidRequest,
     NotFound,
     PayloadTooLarge,
@@ -46,9 +48,11 @@ __all__ = [
     "APIConnectionError",
     "AsyncClient",
     "Client",
+    "Conflict",
     "DedupStore",
     "FieldError",
     "GenhookError",
+    "Gone",
     "ImageInput",
     "InvalidRequest",
     "LogLine",

@@ -146,6 +146,21 @@ class _Core:
         return "/api/v1/model/results" + (f"?{urlencode(query)}" if query else "")
 
     @staticmethod
+    def _submit_headers(
+        idempotency_key: str | None, start_deadline: float | None
+    ) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        if idempotency_key is not None:
+            headers["Idempotency-Key"] = idempotency_key
+        if start_deadline is not None:
+            headers["X-Start-Deadline"] = f"{start_deadline:g}"
+        return headers
+
+    @staticmethod
+    def _cancel_path(task_id: str) -> str:
+        return f"/api/v1/model/result/{quote(task_id, safe='')}/cancel"
+
+    @staticmethod
     def _usage_path(limit: int, cursor: int | None) -> str:
         query = f"limit={limit}" + (f"&cursor={cursor}" if cursor is not None else "")
         return f"/api/v1/usage?{query}"
@@ -264,12 +279,23 @@ class Client(_Core):
             return self._parse(response)
 
     def submit(
-        self, model: str, /, *, kind: Kind = "image", wait: float | None = None, **fields: Any
+        self,
+        model: str,
+        /,
+        *,
+        kind: Kind = "image",
+        wait: float | None = None,
+        idempotency_key: str | None = None,
+        start_deadline: float | None = None,
+        **fields: Any,
     ) -> Prediction:
         """Submit any model's task; ``fields`` are its request body beside ``model``.
 
-        ``wait`` (seconds, at most 60) answers once the task ends or the wait runs out,
-        so a short task needs no polling."""
+        With ``idempotency_key`` a retry can never create a second task, so the submit is
+        retried like a read; ``start_deadline`` (seconds) ends it ``timeout`` if it has not
+        started by then. ``wait`` (seconds, at most 60) answers once the task ends
+        or the wait runs out, so a short task needs no polling.
+        """
         body = {"model": model, **fields}
         headers, timeout = self._wait_options(wait)
         return self._prediction(
@@ -277,8 +303,8 @@ class Client(_Core):
                 "POST",
                 _SUBMIT_PATHS[kind],
                 body=body,
-                idempotent=False,
-                headers=headers,
+                idempotent=idempotency_key is not None,
+                headers={**headers, **self._submit_headers(idempotency_key, start_deadline)},
                 timeout=timeout,
             )
         )
@@ -296,6 +322,8 @@ class Client(_Core):
         webhook_url: str | None = None,
         model: str = EDIT_MODEL,
         wait: float | None = None,
+        idempotency_key: str | None = None,
+        start_deadline: float | None = None,
         **extra: Any,
     ) -> Prediction:
         """Submit an image edit (contract 2.1); images may be paths, bytes, PIL images or URLs."""
@@ -314,11 +342,15 @@ class Client(_Core):
                 "POST",
                 _SUBMIT_PATHS["image"],
                 body=body,
-                idempotent=False,
-                headers=headers,
+                idempotent=idempotency_key is not None,
+                headers={**headers, **self._submit_headers(idempotency_key, start_deadline)},
                 timeout=timeout,
             )
         )
+
+    def cancel(self, task_id: str) -> Prediction:
+        """Cancel a task that has not ended; ``Conflict`` (409) when it already had."""
+        return self._prediction(self._request("POST", self._cancel_path(task_id), idempotent=False))
 
     def result(self, task_id: str, *, wait: float | None = None, logs: bool = False) -> Prediction:
         """The task now, or once it ends within ``wait`` seconds; ``logs`` adds its log lines."""
@@ -477,7 +509,15 @@ class AsyncClient(_Core):
             return self._parse(response)
 
     async def submit(
-        self, model: str, /, *, kind: Kind = "image", wait: float | None = None, **fields: Any
+        self,
+        model: str,
+        /,
+        *,
+        kind: Kind = "image",
+        wait: float | None = None,
+        idempotency_key: str | None = None,
+        start_deadline: float | None = None,
+        **fields: Any,
     ) -> Prediction:
         body = {"model": model, **fields}
         headers, timeout = self._wait_options(wait)
@@ -486,8 +526,8 @@ class AsyncClient(_Core):
                 "POST",
                 _SUBMIT_PATHS[kind],
                 body=body,
-                idempotent=False,
-                headers=headers,
+                idempotent=idempotency_key is not None,
+                headers={**headers, **self._submit_headers(idempotency_key, start_deadline)},
                 timeout=timeout,
             )
         )
@@ -505,6 +545,8 @@ class AsyncClient(_Core):
         webhook_url: str | None = None,
         model: str = EDIT_MODEL,
         wait: float | None = None,
+        idempotency_key: str | None = None,
+        start_deadline: float | None = None,
         **extra: Any,
     ) -> Prediction:
         optional = {
@@ -523,10 +565,15 @@ class AsyncClient(_Core):
                 "POST",
                 _SUBMIT_PATHS["image"],
                 body=body,
-                idempotent=False,
-                headers=headers,
+                idempotent=idempotency_key is not None,
+                headers={**headers, **self._submit_headers(idempotency_key, start_deadline)},
                 timeout=timeout,
             )
+        )
+
+    async def cancel(self, task_id: str) -> Prediction:
+        return self._prediction(
+            await self._request("POST", self._cancel_path(task_id), idempotent=False)
         )
 
     async def result(

@@ -14,6 +14,7 @@ from genhook.errors import (
     Conflict,
     FieldError,
     GenhookError,
+    Gone,
     InvalidRequest,
     NotFound,
     PayloadTooLarge,
@@ -32,6 +33,7 @@ _BY_STATUS: dict[int, type[GenhookError]] = {
         Unauthorized,
         NotFound,
         Conflict,
+        Gone,
         PayloadTooLarge,
         TooManyRequests,
         ServiceUnavailable,
@@ -56,7 +58,8 @@ class WaitTimeout(GenhookError):
 
 
 class TaskFailed(GenhookError):
-    """Raised by ``Prediction.raise_for_failure`` for a ``failed`` or ``timeout`` task."""
+    """Raised by ``Prediction.raise_for_failure`` for a ``failed``, ``timeout`` or ``canceled``
+    task."""
 
     status_code = 0
 

@@ -12,7 +12,8 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from genhook.client._errors import TaskFailed
-from genhook.statuses import TERMINAL_STATUSES as TERMINAL_STATUSES
+from genhook.task_states import TERMINAL_STATUSES as TERMINAL_STATUSES
+from genhook.task_states import UNSUCCESSFUL
 
 
 def _str_or_none(value: Any) -> str | None:
@@ -131,6 +132,8 @@ class Prediction:
     # Engine log lines: all of them with ``result(logs=True)``, the new ones in an event.
     logs: list[LogLine] = field(default_factory=list)
     stt_result: SttResult | None = None
+    # When the outputs are deleted (ISO 8601); their URLs answer 410 after it.
+    outputs_expire_at: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -160,6 +163,7 @@ class Prediction:
             stt_result=SttResult.from_json(stt)
             if isinstance(stt := data.get("stt_result"), dict)
             else None,
+            outputs_expire_at=_str_or_none(data.get("outputs_expire_at")),
             raw=data,
         )
 
@@ -172,9 +176,13 @@ class Prediction:
     def succeeded(self) -> bool:
         return self.status == "completed"
 
+    @property
+    def canceled(self) -> bool:
+        return self.status == "canceled"
+
     def raise_for_failure(self) -> Prediction:
         """Return self when completed or still running; raise ``TaskFailed`` otherwise."""
-        if self.status in ("failed", "timeout"):
+        if self.status in UNSUCCESSFUL:
             code = f" (error_code {self.error_code})" if self.error_code is not None else ""
             message = self.error or f"task {self.status}"
             raise TaskFailed(f"task {self.id} {self.status}{code}: {message}", self)

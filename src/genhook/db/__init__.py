@@ -3,9 +3,12 @@
 from genhook.db.database import Database, now_ms
 from genhook.db.models import (
     Account,
+    AccountLimit,
     ApiKey,
     Base,
     Blob,
+    ExpiredOutput,
+    IdempotencyKey,
     SigningKey,
     Task,
     TaskEvent,
@@ -16,10 +19,13 @@ from genhook.db.models import (
 
 __all__ = [
     "Account",
+    "AccountLimit",
     "ApiKey",
     "Base",
     "Blob",
     "Database",
+    "ExpiredOutput",
+    "IdempotencyKey",
     "SigningKey",
     "Task",
     "TaskEvent",

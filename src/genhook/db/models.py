@@ -54,7 +54,7 @@ class Task(Base):
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
     model: Mapped[str] = mapped_column(String(200))
     kind: Mapped[str] = mapped_column(String(16))
-    # created | processing | completed | failed | timeout
+    # created | processing | completed | failed | timeout | canceled (genhook.task_states)
     status: Mapped[str] = mapped_column(String(16))
     # Validated request without images; images live in ``inputs``.
     params: Mapped[dict[str, Any]] = mapped_column(JSON)
@@ -81,9 +81,18 @@ class Task(Base):
     charge: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     error_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # A task still waiting at this time ends ``timeout`` without running (X-Start-Deadline).
+    start_deadline_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # Set at the terminal transition; the retention job deletes the outputs after it.
+    outputs_expire_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    outputs_purged_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
     __table_args__ = (
         Index("ix_tasks_account_created", "account_id", "created_at"),
+        # Tasks in flight per account (the in-flight limit counts them at every submit).
+        Index("ix_tasks_account_status", "account_id", "status"),
+        Index("ix_tasks_status_start_deadline", "status", "start_deadline_at"),
+        Index("ix_tasks_outputs_expire", "outputs_purged_at", "outputs_expire_at"),
         Index("ix_tasks_status_available", "status", "available_at"),
         Index("ix_tasks_status_lease", "status", "lease_expires_at"),
         Index("ix_tasks_status_deadline", "status", "deadline_at"),
@@ -201,3 +210,45 @@ class TaskEvent(Base):
     created_at: Mapped[int] = mapped_column(BigInteger)
 
     __table_args__ = (Index("ix_task_events_task", "task_id", "id"),)
+
+
+class IdempotencyKey(Base):
+    """A submit's ``Idempotency-Key``: the primary key makes parallel retries collide in the
+    database, so exactly one of them creates the task."""
+
+    __tablename__ = "idempotency_keys"
+
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    # SHA-256 of the submit path and the canonical JSON body.
+    request_hash: Mapped[str] = mapped_column(String(64))
+    task_id: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[int] = mapped_column(BigInteger, index=True)
+
+
+class AccountLimit(Base):
+    """Per-account limit overrides and the submit token bucket, one row per limited account.
+
+    The bucket lives here, not in a process, so every api process draws on the same tokens.
+    """
+
+    __tablename__ = "account_limits"
+
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    # Overrides of the settings; None uses the setting, 0 means unlimited.
+    submits_per_second: Mapped[float | None] = mapped_column(Float, nullable=True)
+    submit_burst: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_in_flight: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tokens: Mapped[float] = mapped_column(Float, default=0.0)
+    tokens_at: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class ExpiredOutput(Base):
+    """An output deleted by retention, so its URL answers 410 rather than 404."""
+
+    __tablename__ = "expired_outputs"
+
+    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    task_id: Mapped[str] = mapped_column(String(64))
+    expired_at: Mapped[int] = mapped_column(BigInteger)

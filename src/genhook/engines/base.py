@@ -6,6 +6,7 @@ a worker thread; it raises ``TaskFailure`` for every expected failure.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -13,6 +14,8 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel
+
+from genhook.errors import ErrorCode, TaskFailure
 
 if TYPE_CHECKING:
     from genhook.config import Settings
@@ -43,6 +46,14 @@ class EngineJob:
     report: Callable[..., None] = _no_report
     # The task's deadline (Unix seconds): long engines stop computing past it.
     deadline: float | None = None
+    # Set when the worker gives the task up (canceled, deadline, lost lease, shutdown); an
+    # engine that can stop early checks it between steps, so its thread is free sooner.
+    stop: threading.Event = field(default_factory=threading.Event, compare=False)
+
+    def stop_if_asked(self) -> None:
+        """Raise when the task was given up; its outcome is no longer recorded anyway."""
+        if self.stop.is_set():
+            raise TaskFailure(ErrorCode.ENGINE_ERROR, "stopped early: the task was given up")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,9 @@
 """The task state machine and its durable transitions.
 
-created -> processing -> completed | failed | timeout; processing -> created when a lease is
-lost (up to ``max_lease_losses``). Every transition is one conditional UPDATE, so two
-workers or two sweepers racing on one task cannot both win, and a terminal state is final.
+created -> processing -> completed | failed | timeout | canceled; processing -> created when
+a lease is lost (up to ``max_lease_losses``); the states live in ``genhook.task_states``.
+Every transition is one conditional UPDATE, so two workers or two sweepers racing on one
+task cannot both win, and a terminal state is final.
 The terminal transition writes the usage line and the webhook outbox row in the same
 transaction.
 """
@@ -14,20 +15,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.config import Settings
 from genhook.db import Blob, Database, Task, UsageLine, now_ms
 from genhook.errors import ErrorCode
 from genhook.storage import BlobStore
+from genhook.task_states import (
+    ACTIVE,
+    CANCELED,
+    CANCELED_MESSAGE,
+    CREATED,
+    NOT_STARTED_MESSAGE,
+    TERMINAL,
+)
 from genhook.tasks.views import TIMEOUT_MESSAGE, prediction_view
 from genhook.webhooks.outbox import enqueue_delivery, event_type_for
 
 log = logging.getLogger(__name__)
 
-TERMINAL = ("completed", "failed", "timeout")
-ACTIVE = ("created", "processing")
+__all__ = ["ACTIVE", "TERMINAL", "Lifecycle", "enqueue_callback"]
 
 
 async def enqueue_callback(
@@ -55,6 +63,7 @@ class Lifecycle:
                 Task.status == "created",
                 Task.available_at <= now,
                 Task.deadline_at > now,
+                or_(Task.start_deadline_at.is_(None), Task.start_deadline_at > now),
                 Task.model.in_(list(models)),
             )
             .order_by(Task.available_at)
@@ -98,6 +107,16 @@ class Lifecycle:
                 .execution_options(synchronize_session=False)
             )
         return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    async def still_held(self, task_id: str, worker_id: str) -> bool:
+        """A read-only check that the task is still ``processing`` under this worker."""
+        async with self.db.read() as session:
+            row = (
+                await session.execute(
+                    select(Task.status, Task.lease_owner).where(Task.id == task_id)
+                )
+            ).first()
+        return row is not None and row.status == "processing" and row.lease_owner == worker_id
 
     async def release(self, task_id: str, worker_id: str) -> bool:
         """Give a task back without counting a lost lease (graceful shutdown)."""
@@ -153,19 +172,49 @@ class Lifecycle:
         )
         return await self._finish(task_id, worker_id, values)
 
+    async def cancel(self, task_id: str, account_id: str) -> tuple[bool, Task | None]:
+        """End an active task of ``account_id`` as ``canceled``, at once and not billed.
+
+        A running task's worker learns it at its next heartbeat (its lease is gone), asks
+        the engine to stop and abandons it, as at a deadline. Returns whether this call
+        ended it, and the task as it now stands (None when unknown or foreign).
+        """
+        values = dict(
+            status=CANCELED, error_code=int(ErrorCode.CANCELED), error_message=CANCELED_MESSAGE
+        )
+        task = await self._end(
+            [Task.id == task_id, Task.account_id == account_id, Task.status.in_(ACTIVE)], values
+        )
+        if task is not None:
+            return True, task
+        async with self.db.read() as session:
+            current = await session.get(Task, task_id)
+        if current is None or current.account_id != account_id:
+            return False, None
+        return False, current
+
     async def _finish(self, task_id: str, worker_id: str | None, values: dict[str, Any]) -> bool:
         """One terminal transition; False when the task is no longer ours to end."""
-        now = now_ms()
         conditions = [Task.id == task_id]
         if worker_id is None:
             conditions.append(Task.status.in_(ACTIVE))
         else:
             conditions += [Task.status == "processing", Task.lease_owner == worker_id]
+        return await self._end(conditions, values) is not None
+
+    async def _end(self, conditions: list[Any], values: dict[str, Any]) -> Task | None:
+        now = now_ms()
+        retention_ms = int(self.settings.output_retention.total_seconds() * 1000)
         stmt = (
             update(Task)
             .where(*conditions)
             .values(
-                **values, lease_owner=None, lease_expires_at=None, finished_at=now, updated_at=now
+                **values,
+                lease_owner=None,
+                lease_expires_at=None,
+                finished_at=now,
+                updated_at=now,
+                outputs_expire_at=now + retention_ms,
             )
             .returning(Task)
             .execution_options(synchronize_session=False)
@@ -173,9 +222,9 @@ class Lifecycle:
         async with self.db.write() as session:
             task = (await session.execute(stmt)).scalars().first()
             if task is None:
-                return False
+                return None
             await self._on_terminal(session, task, now)
-        return True
+        return task
 
     async def _on_terminal(self, session: AsyncSession, task: Task, now: int) -> None:
         input_keys = [item["blob"] for item in task.inputs if "blob" in item]
@@ -197,6 +246,26 @@ class Lifecycle:
             )
         if task.webhook_url:
             await enqueue_callback(session, task, self.settings, self.storage, now)
+
+    async def _end_unstarted(self, now: int) -> int:
+        """Time out waiting tasks past their start deadline; they never ran, nothing is billed."""
+        async with self.db.read() as session:
+            late = (
+                await session.scalars(
+                    select(Task.id)
+                    .where(Task.status == CREATED, Task.start_deadline_at <= now)
+                    .limit(500)
+                )
+            ).all()
+        values = dict(
+            status="timeout", error_code=int(ErrorCode.TIMEOUT), error_message=NOT_STARTED_MESSAGE
+        )
+        ended = 0
+        for task_id in late:
+            if await self._end([Task.id == task_id, Task.status == CREATED], values):
+                log.info("task %s never started before its start deadline", task_id)
+                ended += 1
+        return ended
 
     async def sweep(self) -> int:
         """Requeue or fail tasks whose lease expired, and time out tasks past their deadline.
@@ -225,6 +294,7 @@ class Lifecycle:
             if await self.time_out(task_id):
                 log.info("task %s timed out", task_id)
                 changed += 1
+        changed += await self._end_unstarted(now)
         for task_id, owner, losses in expired:
             if losses + 1 >= self.settings.max_lease_losses:
                 message = (

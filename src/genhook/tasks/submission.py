@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy import insert
 
 from genhook.config import Settings
-from genhook.db import Blob, Database, Task, now_ms
+from genhook.db import Blob, Database, IdempotencyKey, Task, now_ms
 from genhook.engines.base import ModelKind
 from genhook.engines.edit_request import IMAGE_REFS, ImageItemsError, ImageRef, parse_image_ref
 from genhook.engines.registry import PATH_KINDS, Registry, submit_paths
@@ -24,6 +24,7 @@ from genhook.errors import FieldError, InvalidRequest
 from genhook.media import CONTENT_TYPES
 from genhook.net import AddressPolicy
 from genhook.storage import BlobStore
+from genhook.tasks.admission import Admission, request_hash
 
 
 class GroupInserter:
@@ -40,9 +41,12 @@ class GroupInserter:
         self._pending: list[tuple[_Row, asyncio.Future[None]]] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    async def insert(self, task: Task, blobs: list[dict[str, Any]]) -> None:
+    async def insert(
+        self, task: Task, blobs: list[dict[str, Any]], keys: list[dict[str, Any]] | None = None
+    ) -> None:
+        """``keys``: the submit's ``idempotency_keys`` row, written in the same transaction."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append(((task, blobs), future))
+        self._pending.append(((task, blobs, keys or []), future))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         await asyncio.shield(future)
@@ -68,14 +72,17 @@ class GroupInserter:
                 _settle(batch, None)
 
     async def _write(self, rows: list[_Row]) -> None:
-        blobs = [blob for _, task_blobs in rows for blob in task_blobs]
+        blobs = [blob for _, task_blobs, _ in rows for blob in task_blobs]
+        keys = [key for _, _, task_keys in rows for key in task_keys]
         async with self.db.write() as session:
-            await session.execute(insert(Task), [_values(task) for task, _ in rows])
+            await session.execute(insert(Task), [_values(task) for task, _, _ in rows])
             if blobs:
                 await session.execute(insert(Blob), blobs)
+            if keys:
+                await session.execute(insert(IdempotencyKey), keys)
 
 
-_Row = tuple[Task, list[dict[str, Any]]]
+_Row = tuple[Task, list[dict[str, Any]], list[dict[str, Any]]]
 _COLUMNS = [column.key for column in Task.__table__.columns]
 
 
@@ -103,8 +110,27 @@ class Submitter:
 
     def __post_init__(self) -> None:
         self._inserter = GroupInserter(self.db)
+        self.admission = Admission(self.settings, self.db, self._inserter)
 
-    async def submit(self, account_id: str, path_name: str, body: Any) -> Task:
+    async def submit(
+        self,
+        account_id: str,
+        path_name: str,
+        body: Any,
+        *,
+        idempotency_key: str | None = None,
+        start_deadline: float | None = None,
+    ) -> Task:
+        """Create a task, or return the one an earlier submit with ``idempotency_key`` made.
+
+        ``start_deadline`` (seconds) ends the task ``timeout`` if no worker starts it in time.
+        """
+        digest = ""
+        if idempotency_key is not None:
+            digest = request_hash(path_name, body)
+            earlier = await self.admission.replay(account_id, idempotency_key, digest, now_ms())
+            if earlier is not None:
+                return earlier
         path_kind = PATH_KINDS[path_name]
         context: dict[str, Any] = {}
         request = self._validate(path_kind, body, context)
@@ -147,6 +173,11 @@ class Submitter:
                 "total_micros": int(charge.total * 1_000_000),
             },
         )
+        if start_deadline is not None:
+            task.start_deadline_at = now + int(start_deadline * 1000)
+        limits = await self.admission.limits(account_id)
+        if idempotency_key is not None or limits.active:
+            return await self.admission.insert(task, blobs, limits, idempotency_key, digest, now)
         await self._inserter.insert(task, blobs)
         return task
 

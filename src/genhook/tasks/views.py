@@ -11,6 +11,7 @@ from genhook.config import Settings
 from genhook.db import Task
 from genhook.errors import ErrorCode
 from genhook.storage import BlobStore
+from genhook.task_states import UNSUCCESSFUL
 
 TIMEOUT_MESSAGE = "The task did not finish before its deadline."
 
@@ -24,6 +25,10 @@ def result_url(settings: Settings, task_id: str) -> str:
     return f"{settings.resolved_public_base_url}/api/v1/model/result/{task_id}"
 
 
+def cancel_url(settings: Settings, task_id: str) -> str:
+    return f"{result_url(settings, task_id)}/cancel"
+
+
 def output_url(settings: Settings, key: str) -> str:
     return f"{settings.resolved_public_base_url}/api/v1/outputs/{key}"
 
@@ -32,7 +37,7 @@ async def prediction_view(
     task: Task, settings: Settings, storage: BlobStore, *, for_webhook: bool = False
 ) -> dict[str, Any]:
     """Render ``task``; polling shows ``timeout`` as ``failed`` (the contract's 2.2 states),
-    the webhook payload keeps ``timeout`` (contract 2.3)."""
+    the webhook payload keeps ``timeout`` (contract 2.3); ``canceled`` shows as itself."""
     status = task.status
     if status == "timeout" and not for_webhook:
         status = "failed"
@@ -53,9 +58,9 @@ async def prediction_view(
         "outputs": outputs,
         "has_nsfw_contents": nsfw,
         "created_at": iso_ms(task.created_at),
-        "urls": {"get": result_url(settings, task.id)},
+        "urls": {"get": result_url(settings, task.id), "cancel": cancel_url(settings, task.id)},
     }
-    if task.status in ("failed", "timeout"):
+    if task.status in UNSUCCESSFUL:
         view["error_code"] = task.error_code or int(ErrorCode.INTERNAL_ERROR)
         view["error"] = task.error_message or TIMEOUT_MESSAGE
     if task.info:
@@ -64,4 +69,6 @@ async def prediction_view(
         view["stt_result"] = task.stt_result
     if task.finished_at is not None:
         view["completed_at"] = iso_ms(task.finished_at)
+    if task.outputs_expire_at is not None:
+        view["outputs_expire_at"] = iso_ms(task.outputs_expire_at)
     return view

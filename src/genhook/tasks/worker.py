@@ -30,6 +30,11 @@ from genhook.tasks.progress import ProgressRecorder
 log = logging.getLogger(__name__)
 
 
+# How long an engine asked to stop gets before its process is marked for replacement.
+ENGINE_STOP_POLLS = 10
+ENGINE_STOP_POLL_SECONDS = 0.05
+
+
 class LeaseLost(Exception):
     pass
 
@@ -57,6 +62,8 @@ class Worker:
         self._ssl_context = client_ssl_context(self.settings.webhook_ca_file)
         # Set when an abandoned engine call is still computing: the process should be replaced.
         self.tainted = False
+        # The running job's stop signal (EngineJob.stop), set whenever the task is given up.
+        self._job_stop = threading.Event()
 
     def engine(self, model: str) -> Engine:
         engine = self._engines.get(model)
@@ -90,15 +97,24 @@ class Worker:
         return True
 
     async def process(self, task: Task, stop: asyncio.Event | None = None) -> None:
+        self._job_stop = threading.Event()
         lost = asyncio.Event()
         heartbeat = asyncio.create_task(self._heartbeat(task.id, lost))
+        watch = asyncio.create_task(self._watch_cancel(task.id, lost))
         work = asyncio.create_task(self._execute(task))
         try:
             await self._supervise(task, work, lost, stop)
         finally:
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await heartbeat
+            for helper in (heartbeat, watch):
+                helper.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await helper
+        if self._engine_busy.is_set() and self._job_stop.is_set():
+            # Asked to stop (cancel, deadline, lost lease): an engine that can, stops soon.
+            for _ in range(ENGINE_STOP_POLLS):
+                if not self._engine_busy.is_set():
+                    break
+                await asyncio.sleep(ENGINE_STOP_POLL_SECONDS)
         if self._engine_busy.is_set():
             # A thread cannot be killed: stop claiming so the supervisor replaces this process.
             log.warning("task %s: the engine is still running after being abandoned", task.id)
@@ -125,10 +141,13 @@ class Worker:
                 if work.done():
                     break
                 if lost.is_set():
-                    log.warning("task %s: lease lost; abandoning", task.id)
+                    # Also how a cancel arrives: the task is no longer ``processing``.
+                    log.warning("task %s: lease lost or task canceled; abandoning", task.id)
+                    self._job_stop.set()
                     work.cancel()
                     return
                 if loop.time() >= deadline:
+                    self._job_stop.set()
                     work.cancel()
                     if await self.lifecycle.time_out(task.id, self.worker_id):
                         log.info("task %s timed out", task.id)
@@ -138,6 +157,7 @@ class Worker:
                     waiters.discard(stop_waiter)
                     log.info("task %s: finishing before shutdown", task.id)
                 elif grace_deadline is not None and loop.time() >= grace_deadline:
+                    self._job_stop.set()
                     work.cancel()
                     await self.lifecycle.release(task.id, self.worker_id)
                     log.info("task %s: released at shutdown", task.id)
@@ -147,6 +167,19 @@ class Worker:
             for waiter in waiters:
                 if waiter is not work:
                     waiter.cancel()
+
+    async def _watch_cancel(self, task_id: str, lost: asyncio.Event) -> None:
+        """Notice a cancel sooner than the next heartbeat would (a read, not a write)."""
+        while True:
+            await asyncio.sleep(self.settings.cancel_check_seconds)
+            try:
+                held = await self.lifecycle.still_held(task_id, self.worker_id)
+            except Exception:
+                log.exception("task %s: cancel check failed", task_id)
+                continue
+            if not held:
+                lost.set()
+                return
 
     async def _heartbeat(self, task_id: str, lost: asyncio.Event) -> None:
         interval = self.settings.lease_seconds / 3
@@ -175,6 +208,7 @@ class Worker:
                 images=images,
                 report=progress.report,
                 deadline=task.deadline_at / 1000,
+                stop=self._job_stop,
             )
             async with progress.running():
                 result = await asyncio.to_thread(self._run_engine, engine, job)

@@ -15,11 +15,12 @@ from sqlalchemy import event, insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.db import Task, WebhookDelivery
+from genhook.task_states import TERMINAL
 
 # A timeout carries a generic message (contract 7); it does not vary with the task.
 TIMEOUT_ERROR = "The task did not finish before its deadline."
 FAILED_ERROR = "The task failed."
-TERMINAL_STATUSES = ("completed", "failed", "timeout")
+TERMINAL_STATUSES = TERMINAL
 
 _wake_listeners: set[Callable[[], None]] = set()
 

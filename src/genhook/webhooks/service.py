@@ -9,14 +9,19 @@ import asyncio
 import contextlib
 import logging
 import ssl
+from typing import TYPE_CHECKING
 
 from genhook.config import Settings
 from genhook.db import Database
 from genhook.net import AddressPolicy, Resolver
+from genhook.storage import open_blob_store
 from genhook.webhooks.dispatcher import LEASE_MARGIN_SECONDS, Dispatcher
 from genhook.webhooks.keys import KeyRing, ensure_signing_key
 from genhook.webhooks.outbox import add_wake_listener, remove_wake_listener
 from genhook.webhooks.reconcile import Reconciler
+
+if TYPE_CHECKING:
+    from genhook.tasks.retention import Retention
 
 __all__ = ["WebhookService", "ensure_signing_key"]
 
@@ -72,13 +77,22 @@ class WebhookService:
 
         add_wake_listener(wake_threadsafe)
         sweeper = asyncio.create_task(self._reconcile_forever(stop))
+        # Output retention runs on this role too, beside reconciliation.
+        retention = asyncio.create_task(self._retention().run_forever(stop))
         try:
             await dispatcher.run(stop)
         finally:
             remove_wake_listener(wake_threadsafe)
             if not stop.is_set():
                 sweeper.cancel()
-            await asyncio.gather(sweeper, return_exceptions=True)
+                retention.cancel()
+            await asyncio.gather(sweeper, retention, return_exceptions=True)
+
+    def _retention(self) -> Retention:
+        # The task domain imports the outbox, so this side imports it late.
+        from genhook.tasks.retention import Retention
+
+        return Retention(self.settings, self.db, open_blob_store(self.settings, self.db))
 
     async def _reconcile_forever(self, stop: asyncio.Event) -> None:
         interval = self.settings.webhook_reconcile_interval_seconds

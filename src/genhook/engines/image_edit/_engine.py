@@ -98,14 +98,17 @@ class ImageEditEngine:
             for number, data in enumerate(job.images, start=1)
         ]
         job.report(progress=0.25, log=f"decoded {len(decoded)} input image(s)")
+        job.stop_if_asked()
         if self._settings.moderation_reject_nsfw_inputs:
             self._moderate_inputs(decoded)
             job.report(progress=0.35, log="inputs passed moderation")
 
+        job.stop_if_asked()
         ctx = _ops.Context(out_size=out_size, fast=fast, detector=self.detector)
         images = [_cap(d.image, limit, ctx.fast) for d in decoded]
         canvas, finishing, summary_extra = self._execute(plan, images, ctx, limit)
         job.report(progress=0.7, log="edits applied")
+        job.stop_if_asked()
 
         fit_mode, why = _choose_fit(plan, len(images))
         final = self._finish(canvas, finishing, out_size, fit_mode, plan.fit.pad_color, ctx)

@@ -1,0 +1,142 @@
+"""Output retention: outputs are deleted ``output_retention`` after their task ends.
+
+The job runs beside webhook reconciliation (the dispatcher role). Each pass takes at most
+``retention_batch`` tasks in expiry order through an index, so its work is bounded however
+far behind it is. A deleted output leaves a tombstone first, so its URL answers 410 (never
+a 404 that looks like a wrong link); the task row keeps its history. Expired
+``Idempotency-Key`` rows go in the same pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from genhook.config import Settings
+from genhook.db import Blob, Database, ExpiredOutput, IdempotencyKey, Task, now_ms
+from genhook.errors import Gone
+from genhook.storage import BlobStore
+from genhook.tasks.views import iso_ms
+
+log = logging.getLogger(__name__)
+
+
+async def raise_if_expired(db: Database, key: str) -> None:
+    """410 for an output that retention deleted."""
+    async with db.read() as session:
+        row = await session.get(ExpiredOutput, key)
+    if row is not None:
+        raise Gone(
+            f"this output expired and was deleted at {iso_ms(row.expired_at)} "
+            "(GENHOOK_OUTPUT_RETENTION)"
+        )
+
+
+@dataclass
+class RetentionReport:
+    tasks: int = 0
+    outputs: int = 0
+    idempotency_keys: int = 0
+
+
+class Retention:
+    def __init__(self, settings: Settings, db: Database, storage: BlobStore) -> None:
+        self.settings = settings
+        self.db = db
+        self.storage = storage
+
+    async def run_once(self, *, now: int | None = None) -> RetentionReport:
+        moment = now if now is not None else now_ms()
+        report = RetentionReport()
+        batch = self.settings.retention_batch
+        async with self.db.read() as session:
+            due = (
+                await session.execute(
+                    select(Task.id, Task.outputs, Task.inputs)
+                    .where(Task.outputs_purged_at.is_(None), Task.outputs_expire_at <= moment)
+                    .order_by(Task.outputs_expire_at)
+                    .limit(batch)
+                )
+            ).all()
+        if due:
+            tombstones = [
+                {"key": key, "task_id": task_id, "expired_at": moment}
+                for task_id, outputs, _ in due
+                for key in outputs
+            ]
+            if tombstones:
+                upsert = pg_insert if self.db.is_postgres else sqlite_insert
+                async with self.db.write() as session:
+                    await session.execute(
+                        upsert(ExpiredOutput).on_conflict_do_nothing(
+                            index_elements=[ExpiredOutput.key]
+                        ),
+                        tombstones,
+                    )
+            for tombstone in tombstones:
+                await self.storage.delete(tombstone["key"])
+            input_keys = [item["blob"] for _, _, inputs in due for item in inputs if "blob" in item]
+            async with self.db.write() as session:
+                if input_keys:
+                    await session.execute(delete(Blob).where(Blob.key.in_(input_keys)))
+                await session.execute(
+                    update(Task)
+                    .where(Task.id.in_([task_id for task_id, _, _ in due]))
+                    .where(Task.outputs_purged_at.is_(None))
+                    .values(outputs_purged_at=moment)
+                    .execution_options(synchronize_session=False)
+                )
+            report.tasks = len(due)
+            report.outputs = len(tombstones)
+        report.idempotency_keys = await self._drop_expired_keys(moment, batch)
+        if report.tasks or report.idempotency_keys:
+            log.info(
+                "retention: deleted %d output(s) of %d task(s), %d expired idempotency key(s)",
+                report.outputs,
+                report.tasks,
+                report.idempotency_keys,
+            )
+        return report
+
+    async def _drop_expired_keys(self, now: int, batch: int) -> int:
+        async with self.db.read() as session:
+            keys = (
+                await session.execute(
+                    select(IdempotencyKey.account_id, IdempotencyKey.key)
+                    .where(IdempotencyKey.expires_at <= now)
+                    .limit(batch)
+                )
+            ).all()
+        dropped = 0
+        async with self.db.write() as session:
+            for account_id, key in keys:
+                result = await session.execute(
+                    delete(IdempotencyKey).where(
+                        IdempotencyKey.account_id == account_id,
+                        IdempotencyKey.key == key,
+                        IdempotencyKey.expires_at <= now,
+                    )
+                )
+                dropped += int(result.rowcount)  # type: ignore[attr-defined]
+        return dropped
+
+    async def run_forever(self, stop: asyncio.Event) -> None:
+        """One pass per interval; a full batch goes again at once to catch up."""
+        while not stop.is_set():
+            full = False
+            try:
+                report = await self.run_once()
+                full = report.tasks >= self.settings.retention_batch
+            except Exception:
+                log.exception("retention pass failed; retrying next interval")
+            if full:
+                await asyncio.sleep(0)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.retention_interval_seconds)
