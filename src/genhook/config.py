@@ -8,7 +8,7 @@ from __future__ import annotations
 from decimal import Decimal
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -83,6 +83,11 @@ class Settings(BaseSettings):
 
     # Extra engines to register, as ``module:function`` names called with the registry.
     extra_engines: list[str] = Field(default_factory=list)
+
+    # Models served by upstream model servers (docs/engines/upstream.md): a JSON list of
+    # model entries, and/or a JSON file holding one.
+    upstream_models: list[dict[str, Any]] = Field(default_factory=list)
+    upstream_models_file: Path | None = None
 
     log_level: str = "INFO"
 

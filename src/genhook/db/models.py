@@ -92,6 +92,8 @@ class UsageLine(Base):
     input_images: Mapped[int] = mapped_column(Integer)
     lines: Mapped[list[Any]] = mapped_column(JSON)
     amount_micros: Mapped[int] = mapped_column(BigInteger)
+    # What an upstream provider reported charging for the task (operator cost, not billed).
+    upstream_cost_micros: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
 
     __table_args__ = (Index("ix_usage_account_created", "account_id", "created_at"),)

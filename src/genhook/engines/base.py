@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
@@ -32,6 +32,8 @@ class EngineJob:
     params: Mapping[str, Any]
     # Input images as raw bytes, in request order, already fetched and size-capped.
     images: list[bytes]
+    # The task's deadline (epoch ms), so an engine can stop retrying before it passes.
+    deadline_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,8 @@ class EngineResult:
     outputs: list[EngineOutput]
     # Shown to the user in the result under ``info`` (e.g. how the prompt was understood).
     info: dict[str, Any] = field(default_factory=dict)
+    # What an upstream provider charged for the job, when it says; recorded on the usage line.
+    cost_usd: Decimal | None = None
 
 
 class Engine(Protocol):
@@ -54,6 +58,14 @@ class Engine(Protocol):
 
     def run(self, job: EngineJob) -> EngineResult:
         """Run one job; raise ``genhook.errors.TaskFailure`` for expected failures."""
+
+
+@runtime_checkable
+class AsyncEngine(Engine, Protocol):
+    """An I/O-bound engine: its jobs run on the worker's event loop, many at once."""
+
+    async def run_async(self, job: EngineJob) -> EngineResult:
+        """Run one job without blocking the loop; cancelled at the task's deadline."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +95,8 @@ class ModelSpec:
     # Submit paths (by kind) that accept this model; always includes ``kind``.
     accepted_on: frozenset[ModelKind] = frozenset()
     description: str = ""
+    # Jobs of this model one worker process runs at once; above 1 only for ``AsyncEngine``s.
+    concurrency: int = 1
 
     def accepts(self, path_kind: ModelKind) -> bool:
         return path_kind == self.kind or path_kind in self.accepted_on

@@ -88,6 +88,10 @@ IMAGE_EDIT_SPEC = ModelSpec(
 def build_registry(settings: Settings) -> Registry:
     registry = Registry()
     registry.register(IMAGE_EDIT_SPEC)
+    if settings.upstream_models or settings.upstream_models_file:
+        from genhook.engines.upstream import register_upstream_models
+
+        register_upstream_models(registry, settings)
     for target in settings.extra_engines:
         module_name, _, func_name = target.partition(":")
         module = importlib.import_module(module_name)

@@ -127,11 +127,13 @@ class Lifecycle:
         outputs: list[str],
         nsfw: list[bool],
         info: dict[str, Any],
+        upstream_cost_micros: int | None = None,
     ) -> bool:
         return await self._finish(
             task_id,
             worker_id,
             dict(status="completed", outputs=outputs, has_nsfw_contents=nsfw, info=info),
+            upstream_cost_micros=upstream_cost_micros,
         )
 
     async def fail(
@@ -153,7 +155,13 @@ class Lifecycle:
         )
         return await self._finish(task_id, worker_id, values)
 
-    async def _finish(self, task_id: str, worker_id: str | None, values: dict[str, Any]) -> bool:
+    async def _finish(
+        self,
+        task_id: str,
+        worker_id: str | None,
+        values: dict[str, Any],
+        upstream_cost_micros: int | None = None,
+    ) -> bool:
         """One terminal transition; False when the task is no longer ours to end."""
         now = now_ms()
         conditions = [Task.id == task_id]
@@ -174,10 +182,12 @@ class Lifecycle:
             task = (await session.execute(stmt)).scalars().first()
             if task is None:
                 return False
-            await self._on_terminal(session, task, now)
+            await self._on_terminal(session, task, now, upstream_cost_micros)
         return True
 
-    async def _on_terminal(self, session: AsyncSession, task: Task, now: int) -> None:
+    async def _on_terminal(
+        self, session: AsyncSession, task: Task, now: int, upstream_cost_micros: int | None = None
+    ) -> None:
         input_keys = [item["blob"] for item in task.inputs if "blob" in item]
         if input_keys:
             await session.execute(delete(Blob).where(Blob.key.in_(input_keys)))
@@ -192,6 +202,7 @@ class Lifecycle:
                     input_images=task.charge["input_images"],
                     lines=task.charge["lines"],
                     amount_micros=task.charge["total_micros"],
+                    upstream_cost_micros=upstream_cost_micros,
                     created_at=now,
                 )
             )

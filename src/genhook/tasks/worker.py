@@ -1,8 +1,9 @@
 """The worker loop: claim a task, keep its lease alive, run its engine, record the outcome.
 
-One worker runs one task at a time; ``genhook serve`` starts several worker processes, so
+One worker runs one CPU task at a time; ``genhook serve`` starts several worker processes, so
 CPU-heavy engines never block the API's event loop. The engine runs in a thread of the
-worker process, so heartbeats keep flowing while it computes.
+worker process, so heartbeats keep flowing while it computes. Models of I/O-bound engines
+(``AsyncEngine``, ``ModelSpec.concurrency`` above 1) run many tasks at once on the loop.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from genhook.config import Settings
 from genhook.db import Database, Task, now_ms
-from genhook.engines.base import Engine, EngineJob, EngineResult
+from genhook.engines.base import AsyncEngine, Engine, EngineJob, EngineResult
 from genhook.engines.registry import Registry
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.net import AddressPolicy, client_ssl_context, fetch_input_image
@@ -56,6 +57,8 @@ class Worker:
         self._ssl_context = client_ssl_context(self.settings.webhook_ca_file)
         # Set when an abandoned engine call is still computing: the process should be replaced.
         self.tainted = False
+        self._limits = {spec.id: spec.concurrency for spec in self.registry}
+        self._load_lock = asyncio.Lock()
 
     def engine(self, model: str) -> Engine:
         engine = self._engines.get(model)
@@ -70,6 +73,8 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> None:
         """Claim and run tasks until ``stop`` is set; the task in hand finishes first."""
         log.info("worker %s started (models: %s)", self.worker_id, ", ".join(self._models))
+        if any(limit > 1 for limit in self._limits.values()):
+            await self._run_concurrent(stop)
         while not stop.is_set() and not self.tainted:
             try:
                 ran = await self.run_once(stop)
@@ -79,7 +84,54 @@ class Worker:
             if not ran:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.settings.worker_poll_seconds)
+        for engine in self._engines.values():
+            close = getattr(engine, "aclose", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    await close()
         log.info("worker %s stopped", self.worker_id)
+
+    async def _run_concurrent(self, stop: asyncio.Event) -> None:
+        """Claim while a model has a free slot: CPU models share one slot, as in ``run``."""
+        running: dict[asyncio.Task[None], str] = {}
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set() and not self.tainted:
+                for finished in [job for job in running if job.done()]:
+                    self._reap(running, finished)
+                counts: dict[str, int] = {}
+                for model in running.values():
+                    counts[model] = counts.get(model, 0) + 1
+                cpu_busy = any(self._limits[model] <= 1 for model in running.values())
+                models = [
+                    model
+                    for model, limit in self._limits.items()
+                    if (counts.get(model, 0) < limit if limit > 1 else not cpu_busy)
+                ]
+                task = None
+                if models:
+                    try:
+                        task = await self.lifecycle.claim(self.worker_id, models)
+                    except Exception:
+                        log.exception("worker %s: claim failed; retrying", self.worker_id)
+                if task is not None:
+                    running[asyncio.create_task(self.process(task, stop))] = task.model
+                    continue
+                await asyncio.wait(
+                    {stopping, *running},
+                    timeout=self.settings.worker_poll_seconds,
+                    return_when="FIRST_COMPLETED",
+                )
+            if running:
+                await asyncio.wait(running)
+        finally:
+            stopping.cancel()
+
+    @staticmethod
+    def _reap(running: dict[asyncio.Task[None], str], finished: asyncio.Future[Any]) -> None:
+        running.pop(finished, None)  # type: ignore[call-overload]
+        if not finished.cancelled() and finished.exception() is not None:
+            log.error("a task's processing failed", exc_info=finished.exception())
 
     async def run_once(self, stop: asyncio.Event | None = None) -> bool:
         task = await self.lifecycle.claim(self.worker_id, self._models)
@@ -163,9 +215,19 @@ class Worker:
     async def _execute(self, task: Task) -> None:
         try:
             images = await self._load_inputs(task)
-            engine = await asyncio.to_thread(self.engine, task.model)
-            job = EngineJob(task_id=task.id, model=task.model, params=task.params, images=images)
-            result = await asyncio.to_thread(self._run_engine, engine, job)
+            async with self._load_lock:
+                engine = await asyncio.to_thread(self.engine, task.model)
+            job = EngineJob(
+                task_id=task.id,
+                model=task.model,
+                params=task.params,
+                images=images,
+                deadline_ms=task.deadline_at,
+            )
+            if isinstance(engine, AsyncEngine):
+                result = await engine.run_async(job)
+            else:
+                result = await asyncio.to_thread(self._run_engine, engine, job)
             keys = await self._store_outputs(result)
         except TaskFailure as failure:
             log.info("task %s failed: %s", task.id, failure)
@@ -186,6 +248,9 @@ class Worker:
             outputs=keys,
             nsfw=[output.nsfw for output in result.outputs],
             info=result.info,
+            upstream_cost_micros=(
+                None if result.cost_usd is None else int(result.cost_usd * 1_000_000)
+            ),
         )
         if not done:
             for key in keys:
