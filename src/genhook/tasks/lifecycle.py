@@ -40,6 +40,15 @@ async def enqueue_callback(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Completion:
+    task_id: str
+    outputs: list[str]
+    nsfw: list[bool]
+    info: dict[str, Any]
+    upstream_cost_micros: int | None = None
+
+
 @dataclass
 class Lifecycle:
     settings: Settings
@@ -78,6 +87,38 @@ class Lifecycle:
         )
         async with self.db.write() as session:
             return (await session.execute(stmt)).scalars().first()
+
+    async def claim_many(self, worker_id: str, models: Sequence[str], limit: int) -> list[Task]:
+        """Take up to ``limit`` of the oldest runnable tasks in one statement (I/O engines)."""
+        now = now_ms()
+        candidates = (
+            select(Task.id)
+            .where(
+                Task.status == "created",
+                Task.available_at <= now,
+                Task.deadline_at > now,
+                Task.model.in_(list(models)),
+            )
+            .order_by(Task.available_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        stmt = (
+            update(Task)
+            .where(Task.id.in_(candidates), Task.status == "created")
+            .values(
+                status="processing",
+                lease_owner=worker_id,
+                lease_expires_at=now + self._lease_ms,
+                attempts=Task.attempts + 1,
+                started_at=now,
+                updated_at=now,
+            )
+            .returning(Task)
+            .execution_options(synchronize_session=False)
+        )
+        async with self.db.write() as session:
+            return list((await session.execute(stmt)).scalars().all())
 
     @property
     def _lease_ms(self) -> int:
@@ -155,6 +196,26 @@ class Lifecycle:
         )
         return await self._finish(task_id, worker_id, values)
 
+    async def complete_many(self, worker_id: str, items: Sequence[Completion]) -> list[bool]:
+        """Several completions in one transaction: group commit for I/O-bound engines,
+        whose many tasks in flight would otherwise each pay for a commit."""
+        async with self.db.write() as session:
+            return [
+                await self._finish_in(
+                    session,
+                    item.task_id,
+                    worker_id,
+                    dict(
+                        status="completed",
+                        outputs=item.outputs,
+                        has_nsfw_contents=item.nsfw,
+                        info=item.info,
+                    ),
+                    item.upstream_cost_micros,
+                )
+                for item in items
+            ]
+
     async def _finish(
         self,
         task_id: str,
@@ -163,6 +224,17 @@ class Lifecycle:
         upstream_cost_micros: int | None = None,
     ) -> bool:
         """One terminal transition; False when the task is no longer ours to end."""
+        async with self.db.write() as session:
+            return await self._finish_in(session, task_id, worker_id, values, upstream_cost_micros)
+
+    async def _finish_in(
+        self,
+        session: AsyncSession,
+        task_id: str,
+        worker_id: str | None,
+        values: dict[str, Any],
+        upstream_cost_micros: int | None,
+    ) -> bool:
         now = now_ms()
         conditions = [Task.id == task_id]
         if worker_id is None:
@@ -178,11 +250,10 @@ class Lifecycle:
             .returning(Task)
             .execution_options(synchronize_session=False)
         )
-        async with self.db.write() as session:
-            task = (await session.execute(stmt)).scalars().first()
-            if task is None:
-                return False
-            await self._on_terminal(session, task, now, upstream_cost_micros)
+        task = (await session.execute(stmt)).scalars().first()
+        if task is None:
+            return False
+        await self._on_terminal(session, task, now, upstream_cost_micros)
         return True
 
     async def _on_terminal(

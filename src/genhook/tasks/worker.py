@@ -17,17 +17,24 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import select
+
 from genhook.config import Settings
-from genhook.db import Database, Task, now_ms
+from genhook.db import Blob, Database, Task, now_ms
 from genhook.engines.base import AsyncEngine, Engine, EngineJob, EngineResult
 from genhook.engines.registry import Registry
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.net import AddressPolicy, client_ssl_context, fetch_input_image
 from genhook.storage import BlobStore, DatabaseBlobStore
 from genhook.storage.blobs import extension_of, new_blob_key
-from genhook.tasks.lifecycle import Lifecycle
+from genhook.tasks.group_complete import GroupCompleter
+from genhook.tasks.lifecycle import Completion, Lifecycle
 
 log = logging.getLogger(__name__)
+
+
+# Most tasks one claim takes for an I/O-bound model, so one claim never holds the loop long.
+CLAIM_BATCH = 32
 
 
 class LeaseLost(Exception):
@@ -59,6 +66,9 @@ class Worker:
         self.tainted = False
         self._limits = {spec.id: spec.concurrency for spec in self.registry}
         self._load_lock = asyncio.Lock()
+        self._completer = GroupCompleter(self.lifecycle, self.worker_id)
+        # Input images read for a whole claimed batch at once, by task id.
+        self._prefetched: dict[str, dict[str, bytes]] = {}
 
     def engine(self, model: str) -> Engine:
         engine = self._engines.get(model)
@@ -102,20 +112,27 @@ class Worker:
                 counts: dict[str, int] = {}
                 for model in running.values():
                     counts[model] = counts.get(model, 0) + 1
-                cpu_busy = any(self._limits[model] <= 1 for model in running.values())
-                models = [
-                    model
-                    for model, limit in self._limits.items()
-                    if (counts.get(model, 0) < limit if limit > 1 else not cpu_busy)
-                ]
-                task = None
-                if models:
+                groups: list[tuple[list[str], int]] = []
+                if not any(self._limits[model] <= 1 for model in running.values()):
+                    cpu = [model for model, limit in self._limits.items() if limit <= 1]
+                    if cpu:
+                        groups.append((cpu, 1))
+                for model, limit in self._limits.items():
+                    if limit > 1 and counts.get(model, 0) < limit:
+                        groups.append(([model], min(CLAIM_BATCH, limit - counts.get(model, 0))))
+                claimed = False
+                for models, free in groups:
                     try:
-                        task = await self.lifecycle.claim(self.worker_id, models)
+                        tasks = await self.lifecycle.claim_many(self.worker_id, models, free)
                     except Exception:
                         log.exception("worker %s: claim failed; retrying", self.worker_id)
-                if task is not None:
-                    running[asyncio.create_task(self.process(task, stop))] = task.model
+                        tasks = []
+                    if tasks:
+                        await self._prefetch_inputs(tasks)
+                    for task in tasks:
+                        running[asyncio.create_task(self.process(task, stop))] = task.model
+                    claimed = claimed or bool(tasks)
+                if claimed:
                     continue
                 await asyncio.wait(
                     {stopping, *running},
@@ -126,6 +143,25 @@ class Worker:
                 await asyncio.wait(running)
         finally:
             stopping.cancel()
+
+    async def _prefetch_inputs(self, tasks: list[Task]) -> None:
+        keys = [item["blob"] for task in tasks for item in task.inputs if "blob" in item]
+        if not keys:
+            return
+        query = select(Blob.key, Blob.data).where(Blob.key.in_(keys))
+        try:
+            async with self.db.read() as session:
+                rows = (await session.execute(query)).all()
+        except Exception:
+            log.exception("worker %s: reading input images failed; read one by one", self.worker_id)
+            return
+        found = {key: bytes(data) for key, data in rows}
+        for task in tasks:
+            self._prefetched[task.id] = {
+                item["blob"]: found[item["blob"]]
+                for item in task.inputs
+                if item.get("blob") in found
+            }
 
     @staticmethod
     def _reap(running: dict[asyncio.Task[None], str], finished: asyncio.Future[Any]) -> None:
@@ -147,6 +183,7 @@ class Worker:
         try:
             await self._supervise(task, work, lost, stop)
         finally:
+            self._prefetched.pop(task.id, None)
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await heartbeat
@@ -242,16 +279,20 @@ class Worker:
                 "the engine failed unexpectedly; the error is in the service log",
             )
             return
-        done = await self.lifecycle.complete(
-            task.id,
-            self.worker_id,
-            outputs=keys,
-            nsfw=[output.nsfw for output in result.outputs],
-            info=result.info,
-            upstream_cost_micros=(
-                None if result.cost_usd is None else int(result.cost_usd * 1_000_000)
-            ),
-        )
+        cost = None if result.cost_usd is None else int(result.cost_usd * 1_000_000)
+        if isinstance(engine, AsyncEngine):
+            flags = [output.nsfw for output in result.outputs]
+            item = Completion(task.id, keys, flags, result.info, cost)
+            done = await self._completer.complete(item)
+        else:
+            done = await self.lifecycle.complete(
+                task.id,
+                self.worker_id,
+                outputs=keys,
+                nsfw=[output.nsfw for output in result.outputs],
+                info=result.info,
+                upstream_cost_micros=cost,
+            )
         if not done:
             for key in keys:
                 await self.storage.delete(key)
@@ -265,9 +306,11 @@ class Worker:
 
     async def _load_inputs(self, task: Task) -> list[bytes]:
         images: list[bytes] = []
+        prefetched = self._prefetched.pop(task.id, {})
         for index, item in enumerate(task.inputs):
             if "blob" in item:
-                blob = await self._inputs.get(item["blob"])
+                data = prefetched.get(item["blob"])
+                blob = (data, "") if data is not None else await self._inputs.get(item["blob"])
                 if blob is None:
                     raise TaskFailure(ErrorCode.INTERNAL_ERROR, f"input image {index} is missing")
                 images.append(blob[0])
