@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -311,3 +312,30 @@ def test_a_bad_entry_names_the_field(tmp_path: Path) -> None:
     settings = make_settings(tmp_path, "sqlite+aiosqlite:///x.db", upstream_models_file=file)
     with pytest.raises(ValueError, match="base_url"):
         build_registry(settings)
+
+
+async def test_cpu_engines_keep_one_task_at_a_time_beside_upstream_tasks(
+    h: Harness, upstream: UpstreamServer
+) -> None:
+    upstream.delay = 0.2
+    ids = []
+    for index in range(6):
+        body: dict[str, Any] = {"model": "up/edit", "prompt": f"u{index}", "images": [data_url()]}
+        if index % 2:
+            body.update(model="test/fake-edit", prompt="sleep=0.1 edit", size="1024*1024")
+        ids.append((await h.submit(body)).json()["id"])
+    stop = asyncio.Event()
+    runner = asyncio.create_task(h.worker.run(stop))
+    try:
+        for task_id in ids:
+            while (await h.result(task_id))["status"] in ("created", "processing"):
+                await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await runner
+    async with h.state.db.read() as session:
+        rows = (await session.scalars(select(Task).where(Task.model == "test/fake-edit"))).all()
+    spans = sorted((row.started_at or 0, row.finished_at or 0) for row in rows)
+    assert [row.status for row in rows] == ["completed"] * 3
+    # Each CPU task started only after the previous one had finished.
+    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))

@@ -89,7 +89,14 @@ class Lifecycle:
             return (await session.execute(stmt)).scalars().first()
 
     async def claim_many(self, worker_id: str, models: Sequence[str], limit: int) -> list[Task]:
-        """Take up to ``limit`` of the oldest runnable tasks in one statement (I/O engines)."""
+        """Take up to ``limit`` of the oldest runnable tasks in one transaction (I/O engines).
+
+        The ids are selected first: PostgreSQL may run an ``IN (... LIMIT n)`` subquery more
+        than once per UPDATE and so take more than ``limit`` rows.
+        """
+        if limit <= 1:
+            task = await self.claim(worker_id, models)
+            return [] if task is None else [task]
         now = now_ms()
         candidates = (
             select(Task.id)
@@ -103,9 +110,16 @@ class Lifecycle:
             .limit(limit)
             .with_for_update(skip_locked=True)
         )
-        stmt = (
+        async with self.db.write() as session:
+            ids = list((await session.scalars(candidates)).all())
+            if not ids:
+                return []
+            return list((await session.execute(self._take(ids, worker_id, now))).scalars().all())
+
+    def _take(self, ids: list[str], worker_id: str, now: int) -> Any:
+        return (
             update(Task)
-            .where(Task.id.in_(candidates), Task.status == "created")
+            .where(Task.id.in_(ids), Task.status == "created")
             .values(
                 status="processing",
                 lease_owner=worker_id,
@@ -117,8 +131,6 @@ class Lifecycle:
             .returning(Task)
             .execution_options(synchronize_session=False)
         )
-        async with self.db.write() as session:
-            return list((await session.execute(stmt)).scalars().all())
 
     @property
     def _lease_ms(self) -> int:
