@@ -158,6 +158,7 @@ async def latency(args: argparse.Namespace) -> dict[str, float]:
                 began = time.perf_counter()
                 assert await worker.run_once()
                 through.append(time.perf_counter() - began)
+            await worker.close_engines()
             await state.db.dispose()
     finally:
         upstream.stop()

@@ -88,10 +88,7 @@ async def open_harness(
 async def h(tmp_path: Path, database_url: str, upstream: UpstreamServer) -> AsyncIterator[Harness]:
     harness = await open_harness(tmp_path, database_url, upstream)
     yield harness
-    for worker_engine in harness.worker._engines.values():
-        close = getattr(worker_engine, "aclose", None)
-        if close is not None:
-            await close()
+    await harness.worker.close_engines()
     await harness.client.aclose()
     await harness.state.db.dispose()
 

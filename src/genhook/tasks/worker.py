@@ -94,12 +94,16 @@ class Worker:
             if not ran:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.settings.worker_poll_seconds)
+        await self.close_engines()
+        log.info("worker %s stopped", self.worker_id)
+
+    async def close_engines(self) -> None:
+        """Close what engines hold on the loop (an upstream engine's connection pool)."""
         for engine in self._engines.values():
             close = getattr(engine, "aclose", None)
             if close is not None:
                 with contextlib.suppress(Exception):
                     await close()
-        log.info("worker %s stopped", self.worker_id)
 
     async def _run_concurrent(self, stop: asyncio.Event) -> None:
         """Claim while a model has a free slot: CPU models share one slot, as in ``run``."""
