@@ -112,7 +112,7 @@ def settings_for(data_dir: Path, database_url: str | None, base_url: str, conc: 
     )
 
 
-async def submit_all(settings: Settings, count: int) -> tuple[Any, list[str]]:
+async def submit_all(settings: Settings, count: int) -> tuple[Any, list[str], str]:
     upgrade_in_thread(settings.resolved_database_url)
     state = build_state(settings)
     account = await create_account(state.db, "bench")
@@ -127,7 +127,7 @@ async def submit_all(settings: Settings, count: int) -> tuple[Any, list[str]]:
             )
         )
         ids.extend(task.id for task in tasks)
-    return state, ids
+    return state, ids, account.account_id
 
 
 def make_worker(state: Any) -> Worker:
@@ -151,7 +151,7 @@ async def latency(args: argparse.Namespace) -> dict[str, float]:
                 direct.append(time.perf_counter() - began)
         with tempfile.TemporaryDirectory() as tmp:
             settings = settings_for(Path(tmp), args.database_url, upstream.base_url, 1)
-            state, ids = await submit_all(settings, args.latency_tasks)
+            state, ids, _ = await submit_all(settings, args.latency_tasks)
             worker = make_worker(state)
             through: list[float] = []
             for _ in ids:
@@ -178,7 +178,7 @@ async def throughput(args: argparse.Namespace) -> dict[str, float]:
             settings = settings_for(
                 Path(tmp), args.database_url, upstream.base_url, args.concurrency
             )
-            state, ids = await submit_all(settings, args.tasks)
+            state, ids, account_id = await submit_all(settings, args.tasks)
             worker = make_worker(state)
             stop = asyncio.Event()
             began, cpu = time.perf_counter(), time.process_time()
@@ -187,10 +187,10 @@ async def throughput(args: argparse.Namespace) -> dict[str, float]:
             while done < len(ids):
                 await asyncio.sleep(0.1)
                 async with state.db.read() as session:
-                    done = (
-                        await session.scalar(select(func.count()).where(Task.status == "completed"))
-                        or 0
+                    query = select(func.count()).where(
+                        Task.account_id == account_id, Task.status == "completed"
                     )
+                    done = await session.scalar(query) or 0
             elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
             stop.set()
             await runner
