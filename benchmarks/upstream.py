@@ -213,10 +213,20 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--latency-tasks", type=int, default=100)
     parser.add_argument("--database-url", default=None, help="default: SQLite in a temp dir")
+    parser.add_argument(
+        "--loop",
+        choices=["uvloop", "asyncio"],
+        default="asyncio",
+        help="Event loop of the worker; genhook's worker processes run on asyncio's own.",
+    )
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.delay_ms / 1000)
         return
+    if args.loop == "uvloop":
+        import uvloop
+
+        uvloop.install()
     print(f"load before: {os.getloadavg()}")
     result = asyncio.run(latency(args))
     print("overhead per task (no upstream delay, one at a time):")
