@@ -51,6 +51,13 @@ def models(base_url: str) -> list[dict[str, Any]]:
             **common,
         },
         {
+            "id": "up/tiny",
+            "adapter": "openai-images",
+            "max_output_bytes": 100,
+            "detect_nsfw": False,
+            **common,
+        },
+        {
             "id": "up/queue",
             "adapter": "queue",
             "detect_nsfw": False,
@@ -215,6 +222,14 @@ async def test_output_url_on_loopback_is_refused_without_private_targets(
         await harness.state.db.dispose()
     assert result["status"] == "failed"
     assert result["error_code"] == ErrorCode.UPSTREAM_OUTPUT_REFUSED
+
+
+async def test_outputs_over_the_byte_cap_fail(h: Harness) -> None:
+    for prompt in ("inline", "loopback-url"):
+        result = await run(h, "up/tiny", prompt)
+        assert result["status"] == "failed"
+        assert result["error_code"] == ErrorCode.UPSTREAM_OUTPUT_FETCH_FAILED
+        assert "larger than the 100-byte limit" in result["error"]
 
 
 async def test_queue_adapter_submits_polls_and_records_cost(

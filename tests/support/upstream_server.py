@@ -12,8 +12,9 @@ import base64
 import io
 import itertools
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,3 +172,30 @@ async def running_upstream() -> AsyncIterator[UpstreamServer]:
 
 def dumps(value: Any) -> str:
     return json.dumps(value, default=str)
+
+
+@contextmanager
+def upstream_in_thread() -> Iterator[UpstreamServer]:
+    """The server on its own loop in a thread, for tests that block (a live service)."""
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    holder: dict[str, Any] = {}
+
+    async def main() -> None:
+        holder["stop"] = asyncio.Event()
+        async with running_upstream() as server:
+            holder["server"] = server
+            ready.set()
+            await holder["stop"].wait()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
+    thread.start()
+    try:
+        if not ready.wait(30):
+            raise RuntimeError("the upstream server did not start")
+        yield holder["server"]
+    finally:
+        if "stop" in holder:
+            loop.call_soon_threadsafe(holder["stop"].set)
+        thread.join(30)
+        loop.close()

@@ -147,9 +147,23 @@ class UpstreamHttp:
             data=data,
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as response:
-            body = await response.read()
+            body = await self._read_capped(response)
             retry_after = parse_retry_after(response.headers.get("Retry-After"))
             return Answer(response.status, body), retry_after
+
+    async def _read_capped(self, response: aiohttp.ClientResponse) -> bytes:
+        """The answer's body, refused past twice the output cap (base64 grows by a third)."""
+        limit = 2 * self.model.max_output_bytes + 1024 * 1024
+        if response.content_length is not None and response.content_length > limit:
+            raise bad_response(f"the upstream's answer is larger than {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.content.iter_chunked(64 * 1024):
+            size += len(chunk)
+            if size > limit:
+                raise bad_response(f"the upstream's answer is larger than {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def message_of(self, answer: Answer) -> str:
         """The upstream's error message: ``error.message``, ``error``, ``detail`` or the body."""
