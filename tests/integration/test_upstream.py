@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from genhook.db import Task, UsageLine, WebhookDelivery
+from genhook.db.models import UpstreamCallback
 from genhook.errors import ErrorCode
 from tests.conftest import Harness, make_harness, make_settings
 from tests.support.images import data_url
@@ -48,6 +49,17 @@ def models(base_url: str) -> list[dict[str, Any]]:
             "adapter": "openai-images",
             "deadline_seconds": 1.5,
             "detect_nsfw": False,
+            **common,
+        },
+        {
+            "id": "up/callback",
+            "adapter": "queue",
+            "detect_nsfw": False,
+            "queue": {
+                "submit_path": "/queue/submit",
+                "submit_body": {"input": {"prompt": "{prompt}"}, "webhook": "{callback_url}"},
+                "callback": True,
+            },
             **common,
         },
         {
@@ -351,3 +363,41 @@ async def test_cpu_engines_keep_one_task_at_a_time_beside_upstream_tasks(
     assert [row.status for row in rows] == ["completed"] * 3
     # Each CPU task started only after the previous one had finished.
     assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
+
+
+async def test_queue_callback_is_received_once_and_ends_the_task(
+    h: Harness, upstream: UpstreamServer
+) -> None:
+    response = await h.submit({"model": "up/callback", "prompt": "wait", "images": [data_url()]})
+    task_id = response.json()["id"]
+    stop = asyncio.Event()
+    runner = asyncio.create_task(h.worker.run(stop))
+    try:
+        while "job-0" not in upstream.jobs:
+            await asyncio.sleep(0.02)
+        url = upstream.jobs["job-0"]["body"]["webhook"]
+        assert url.startswith(f"http://testserver/api/v1/upstream/callback/{task_id}/")
+        path = url.removeprefix("http://testserver")
+        output = [f"{upstream.base_url}/files/x.png"]
+        final = {"id": "job-0", "status": "succeeded", "output": output}
+        wrong = await h.client.post(path[:-4] + "AAAA", json=final)
+        assert wrong.status_code == 404
+        assert wrong.json()["code"] == 404
+        garbled = await h.client.post(
+            path, content=b"{", headers={"Content-Type": "application/json"}
+        )
+        assert garbled.status_code == 400
+        assert garbled.json()["errors"][0]["field"] == "body"
+        assert (await h.client.post(path, json=final)).status_code == 200
+        assert (await h.client.post(path, json=final)).status_code == 404
+        while (await h.result(task_id))["status"] in ("created", "processing"):
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await runner
+    result = await h.result(task_id)
+    assert result["status"] == "completed", result
+    assert result["info"] == {"upstream_id": "job-0"}
+    assert upstream.jobs["job-0"]["polls"] == 0
+    async with h.state.db.read() as session:
+        assert (await session.scalars(select(UpstreamCallback))).all() == []

@@ -20,6 +20,7 @@ from genhook import __version__
 from genhook.api.deps import AppState
 from genhook.api.errors import install_error_handlers
 from genhook.api.routes_tasks import router as tasks_router
+from genhook.api.routes_upstream import router as upstream_router
 from genhook.api.routes_webhooks import router as webhooks_router
 from genhook.config import Settings
 from genhook.db import Database
@@ -101,6 +102,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(tasks_router)
     app.include_router(webhooks_router)
+    app.include_router(upstream_router)
 
     @app.get("/healthz", tags=["operations"], summary="Liveness: the process answers")
     async def healthz() -> dict[str, str]:

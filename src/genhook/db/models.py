@@ -174,3 +174,16 @@ class WebhookAttempt(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     response_excerpt: Mapped[str | None] = mapped_column(Text, nullable=True)
     kid: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class UpstreamCallback(Base):
+    """A callback an upstream queue will send for a task: the token its URL carries, then
+    the body it sent, read by the worker waiting on that task."""
+
+    __tablename__ = "upstream_callbacks"
+
+    task_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    token: Mapped[str] = mapped_column(String(64))
+    body: Mapped[Any | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    received_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

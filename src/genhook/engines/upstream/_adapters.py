@@ -15,11 +15,14 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Protocol
 
 from genhook.engines.base import EngineJob
+from genhook.engines.upstream._callbacks import CallbackBox
 from genhook.engines.upstream._config import QueueProtocol, UpstreamModel
 from genhook.engines.upstream._http import Answer, UpstreamHttp, bad_response
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.media import CONTENT_TYPES, sniff_image_format
 
+# How often a worker waiting for a queue's callback looks for it in the database.
+CALLBACK_CHECK_SECONDS = 0.2
 _PLACEHOLDER = re.compile(r"^\{([a-z_]+)\}$")
 
 
@@ -162,11 +165,15 @@ class OpenAIImages:
 class QueueAdapter:
     """Submit, then poll the job's status until it succeeds or fails."""
 
-    def __init__(self, model: UpstreamModel, http: UpstreamHttp) -> None:
+    def __init__(
+        self, model: UpstreamModel, http: UpstreamHttp, callbacks: CallbackBox | None = None
+    ) -> None:
         assert model.queue is not None
+        assert callbacks is not None or not model.queue.callback
         self.model = model
         self.queue: QueueProtocol = model.queue
         self.http = http
+        self.callbacks = callbacks
 
     def _fill(self, value: Any, fields: dict[str, Any]) -> Any:
         if isinstance(value, dict):
@@ -179,8 +186,10 @@ class QueueAdapter:
                 return fields[match.group(1)]
         return value
 
-    def body(self, job: EngineJob) -> Any:
+    def body(self, job: EngineJob, callback_url: str | None = None) -> Any:
         fields: dict[str, Any] = dict(job.params)
+        if callback_url is not None:
+            fields["callback_url"] = callback_url
         size = str(job.params.get("size", ""))
         if "*" in size:
             width, height = size.split("*", 1)
@@ -190,15 +199,47 @@ class QueueAdapter:
         return self._fill(self.queue.submit_body, fields)
 
     async def produce(self, job: EngineJob) -> Produced:
+        if self.callbacks is None:
+            return await self._produce(job, None)
+        callback_url = await self.callbacks.open(job.task_id)
+        try:
+            return await self._produce(job, callback_url)
+        finally:
+            await self.callbacks.close(job.task_id)
+
+    async def _wait(self, job: EngineJob, job_path: str, since: float) -> tuple[Any, float]:
+        """The next document: the callback's body, or else a poll of the status path."""
+        queue = self.queue
+        loop = asyncio.get_running_loop()
+        while self.callbacks is not None:
+            await asyncio.sleep(min(CALLBACK_CHECK_SECONDS, queue.poll_interval_seconds))
+            body = await self.callbacks.received(job.task_id)
+            if body is not None:
+                return body, since
+            if queue.status_path is not None and loop.time() - since >= queue.poll_interval_seconds:
+                break
+        else:
+            await asyncio.sleep(queue.poll_interval_seconds)
+        assert queue.status_path is not None
+        answer = await self.http.call(
+            "GET", queue.status_path.replace("{id}", job_path), deadline_ms=job.deadline_ms
+        )
+        return answer.json(), loop.time()
+
+    async def _produce(self, job: EngineJob, callback_url: str | None) -> Produced:
         queue = self.queue
         answer = await self.http.call(
-            "POST", queue.submit_path, deadline_ms=job.deadline_ms, json_body=self.body(job)
+            "POST",
+            queue.submit_path,
+            deadline_ms=job.deadline_ms,
+            json_body=self.body(job, callback_url),
         )
         document = answer.json()
         upstream_id = pointer(document, queue.id_pointer)
         if not isinstance(upstream_id, (str, int)) or isinstance(upstream_id, bool):
             raise bad_response(f"the upstream's submit answer has no job id at {queue.id_pointer}")
         job_path = str(upstream_id)
+        since = asyncio.get_running_loop().time()
         while True:
             status = pointer(document, queue.status_pointer)
             if status in queue.succeeded:
@@ -210,11 +251,7 @@ class QueueAdapter:
                     ErrorCode.UPSTREAM_TASK_FAILED,
                     f"the upstream job ended as {status!s:.40}: {text}",
                 )
-            await asyncio.sleep(queue.poll_interval_seconds)
-            answer = await self.http.call(
-                "GET", queue.status_path.replace("{id}", job_path), deadline_ms=job.deadline_ms
-            )
-            document = answer.json()
+            document, since = await self._wait(job, job_path, since)
         if queue.result_path is not None:
             result: Answer = await self.http.call(
                 "GET", queue.result_path.replace("{id}", job_path), deadline_ms=job.deadline_ms

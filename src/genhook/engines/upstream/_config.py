@@ -29,8 +29,9 @@ class QueueProtocol(BaseModel):
         default_factory=lambda: {"prompt": "{prompt}", "images": "{images}", "size": "{size}"}
     )
     id_pointer: str = "/id"
-    # Polled with GET; ``{id}`` is replaced by the upstream job id.
-    status_path: str
+    # Polled with GET; ``{id}`` is replaced by the upstream job id. With ``callback``, an
+    # optional safety net polled every ``poll_interval_seconds``.
+    status_path: str | None = None
     status_pointer: str = "/status"
     succeeded: list[str] = Field(default_factory=lambda: ["succeeded", "completed", "COMPLETED"])
     failed: list[str] = Field(
@@ -42,6 +43,17 @@ class QueueProtocol(BaseModel):
     result_path: str | None = None
     error_pointer: str = "/error"
     poll_interval_seconds: float = Field(default=0.5, gt=0)
+    # Wait for the provider's callback: ``{callback_url}`` in ``submit_body`` becomes a
+    # per-task URL on this service (``GENHOOK_PUBLIC_BASE_URL`` must reach it).
+    callback: bool = False
+
+    @model_validator(mode="after")
+    def _waiting(self) -> QueueProtocol:
+        if self.callback and "{callback_url}" not in json.dumps(self.submit_body):
+            raise ValueError("callback needs a '{callback_url}' value in submit_body")
+        if not self.callback and self.status_path is None:
+            raise ValueError("status_path is required unless callback is true")
+        return self
 
 
 class UpstreamModel(BaseModel):

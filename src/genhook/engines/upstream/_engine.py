@@ -27,6 +27,7 @@ from genhook.engines.base import (
 )
 from genhook.engines.edit_request import MAX_IMAGES, EditRequest
 from genhook.engines.upstream._adapters import Adapter, OpenAIImages, Produced, QueueAdapter
+from genhook.engines.upstream._callbacks import CallbackBox
 from genhook.engines.upstream._config import UpstreamModel, load_upstream_models
 from genhook.engines.upstream._http import UpstreamHttp, bad_response
 from genhook.errors import ErrorCode, TaskFailure
@@ -51,6 +52,7 @@ class UpstreamEngine:
         self.model = model
         self.settings = settings
         self._http: UpstreamHttp | None = None
+        self._callbacks: CallbackBox | None = None
         self._adapter: Adapter | None = None
         self._limit: asyncio.Semaphore | None = None
         self._detector: Detector | None = None
@@ -71,7 +73,10 @@ class UpstreamEngine:
         if self.model.adapter == "openai-images":
             self._adapter = OpenAIImages(self.model, self._http)
         else:
-            self._adapter = QueueAdapter(self.model, self._http)
+            assert self.model.queue is not None
+            if self.model.queue.callback:
+                self._callbacks = CallbackBox(self.settings)
+            self._adapter = QueueAdapter(self.model, self._http, self._callbacks)
 
     def run(self, job: EngineJob) -> EngineResult:
         """For callers outside a worker's loop (scripts); the worker uses ``run_async``."""
@@ -87,6 +92,8 @@ class UpstreamEngine:
     async def aclose(self) -> None:
         if self._http is not None:
             await self._http.aclose()
+        if self._callbacks is not None:
+            await self._callbacks.aclose()
 
     async def run_async(self, job: EngineJob) -> EngineResult:
         if self._adapter is None:
