@@ -388,6 +388,11 @@ async def test_queue_callback_is_received_once_and_ends_the_task(
         )
         assert garbled.status_code == 400
         assert garbled.json()["errors"][0]["field"] == "body"
+        not_json = await h.client.post(
+            path, content=b'{"status": NaN}', headers={"Content-Type": "application/json"}
+        )
+        assert not_json.status_code == 400
+        assert not_json.json()["errors"][0]["field"] == "body"
         assert (await h.client.post(path, json=final)).status_code == 200
         assert (await h.client.post(path, json=final)).status_code == 404
         while (await h.result(task_id))["status"] in ("created", "processing"):

@@ -6,6 +6,7 @@ wrote down, and a callback is accepted once. The worker reads the body and ends 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -17,7 +18,7 @@ from genhook.api.deps import get_state
 from genhook.api.errors import ERROR_RESPONSES
 from genhook.db import now_ms
 from genhook.db.models import UpstreamCallback
-from genhook.errors import NotFound
+from genhook.errors import FieldError, InvalidRequest, NotFound
 
 router = APIRouter(tags=["upstream"])
 
@@ -33,6 +34,12 @@ MAX_CALLBACK_BYTES = 8 * 1024 * 1024
 async def upstream_callback(task_id: str, token: str, request: Request) -> Any:
     state = await get_state(request)
     body = await read_json_body(request, min(MAX_CALLBACK_BYTES, state.settings.max_body_bytes))
+    try:
+        # NaN and Infinity parse in Python but are not JSON; PostgreSQL would refuse them.
+        json.dumps(body, allow_nan=False)
+    except ValueError:
+        message = "the request body holds NaN or Infinity, which JSON does not allow"
+        raise InvalidRequest(message, [FieldError("body", message)]) from None
     async with state.db.write() as session:
         result = await session.execute(
             update(UpstreamCallback)
