@@ -17,24 +17,19 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
-
 from genhook.config import Settings
-from genhook.db import Blob, Database, Task, now_ms
+from genhook.db import Database, Task, now_ms
 from genhook.engines.base import AsyncEngine, Engine, EngineJob, EngineResult
 from genhook.engines.registry import Registry
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.net import AddressPolicy, client_ssl_context, fetch_input_image
 from genhook.storage import BlobStore, DatabaseBlobStore
 from genhook.storage.blobs import extension_of, new_blob_key
+from genhook.tasks.concurrent import run_concurrent
 from genhook.tasks.group_complete import GroupCompleter
 from genhook.tasks.lifecycle import Completion, Lifecycle
 
 log = logging.getLogger(__name__)
-
-
-# Most tasks one claim takes for an I/O-bound model, so one claim never holds the loop long.
-CLAIM_BATCH = 32
 
 
 class LeaseLost(Exception):
@@ -64,11 +59,12 @@ class Worker:
         self._ssl_context = client_ssl_context(self.settings.webhook_ca_file)
         # Set when an abandoned engine call is still computing: the process should be replaced.
         self.tainted = False
-        self._limits = {spec.id: spec.concurrency for spec in self.registry}
+        # Tasks of each model one process runs at once (see tasks/concurrent.py).
+        self.limits = {spec.id: spec.concurrency for spec in self.registry}
         self._load_lock = asyncio.Lock()
         self._completer = GroupCompleter(self.lifecycle, self.worker_id)
         # Input images read for a whole claimed batch at once, by task id.
-        self._prefetched: dict[str, dict[str, bytes]] = {}
+        self.prefetched: dict[str, dict[str, bytes]] = {}
 
     def engine(self, model: str) -> Engine:
         engine = self._engines.get(model)
@@ -83,8 +79,8 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> None:
         """Claim and run tasks until ``stop`` is set; the task in hand finishes first."""
         log.info("worker %s started (models: %s)", self.worker_id, ", ".join(self._models))
-        if any(limit > 1 for limit in self._limits.values()):
-            await self._run_concurrent(stop)
+        if any(limit > 1 for limit in self.limits.values()):
+            await run_concurrent(self, stop)
         while not stop.is_set() and not self.tainted:
             try:
                 ran = await self.run_once(stop)
@@ -105,74 +101,6 @@ class Worker:
                 with contextlib.suppress(Exception):
                     await close()
 
-    async def _run_concurrent(self, stop: asyncio.Event) -> None:
-        """Claim while a model has a free slot: CPU models share one slot, as in ``run``."""
-        running: dict[asyncio.Task[None], str] = {}
-        stopping = asyncio.ensure_future(stop.wait())
-        try:
-            while not stop.is_set() and not self.tainted:
-                for finished in [job for job in running if job.done()]:
-                    self._reap(running, finished)
-                counts: dict[str, int] = {}
-                for model in running.values():
-                    counts[model] = counts.get(model, 0) + 1
-                groups: list[tuple[list[str], int]] = []
-                if not any(self._limits[model] <= 1 for model in running.values()):
-                    cpu = [model for model, limit in self._limits.items() if limit <= 1]
-                    if cpu:
-                        groups.append((cpu, 1))
-                for model, limit in self._limits.items():
-                    if limit > 1 and counts.get(model, 0) < limit:
-                        groups.append(([model], min(CLAIM_BATCH, limit - counts.get(model, 0))))
-                claimed = False
-                for models, free in groups:
-                    try:
-                        tasks = await self.lifecycle.claim_many(self.worker_id, models, free)
-                    except Exception:
-                        log.exception("worker %s: claim failed; retrying", self.worker_id)
-                        tasks = []
-                    if tasks:
-                        await self._prefetch_inputs(tasks)
-                    for task in tasks:
-                        running[asyncio.create_task(self.process(task, stop))] = task.model
-                    claimed = claimed or bool(tasks)
-                if claimed:
-                    continue
-                await asyncio.wait(
-                    {stopping, *running},
-                    timeout=self.settings.worker_poll_seconds,
-                    return_when="FIRST_COMPLETED",
-                )
-            if running:
-                await asyncio.wait(running)
-        finally:
-            stopping.cancel()
-
-    async def _prefetch_inputs(self, tasks: list[Task]) -> None:
-        keys = [item["blob"] for task in tasks for item in task.inputs if "blob" in item]
-        if not keys:
-            return
-        query = select(Blob.key, Blob.data).where(Blob.key.in_(keys))
-        try:
-            async with self.db.read() as session:
-                rows = (await session.execute(query)).all()
-        except Exception:
-            log.exception("worker %s: reading input images failed; read one by one", self.worker_id)
-            return
-        found = {key: bytes(data) for key, data in rows}
-        for task in tasks:
-            self._prefetched[task.id] = {
-                item["blob"]: found[item["blob"]]
-                for item in task.inputs
-                if item.get("blob") in found
-            }
-
-    @staticmethod
-    def _reap(running: dict[asyncio.Task[None], str], finished: asyncio.Future[Any]) -> None:
-        running.pop(finished, None)  # type: ignore[call-overload]
-        if not finished.cancelled() and finished.exception() is not None:
-            log.error("a task's processing failed", exc_info=finished.exception())
-
     async def run_once(self, stop: asyncio.Event | None = None) -> bool:
         task = await self.lifecycle.claim(self.worker_id, self._models)
         if task is None:
@@ -187,7 +115,7 @@ class Worker:
         try:
             await self._supervise(task, work, lost, stop)
         finally:
-            self._prefetched.pop(task.id, None)
+            self.prefetched.pop(task.id, None)
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await heartbeat
@@ -310,7 +238,7 @@ class Worker:
 
     async def _load_inputs(self, task: Task) -> list[bytes]:
         images: list[bytes] = []
-        prefetched = self._prefetched.pop(task.id, {})
+        prefetched = self.prefetched.pop(task.id, {})
         for index, item in enumerate(task.inputs):
             if "blob" in item:
                 data = prefetched.get(item["blob"])
