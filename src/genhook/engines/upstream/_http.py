@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 MESSAGE_LIMIT = 300
 REDACTED = "[redacted]"
-_RETRYABLE = frozenset({408, 409, 425, 429})
+_RETRYABLE = frozenset({408, 425, 429})
 
 
 @dataclass(frozen=True, slots=True)
