@@ -17,7 +17,7 @@ from genhook.db.models import UpstreamCallback
 from genhook.errors import ErrorCode
 from tests.conftest import Harness, make_harness, make_settings
 from tests.support.images import data_url
-from tests.support.upstream_server import CREDENTIAL, UpstreamServer, running_upstream
+from tests.support.upstream_server import CREDENTIAL, MP3, UpstreamServer, running_upstream
 
 KEY_ENV = "GENHOOK_TEST_UPSTREAM_KEY"
 FAST_RETRY = {"retry_base_seconds": 0.01, "retry_cap_seconds": 0.05, "max_attempts": 3}
@@ -59,6 +59,19 @@ def models(base_url: str) -> list[dict[str, Any]]:
                 "submit_path": "/queue/submit",
                 "submit_body": {"input": {"prompt": "{prompt}"}, "webhook": "{callback_url}"},
                 "callback": True,
+            },
+            **common,
+        },
+        {
+            "id": "up/audio",
+            "kind": "audio",
+            "adapter": "queue",
+            "images_required": False,
+            "queue": {
+                "submit_path": "/queue/submit",
+                "submit_body": {"input": {"prompt": "{prompt}"}, "file": "clip.mp3"},
+                "status_path": "/queue/jobs/{id}",
+                "poll_interval_seconds": 0.02,
             },
             **common,
         },
@@ -259,6 +272,18 @@ async def test_queue_adapter_submits_polls_and_records_cost(
         line = (await session.scalars(select(UsageLine))).one()
     assert line.upstream_cost_micros == 4200
     assert line.amount_micros == 0
+
+
+async def test_audio_model_stores_the_upstream_bytes(h: Harness) -> None:
+    response = await h.submit({"model": "up/audio", "prompt": "say hello"}, path="generateAudio")
+    assert response.status_code == 200, response.text
+    assert await h.run_all() == 1
+    result = await h.result(response.json()["id"])
+    assert result["status"] == "completed", result
+    assert result["has_nsfw_contents"] == [False]
+    download = await h.client.get(result["outputs"][0].removeprefix("http://testserver"))
+    assert download.headers["content-type"] == "audio/mpeg"
+    assert download.content == MP3
 
 
 async def test_queue_failure_carries_the_reason(h: Harness) -> None:

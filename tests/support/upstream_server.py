@@ -22,6 +22,8 @@ from aiohttp import web
 from PIL import Image
 
 CREDENTIAL = "sk-test-7f3c9a1e5b2d4c6f8a0b"
+# Not a playable file: the service stores audio outputs as the bytes the upstream gave.
+MP3 = b"ID3\x04\x00\x00\x00\x00\x00\x00" + bytes(range(256)) * 4
 
 
 def png(colour: tuple[int, int, int] = (10, 120, 240), size: int = 64) -> bytes:
@@ -146,12 +148,14 @@ class UpstreamServer:
             {
                 "id": job_id,
                 "status": "succeeded",
-                "output": [f"{self.base_url}/files/out.png"],
+                "output": [f"{self.base_url}/files/{job['body'].get('file', 'out.png')}"],
                 "metrics": {"cost": "0.0042"},
             }
         )
 
     async def file(self, request: web.Request) -> web.StreamResponse:
+        if request.match_info["name"].endswith(".mp3"):
+            return web.Response(body=MP3, content_type="audio/mpeg")
         return web.Response(body=png((250, 250, 10)), content_type="image/png")
 
 

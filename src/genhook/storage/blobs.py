@@ -44,6 +44,8 @@ CONTENT_TYPE_BY_EXTENSION = {
     ".gif": "image/gif",
     ".heic": "image/heic",
     ".heif": "image/heif",
+    ".mp4": "video/mp4",
+    ".mp3": "audio/mpeg",
 }
 
 

@@ -116,13 +116,13 @@ class UpstreamEngine:
                     f"output {index} from the upstream is larger than the "
                     f"{self.model.max_output_bytes}-byte limit",
                 )
-            fmt = sniff_image_format(data)
-            if fmt is not None:
-                blobs.append((data, CONTENT_TYPES[fmt]))
-            elif self.model.kind is ModelKind.IMAGE:
-                raise bad_response(f"output {index} from the upstream is not an image")
-            else:
+            if self.model.kind is not ModelKind.IMAGE:
                 blobs.append((data, _KIND_CONTENT_TYPES[self.model.kind]))
+                continue
+            fmt = sniff_image_format(data)
+            if fmt is None:
+                raise bad_response(f"output {index} from the upstream is not an image")
+            blobs.append((data, CONTENT_TYPES[fmt]))
         flags = produced.nsfw
         if flags is None:
             flags = [await self._detect(data, kind) for data, kind in blobs]
