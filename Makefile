@@ -47,6 +47,7 @@ bench: install-dev
 	$(BIN)/python benchmarks/verify.py
 	$(BIN)/python benchmarks/watch.py
 	$(BIN)/python benchmarks/video.py
+	$(BIN)/python benchmarks/upstream.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -10,7 +10,7 @@ from datetime import timedelta
 from decimal import Decimal
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -131,6 +131,10 @@ class Settings(BaseSettings):
     output_retention: timedelta = Field(default=timedelta(days=7))
     retention_interval_seconds: float = Field(default=60.0, gt=0)
     retention_batch: int = Field(default=200, ge=1)
+    # Models served by upstream model servers (docs/engines/upstream.md): a JSON list of
+    # model entries, and/or a JSON file holding one.
+    upstream_models: list[dict[str, Any]] = Field(default_factory=list)
+    upstream_models_file: Path | None = None
 
     log_level: str = "INFO"
 

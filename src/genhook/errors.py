@@ -88,6 +88,12 @@ class ErrorCode(IntEnum):
 
     PROMPT_NOT_UNDERSTOOD = 3001
     INSTRUCTION_INVALID = 3002
+    UPSTREAM_REJECTED = 3010
+    UPSTREAM_UNAVAILABLE = 3011
+    UPSTREAM_BAD_RESPONSE = 3012
+    UPSTREAM_TASK_FAILED = 3013
+    UPSTREAM_OUTPUT_REFUSED = 3014
+    UPSTREAM_OUTPUT_FETCH_FAILED = 3015
     ENGINE_ERROR = 3099
     LANGUAGE_UNSUPPORTED = 3101
 
@@ -123,6 +129,18 @@ ERROR_CODE_DESCRIPTIONS: dict[ErrorCode, str] = {
     "image 3 of a two-image task).",
     ErrorCode.LANGUAGE_UNSUPPORTED: "The requested language is not one the configured "
     "speech-to-text model transcribes (the default model is English-only).",
+    ErrorCode.UPSTREAM_REJECTED: "The upstream model server refused the request (an HTTP 4xx "
+    "other than 429); the message carries the upstream's own, trimmed.",
+    ErrorCode.UPSTREAM_UNAVAILABLE: "The upstream model server kept answering 429 or 5xx, timed "
+    "out or could not be reached until the retries or the deadline ran out.",
+    ErrorCode.UPSTREAM_BAD_RESPONSE: "The upstream model server answered with something that is "
+    "not the protocol's response (malformed JSON, a missing field, no outputs).",
+    ErrorCode.UPSTREAM_TASK_FAILED: "The upstream queue reported the job as failed; the message "
+    "carries its reason, trimmed.",
+    ErrorCode.UPSTREAM_OUTPUT_REFUSED: "The upstream returned an output URL that points at an "
+    "address the target-address policy refuses.",
+    ErrorCode.UPSTREAM_OUTPUT_FETCH_FAILED: "An upstream output URL could not be fetched, or the "
+    "output is larger than the model's byte cap.",
     ErrorCode.ENGINE_ERROR: "The engine failed unexpectedly.",
     ErrorCode.WORKER_LOST: "The worker running the task stopped responding more times than "
     "the configured lease-loss limit.",

@@ -22,6 +22,7 @@ from genhook.api.errors import install_error_handlers
 from genhook.api.routes_cancel import router as cancel_router
 from genhook.api.routes_models import install_models
 from genhook.api.routes_tasks import router as tasks_router
+from genhook.api.routes_upstream import router as upstream_router
 from genhook.api.routes_watch import router as watch_router
 from genhook.api.routes_webhooks import router as webhooks_router
 from genhook.config import Settings
@@ -107,6 +108,7 @@ def create_app(
     app.include_router(webhooks_router)
     app.include_router(watch_router)
     install_models(app, state.registry)
+    app.include_router(upstream_router)
 
     @app.get("/healthz", tags=["operations"], summary="Liveness: the process answers")
     async def healthz() -> dict[str, str]:

@@ -113,6 +113,8 @@ class UsageLine(Base):
     input_images: Mapped[int] = mapped_column(Integer)
     lines: Mapped[list[Any]] = mapped_column(JSON)
     amount_micros: Mapped[int] = mapped_column(BigInteger)
+    # What an upstream provider reported charging for the task (operator cost, not billed).
+    upstream_cost_micros: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
 
     __table_args__ = (Index("ix_usage_account_created", "account_id", "created_at"),)
@@ -252,3 +254,16 @@ class ExpiredOutput(Base):
     key: Mapped[str] = mapped_column(String(200), primary_key=True)
     task_id: Mapped[str] = mapped_column(String(64))
     expired_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class UpstreamCallback(Base):
+    """A callback an upstream queue will send for a task: the token its URL carries, then
+    the body it sent, read by the worker waiting on that task."""
+
+    __tablename__ = "upstream_callbacks"
+
+    task_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    token: Mapped[str] = mapped_column(String(64))
+    body: Mapped[Any | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    received_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
@@ -55,6 +55,11 @@ class EngineJob:
         if self.stop.is_set():
             raise TaskFailure(ErrorCode.ENGINE_ERROR, "stopped early: the task was given up")
 
+    @property
+    def deadline_ms(self) -> int | None:
+        """The deadline in epoch milliseconds, as the task row stores it."""
+        return None if self.deadline is None else int(self.deadline * 1000)
+
 
 @dataclass(frozen=True, slots=True)
 class EngineOutput:
@@ -70,6 +75,8 @@ class EngineResult:
     info: dict[str, Any] = field(default_factory=dict)
     # A speech-to-text model's structured transcript, shown as ``stt_result``.
     stt_result: dict[str, Any] | None = None
+    # What an upstream provider charged for the job, when it says; recorded on the usage line.
+    cost_usd: Decimal | None = None
 
 
 class Engine(Protocol):
@@ -78,6 +85,14 @@ class Engine(Protocol):
 
     def run(self, job: EngineJob) -> EngineResult:
         """Run one job; raise ``genhook.errors.TaskFailure`` for expected failures."""
+
+
+@runtime_checkable
+class AsyncEngine(Engine, Protocol):
+    """An I/O-bound engine: its jobs run on the worker's event loop, many at once."""
+
+    async def run_async(self, job: EngineJob) -> EngineResult:
+        """Run one job without blocking the loop; cancelled at the task's deadline."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +124,8 @@ class ModelSpec:
     description: str = ""
     # The catalogue's price list: ``{"summary": words, "unit": ..., "prices_usd": {...}}``.
     price_list: Callable[[Settings], dict[str, Any]] | None = None
+    # Jobs of this model one worker process runs at once; above 1 only for ``AsyncEngine``s.
+    concurrency: int = 1
 
     def accepts(self, path_kind: ModelKind) -> bool:
         return path_kind == self.kind or path_kind in self.accepted_on

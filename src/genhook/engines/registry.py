@@ -112,6 +112,10 @@ def build_registry(settings: Settings) -> Registry:
     registry.register(TTS_SPEC)
     registry.register(STT_SPEC)
     registry.register(video_spec(settings))
+    if settings.upstream_models or settings.upstream_models_file:
+        from genhook.engines.upstream import register_upstream_models
+
+        register_upstream_models(registry, settings)
     for target in settings.extra_engines:
         module_name, _, func_name = target.partition(":")
         module = importlib.import_module(module_name)

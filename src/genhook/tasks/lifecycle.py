@@ -48,6 +48,15 @@ async def enqueue_callback(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Completion:
+    task_id: str
+    outputs: list[str]
+    nsfw: list[bool]
+    info: dict[str, Any]
+    upstream_cost_micros: int | None = None
+
+
 @dataclass
 class Lifecycle:
     settings: Settings
@@ -59,21 +68,45 @@ class Lifecycle:
         now = now_ms()
         candidate = (
             select(Task.id)
-            .where(
-                Task.status == "created",
-                Task.available_at <= now,
-                Task.deadline_at > now,
-                or_(Task.start_deadline_at.is_(None), Task.start_deadline_at > now),
-                Task.model.in_(list(models)),
-            )
+            .where(*_runnable(models, now))
             .order_by(Task.available_at)
             .limit(1)
             .with_for_update(skip_locked=True)
             .scalar_subquery()
         )
-        stmt = (
+        stmt = self._take(Task.id == candidate, worker_id, now)
+        async with self.db.write() as session:
+            return (await session.execute(stmt)).scalars().first()
+
+    async def claim_many(self, worker_id: str, models: Sequence[str], limit: int) -> list[Task]:
+        """Take up to ``limit`` of the oldest runnable tasks in one transaction (I/O engines).
+
+        The ids are selected first: PostgreSQL may run an ``IN (... LIMIT n)`` subquery more
+        than once per UPDATE and so take more than ``limit`` rows.
+        """
+        if limit <= 1:
+            task = await self.claim(worker_id, models)
+            return [] if task is None else [task]
+        now = now_ms()
+        candidates = (
+            select(Task.id)
+            .where(*_runnable(models, now))
+            .order_by(Task.available_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        async with self.db.write() as session:
+            ids = list((await session.scalars(candidates)).all())
+            if not ids:
+                return []
+            stmt = self._take(Task.id.in_(ids), worker_id, now)
+            return list((await session.execute(stmt)).scalars().all())
+
+    def _take(self, which: Any, worker_id: str, now: int) -> Any:
+        """The UPDATE that puts the ``which`` tasks still waiting under this worker's lease."""
+        return (
             update(Task)
-            .where(Task.id == candidate, Task.status == "created")
+            .where(which, Task.status == "created")
             .values(
                 status="processing",
                 lease_owner=worker_id,
@@ -85,8 +118,6 @@ class Lifecycle:
             .returning(Task)
             .execution_options(synchronize_session=False)
         )
-        async with self.db.write() as session:
-            return (await session.execute(stmt)).scalars().first()
 
     @property
     def _lease_ms(self) -> int:
@@ -147,11 +178,14 @@ class Lifecycle:
         nsfw: list[bool],
         info: dict[str, Any],
         stt_result: dict[str, Any] | None = None,
+        upstream_cost_micros: int | None = None,
     ) -> bool:
         values = dict(status="completed", outputs=outputs, has_nsfw_contents=nsfw, info=info)
         if stt_result is not None:
             values["stt_result"] = stt_result
-        return await self._finish(task_id, worker_id, values)
+        return await self._finish(
+            task_id, worker_id, values, upstream_cost_micros=upstream_cost_micros
+        )
 
     async def fail(
         self,
@@ -193,16 +227,50 @@ class Lifecycle:
             return False, None
         return False, current
 
-    async def _finish(self, task_id: str, worker_id: str | None, values: dict[str, Any]) -> bool:
-        """One terminal transition; False when the task is no longer ours to end."""
-        conditions = [Task.id == task_id]
-        if worker_id is None:
-            conditions.append(Task.status.in_(ACTIVE))
-        else:
-            conditions += [Task.status == "processing", Task.lease_owner == worker_id]
-        return await self._end(conditions, values) is not None
+    async def complete_many(self, worker_id: str, items: Sequence[Completion]) -> list[bool]:
+        """Several completions in one transaction: group commit for I/O-bound engines,
+        whose many tasks in flight would otherwise each pay for a commit."""
+        async with self.db.write() as session:
+            return [
+                await self._end_in(
+                    session,
+                    _held_by(item.task_id, worker_id),
+                    dict(
+                        status="completed",
+                        outputs=item.outputs,
+                        has_nsfw_contents=item.nsfw,
+                        info=item.info,
+                    ),
+                    item.upstream_cost_micros,
+                )
+                is not None
+                for item in items
+            ]
 
-    async def _end(self, conditions: list[Any], values: dict[str, Any]) -> Task | None:
+    async def _finish(
+        self,
+        task_id: str,
+        worker_id: str | None,
+        values: dict[str, Any],
+        upstream_cost_micros: int | None = None,
+    ) -> bool:
+        """One terminal transition; False when the task is no longer ours to end."""
+        conditions = _held_by(task_id, worker_id)
+        return await self._end(conditions, values, upstream_cost_micros) is not None
+
+    async def _end(
+        self, conditions: list[Any], values: dict[str, Any], upstream_cost_micros: int | None = None
+    ) -> Task | None:
+        async with self.db.write() as session:
+            return await self._end_in(session, conditions, values, upstream_cost_micros)
+
+    async def _end_in(
+        self,
+        session: AsyncSession,
+        conditions: list[Any],
+        values: dict[str, Any],
+        upstream_cost_micros: int | None,
+    ) -> Task | None:
         now = now_ms()
         retention_ms = int(self.settings.output_retention.total_seconds() * 1000)
         stmt = (
@@ -219,14 +287,15 @@ class Lifecycle:
             .returning(Task)
             .execution_options(synchronize_session=False)
         )
-        async with self.db.write() as session:
-            task = (await session.execute(stmt)).scalars().first()
-            if task is None:
-                return None
-            await self._on_terminal(session, task, now)
+        task = (await session.execute(stmt)).scalars().first()
+        if task is None:
+            return None
+        await self._on_terminal(session, task, now, upstream_cost_micros)
         return task
 
-    async def _on_terminal(self, session: AsyncSession, task: Task, now: int) -> None:
+    async def _on_terminal(
+        self, session: AsyncSession, task: Task, now: int, upstream_cost_micros: int | None = None
+    ) -> None:
         input_keys = [item["blob"] for item in task.inputs if "blob" in item]
         if input_keys:
             await session.execute(delete(Blob).where(Blob.key.in_(input_keys)))
@@ -241,6 +310,7 @@ class Lifecycle:
                     input_images=task.charge["input_images"],
                     lines=task.charge["lines"],
                     amount_micros=task.charge["total_micros"],
+                    upstream_cost_micros=upstream_cost_micros,
                     created_at=now,
                 )
             )
@@ -336,3 +406,24 @@ class Lifecycle:
                 log.warning("task %s lost its lease (worker %s); requeued", task_id, owner)
                 changed += 1
         return changed
+
+
+def _held_by(task_id: str, worker_id: str | None) -> list[Any]:
+    """Conditions under which ``worker_id`` (None: the sweeper) may end the task."""
+    conditions: list[Any] = [Task.id == task_id]
+    if worker_id is None:
+        conditions.append(Task.status.in_(ACTIVE))
+    else:
+        conditions += [Task.status == "processing", Task.lease_owner == worker_id]
+    return conditions
+
+
+def _runnable(models: Sequence[str], now: int) -> list[Any]:
+    """Conditions of a task a worker serving ``models`` may start now."""
+    return [
+        Task.status == "created",
+        Task.available_at <= now,
+        Task.deadline_at > now,
+        or_(Task.start_deadline_at.is_(None), Task.start_deadline_at > now),
+        Task.model.in_(list(models)),
+    ]

@@ -1,8 +1,9 @@
 """The worker loop: claim a task, keep its lease alive, run its engine, record the outcome.
 
-One worker runs one task at a time; ``genhook serve`` starts several worker processes, so
+One worker runs one CPU task at a time; ``genhook serve`` starts several worker processes, so
 CPU-heavy engines never block the API's event loop. The engine runs in a thread of the
-worker process, so heartbeats keep flowing while it computes.
+worker process, so heartbeats keep flowing while it computes. Models of I/O-bound engines
+(``AsyncEngine``, ``ModelSpec.concurrency`` above 1) run many tasks at once on the loop.
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ from typing import Any
 
 from genhook.config import Settings
 from genhook.db import Database, Task, now_ms
-from genhook.engines.base import Engine, EngineJob, EngineResult
+from genhook.engines.base import AsyncEngine, Engine, EngineJob, EngineResult
 from genhook.engines.registry import Registry
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.net import AddressPolicy, client_ssl_context, fetch_input_image
 from genhook.storage import BlobStore, DatabaseBlobStore
 from genhook.storage.blobs import extension_of, new_blob_key
-from genhook.tasks.lifecycle import Lifecycle
+from genhook.tasks.concurrent import run_concurrent
+from genhook.tasks.group_complete import GroupCompleter
+from genhook.tasks.lifecycle import Completion, Lifecycle
 from genhook.tasks.progress import ProgressRecorder
 
 log = logging.getLogger(__name__)
@@ -62,8 +65,12 @@ class Worker:
         self._ssl_context = client_ssl_context(self.settings.webhook_ca_file)
         # Set when an abandoned engine call is still computing: the process should be replaced.
         self.tainted = False
-        # The running job's stop signal (EngineJob.stop), set whenever the task is given up.
-        self._job_stop = threading.Event()
+        # Tasks of each model one process runs at once (see tasks/concurrent.py).
+        self.limits = {spec.id: spec.concurrency for spec in self.registry}
+        self._load_lock = asyncio.Lock()
+        self._completer = GroupCompleter(self.lifecycle, self.worker_id)
+        # Input images read for a whole claimed batch at once, by task id.
+        self.prefetched: dict[str, dict[str, bytes]] = {}
 
     def engine(self, model: str) -> Engine:
         engine = self._engines.get(model)
@@ -78,6 +85,8 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> None:
         """Claim and run tasks until ``stop`` is set; the task in hand finishes first."""
         log.info("worker %s started (models: %s)", self.worker_id, ", ".join(self._models))
+        if any(limit > 1 for limit in self.limits.values()):
+            await run_concurrent(self, stop)
         while not stop.is_set() and not self.tainted:
             try:
                 ran = await self.run_once(stop)
@@ -87,7 +96,16 @@ class Worker:
             if not ran:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.settings.worker_poll_seconds)
+        await self.close_engines()
         log.info("worker %s stopped", self.worker_id)
+
+    async def close_engines(self) -> None:
+        """Close what engines hold on the loop (an upstream engine's connection pool)."""
+        for engine in self._engines.values():
+            close = getattr(engine, "aclose", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    await close()
 
     async def run_once(self, stop: asyncio.Event | None = None) -> bool:
         task = await self.lifecycle.claim(self.worker_id, self._models)
@@ -97,19 +115,22 @@ class Worker:
         return True
 
     async def process(self, task: Task, stop: asyncio.Event | None = None) -> None:
-        self._job_stop = threading.Event()
+        # The job's stop signal (EngineJob.stop), set whenever the task is given up; one per
+        # task, since I/O-bound models run several tasks of one process at once.
+        job_stop = threading.Event()
         lost = asyncio.Event()
         heartbeat = asyncio.create_task(self._heartbeat(task.id, lost))
         watch = asyncio.create_task(self._watch_cancel(task.id, lost))
-        work = asyncio.create_task(self._execute(task))
+        work = asyncio.create_task(self._execute(task, job_stop))
         try:
-            await self._supervise(task, work, lost, stop)
+            await self._supervise(task, work, lost, stop, job_stop)
         finally:
+            self.prefetched.pop(task.id, None)
             for helper in (heartbeat, watch):
                 helper.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await helper
-        if self._engine_busy.is_set() and self._job_stop.is_set():
+        if self._engine_busy.is_set() and job_stop.is_set():
             # Asked to stop (cancel, deadline, lost lease): an engine that can, stops soon.
             for _ in range(ENGINE_STOP_POLLS):
                 if not self._engine_busy.is_set():
@@ -121,7 +142,12 @@ class Worker:
             self.tainted = True
 
     async def _supervise(
-        self, task: Task, work: asyncio.Task[None], lost: asyncio.Event, stop: asyncio.Event | None
+        self,
+        task: Task,
+        work: asyncio.Task[None],
+        lost: asyncio.Event,
+        stop: asyncio.Event | None,
+        job_stop: threading.Event,
     ) -> None:
         remaining = max(0.0, (task.deadline_at - now_ms()) / 1000)
         waiters: set[asyncio.Future[Any]] = {work, asyncio.ensure_future(lost.wait())}
@@ -143,11 +169,11 @@ class Worker:
                 if lost.is_set():
                     # Also how a cancel arrives: the task is no longer ``processing``.
                     log.warning("task %s: lease lost or task canceled; abandoning", task.id)
-                    self._job_stop.set()
+                    job_stop.set()
                     work.cancel()
                     return
                 if loop.time() >= deadline:
-                    self._job_stop.set()
+                    job_stop.set()
                     work.cancel()
                     if await self.lifecycle.time_out(task.id, self.worker_id):
                         log.info("task %s timed out", task.id)
@@ -157,7 +183,7 @@ class Worker:
                     waiters.discard(stop_waiter)
                     log.info("task %s: finishing before shutdown", task.id)
                 elif grace_deadline is not None and loop.time() >= grace_deadline:
-                    self._job_stop.set()
+                    job_stop.set()
                     work.cancel()
                     await self.lifecycle.release(task.id, self.worker_id)
                     log.info("task %s: released at shutdown", task.id)
@@ -194,13 +220,14 @@ class Worker:
                 lost.set()
                 return
 
-    async def _execute(self, task: Task) -> None:
+    async def _execute(self, task: Task, job_stop: threading.Event) -> None:
         progress = ProgressRecorder(
             self.db, task.id, self.worker_id, self.settings.progress_interval_seconds
         )
         try:
             images = await self._load_inputs(task)
-            engine = await asyncio.to_thread(self.engine, task.model)
+            async with self._load_lock:
+                engine = await asyncio.to_thread(self.engine, task.model)
             job = EngineJob(
                 task_id=task.id,
                 model=task.model,
@@ -208,10 +235,13 @@ class Worker:
                 images=images,
                 report=progress.report,
                 deadline=task.deadline_at / 1000,
-                stop=self._job_stop,
+                stop=job_stop,
             )
             async with progress.running():
-                result = await asyncio.to_thread(self._run_engine, engine, job)
+                if isinstance(engine, AsyncEngine):
+                    result = await engine.run_async(job)
+                else:
+                    result = await asyncio.to_thread(self._run_engine, engine, job)
             keys = await self._store_outputs(result)
         except TaskFailure as failure:
             log.info("task %s failed: %s", task.id, failure)
@@ -230,14 +260,21 @@ class Worker:
                 "the engine failed unexpectedly; the error is in the service log",
             )
             return
-        done = await self.lifecycle.complete(
-            task.id,
-            self.worker_id,
-            outputs=keys,
-            nsfw=[output.nsfw for output in result.outputs],
-            info=result.info,
-            stt_result=result.stt_result,
-        )
+        cost = None if result.cost_usd is None else int(result.cost_usd * 1_000_000)
+        if isinstance(engine, AsyncEngine):
+            flags = [output.nsfw for output in result.outputs]
+            item = Completion(task.id, keys, flags, result.info, cost)
+            done = await self._completer.complete(item)
+        else:
+            done = await self.lifecycle.complete(
+                task.id,
+                self.worker_id,
+                outputs=keys,
+                nsfw=[output.nsfw for output in result.outputs],
+                info=result.info,
+                stt_result=result.stt_result,
+                upstream_cost_micros=cost,
+            )
         if not done:
             for key in keys:
                 await self.storage.delete(key)
@@ -251,9 +288,11 @@ class Worker:
 
     async def _load_inputs(self, task: Task) -> list[bytes]:
         images: list[bytes] = []
+        prefetched = self.prefetched.pop(task.id, {})
         for index, item in enumerate(task.inputs):
             if "blob" in item:
-                blob = await self._inputs.get(item["blob"])
+                data = prefetched.get(item["blob"])
+                blob = (data, "") if data is not None else await self._inputs.get(item["blob"])
                 if blob is None:
                     raise TaskFailure(ErrorCode.INTERNAL_ERROR, f"input image {index} is missing")
                 images.append(blob[0])

@@ -1,0 +1,64 @@
+"""Where upstream queue callbacks land: one ``upstream_callbacks`` row per waiting task.
+
+The worker writes a random token before it submits, the API stores the body the provider
+posts to the token's URL, and the worker reads it back; any API process on any machine can
+take the callback, because the row is in the shared database.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from sqlalchemy import Delete, delete, insert, select
+
+from genhook.config import Settings
+from genhook.db import Database, now_ms
+from genhook.db.models import UpstreamCallback
+
+
+class CallbackBox:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._db: Database | None = None
+
+    @property
+    def db(self) -> Database:
+        if self._db is None:
+            self._db = Database(self._settings.resolved_database_url, pool_size=2)
+        return self._db
+
+    async def open(self, task_id: str) -> str:
+        """A fresh callback URL for ``task_id``; a previous attempt's URL stops working."""
+        token = secrets.token_urlsafe(32)
+        async with self.db.write() as session:
+            await session.execute(self._delete(task_id))
+            await session.execute(
+                insert(UpstreamCallback).values(task_id=task_id, token=token, created_at=now_ms())
+            )
+        base = self._settings.resolved_public_base_url
+        return f"{base}/api/v1/upstream/callback/{task_id}/{token}"
+
+    async def received(self, task_id: str) -> Any | None:
+        async with self.db.read() as session:
+            row = (
+                await session.execute(
+                    select(UpstreamCallback.body).where(
+                        UpstreamCallback.task_id == task_id,
+                        UpstreamCallback.received_at.is_not(None),
+                    )
+                )
+            ).first()
+        return None if row is None else row[0]
+
+    async def close(self, task_id: str) -> None:
+        async with self.db.write() as session:
+            await session.execute(self._delete(task_id))
+
+    @staticmethod
+    def _delete(task_id: str) -> Delete:
+        return delete(UpstreamCallback).where(UpstreamCallback.task_id == task_id)
+
+    async def aclose(self) -> None:
+        if self._db is not None:
+            await self._db.dispose()

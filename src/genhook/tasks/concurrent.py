@@ -1,0 +1,101 @@
+"""The worker loop for I/O-bound models: many tasks of one process in flight at once.
+
+Used when a model's ``ModelSpec.concurrency`` is above 1. CPU models (concurrency 1) still
+share one slot, so they run one at a time in a thread exactly as in ``Worker.run``. A
+model's free slots are claimed in one transaction, and the claimed batch's input images
+read in one query, so the database work per task stays small when hundreds of tasks a
+second go through one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+
+from genhook.db import Blob, Task
+
+if TYPE_CHECKING:
+    from genhook.tasks.worker import Worker
+
+log = logging.getLogger(__name__)
+
+# Most tasks one claim takes for a model, so one claim never holds the loop long.
+CLAIM_BATCH = 32
+
+
+async def run_concurrent(worker: Worker, stop: asyncio.Event) -> None:
+    """Claim while a model has a free slot, until ``stop``; tasks in hand finish first."""
+    running: dict[asyncio.Future[None], str] = {}
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        while not stop.is_set() and not worker.tainted:
+            for finished in [job for job in running if job.done()]:
+                _reap(running, finished)
+            claimed = False
+            for models, free in _free_slots(worker.limits, list(running.values())):
+                try:
+                    tasks = await worker.lifecycle.claim_many(worker.worker_id, models, free)
+                except Exception:
+                    log.exception("worker %s: claim failed; retrying", worker.worker_id)
+                    tasks = []
+                if tasks:
+                    await prefetch_inputs(worker, tasks)
+                for task in tasks:
+                    running[asyncio.ensure_future(worker.process(task, stop))] = task.model
+                claimed = claimed or bool(tasks)
+            if claimed:
+                continue
+            waiters: set[asyncio.Future[Any]] = {stopping, *running}
+            await asyncio.wait(
+                waiters,
+                timeout=worker.settings.worker_poll_seconds,
+                return_when="FIRST_COMPLETED",
+            )
+        if running:
+            await asyncio.wait(running)
+    finally:
+        stopping.cancel()
+
+
+def _free_slots(limits: dict[str, int], running: list[str]) -> list[tuple[list[str], int]]:
+    """(models, how many) to claim: CPU models together for one slot, others each their own."""
+    counts: dict[str, int] = {}
+    for model in running:
+        counts[model] = counts.get(model, 0) + 1
+    groups: list[tuple[list[str], int]] = []
+    if not any(limits[model] <= 1 for model in running):
+        cpu = [model for model, limit in limits.items() if limit <= 1]
+        if cpu:
+            groups.append((cpu, 1))
+    for model, limit in limits.items():
+        if limit > 1 and counts.get(model, 0) < limit:
+            groups.append(([model], min(CLAIM_BATCH, limit - counts.get(model, 0))))
+    return groups
+
+
+async def prefetch_inputs(worker: Worker, tasks: list[Task]) -> None:
+    """Read the batch's input images in one query; ``Worker`` reads any it misses itself."""
+    keys = [item["blob"] for task in tasks for item in task.inputs if "blob" in item]
+    if not keys:
+        return
+    query = select(Blob.key, Blob.data).where(Blob.key.in_(keys))
+    try:
+        async with worker.db.read() as session:
+            rows = (await session.execute(query)).all()
+    except Exception:
+        log.exception("worker %s: reading input images failed", worker.worker_id)
+        return
+    found = {key: bytes(data) for key, data in rows}
+    for task in tasks:
+        worker.prefetched[task.id] = {
+            item["blob"]: found[item["blob"]] for item in task.inputs if item.get("blob") in found
+        }
+
+
+def _reap(running: dict[asyncio.Future[None], str], finished: asyncio.Future[None]) -> None:
+    del running[finished]
+    if not finished.cancelled() and finished.exception() is not None:
+        log.error("a task's processing failed", exc_info=finished.exception())
