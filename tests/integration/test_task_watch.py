@@ -80,7 +80,7 @@ async def test_plain_requests_answer_as_before(harness: Harness) -> None:
     assert "preference-applied" not in submitted.headers
     await harness.run_all()
     done = await harness.result(submitted.json()["id"])
-    assert set(done) == PLAIN_KEYS | {"info", "completed_at"}
+    assert set(done) == PLAIN_KEYS | {"info", "completed_at", "outputs_expire_at"}
 
 
 async def test_queue_position_counts_tasks_ahead_for_the_model(harness: Harness) -> None:
