@@ -211,7 +211,7 @@ class Client(_Core):
         model: str = EDIT_MODEL,
         **extra: Any,
     ) -> Prediction:
-        """Submit an image edit (contract 2.1); images may be paths, bytes, PIL images or URLs."""
+        """Submit an image edit; images may be paths, bytes, PIL images or URLs."""
         optional = {
             "size": size,
             "output_format": output_format,

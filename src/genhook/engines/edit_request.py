@@ -1,4 +1,4 @@
-"""The wire schema of the image-edit request (contract section 2.1), every rule of it.
+"""The wire schema of the image-edit request, every rule of it.
 
 Validation failures surface as HTTP 400 with one entry per offending field, e.g.
 ``images[3]``; see ``docs/api.md``.
@@ -124,7 +124,7 @@ def parse_size(value: str) -> tuple[int, int]:
 
 
 class EditRequest(BaseModel):
-    """Section 2.1 of the contract, plus the optional ``webhook_url`` of section 6.1."""
+    """The image-edit request body, ``webhook_url`` included (it is never passed to an engine)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, str_strip_whitespace=False)
 

@@ -34,7 +34,7 @@ class Problem(Enum):
 
 
 class TargetRefused(Exception):
-    """A URL the policy refuses; ``problem`` picks the contract's message.
+    """A URL the policy refuses; ``problem`` picks the message.
 
     ``also`` names further problems of the same URL, so a refusal can state every reason
     at once (an ``http://127.0.0.1`` target is both plain http and not public).
