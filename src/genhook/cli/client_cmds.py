@@ -18,9 +18,7 @@ import httpx
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from genhook.cli._output import print_table
 from genhook.client import (
     EDIT_MODEL,
     Client,
@@ -117,28 +115,28 @@ def print_prediction(prediction: Prediction, as_json: bool) -> None:
     if as_json:
         console.print_json(json.dumps(prediction.raw))
         return
-    table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(no_wrap=True)
+    rows: list[tuple[str, str]] = []
     style = _status_style(prediction.status)
-    table.add_row("id", prediction.id)
-    table.add_row("model", prediction.model)
-    table.add_row("status", f"[{style}]{prediction.status}[/{style}]")
+    rows.append(("id", prediction.id))
+    rows.append(("model", prediction.model))
+    rows.append(("status", f"[{style}]{prediction.status}[/{style}]"))
     if prediction.created_at:
-        table.add_row("created_at", prediction.created_at)
+        rows.append(("created_at", prediction.created_at))
     for index, url in enumerate(prediction.outputs):
         flags = prediction.has_nsfw_contents
         nsfw = " [red](nsfw)[/red]" if index < len(flags) and flags[index] else ""
-        table.add_row(f"output {index}", escape(url) + nsfw)
+        rows.append((f"output {index}", escape(url) + nsfw))
     if prediction.error_code is not None or prediction.error:
-        table.add_row(
-            "error", f"[red]{prediction.error_code}[/red] {escape(prediction.error or '')}"
+        rows.append(
+            ("error", f"[red]{prediction.error_code}[/red] {escape(prediction.error or '')}")
         )
     if prediction.info:
-        table.add_row("info", escape(json.dumps(prediction.info, ensure_ascii=False)))
+        rows.append(("info", escape(json.dumps(prediction.info, ensure_ascii=False))))
     if "get" in prediction.urls:
-        table.add_row("result", prediction.urls["get"])
-    print_table(console, table)
+        rows.append(("result", prediction.urls["get"]))
+    # One line per value, never folded or cut: ids and URLs are pasted into other commands.
+    for label, value in rows:
+        console.print(f"[bold]{label:<11}[/bold] {value}", soft_wrap=True)
 
 
 def _parse_field(text: str) -> tuple[str, Any]:
@@ -358,10 +356,12 @@ def listen(
         checks.append(f"Ed25519 keys from {keys_url}")
     if verifier is not None and hmac_secret:
         checks.append("HMAC secret")
-    console.print(f"[bold]Ready![/bold] Listening on {listener.url}")
-    console.print("  verifying with " + (" and ".join(checks) if checks else "nothing"))
+    console.print(f"[bold]Ready![/bold] Listening on {listener.url}", soft_wrap=True)
+    console.print(
+        "  verifying with " + (" and ".join(checks) if checks else "nothing"), soft_wrap=True
+    )
     if forward_to:
-        console.print(f"  forwarding to {forward_to}")
+        console.print(f"  forwarding to {forward_to}", soft_wrap=True)
     listener.start()
     try:
         done.wait()
