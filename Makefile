@@ -25,8 +25,9 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[server,dev]'
 	touch $@ $(VENV)/.installed-server
 
+# make serve ARGS=--dev: webhooks to a receiver on this machine (genhook serve --help)
 serve: install
-	$(BIN)/genhook serve
+	$(BIN)/genhook serve $(ARGS)
 
 lint:
 	$(BIN)/ruff check src tests benchmarks examples

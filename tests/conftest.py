@@ -162,7 +162,9 @@ class LiveService:
         )
 
 
-def start_service(tmp_path: Path, database_url: str | None = None, **env: str) -> LiveService:
+def start_service(
+    tmp_path: Path, database_url: str | None = None, *, args: tuple[str, ...] = (), **env: str
+) -> LiveService:
     port = free_port()
     data_dir = tmp_path / "service-data"
     full_env = {
@@ -177,14 +179,15 @@ def start_service(tmp_path: Path, database_url: str | None = None, **env: str) -
         "GENHOOK_SWEEP_INTERVAL_SECONDS": "0.2",
         "GENHOOK_WORKER_POLL_SECONDS": "0.02",
         "GENHOOK_SHUTDOWN_GRACE_SECONDS": "10",
-        "PYTHONPATH": os.pathsep.join([str(NETGUARD), str(ROOT / "src"), str(ROOT)]),
+        # The netguard and this checkout first (set above), then whatever the run was given.
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ["PYTHONPATH"]]),
         **env,
     }
     if database_url:
         full_env["GENHOOK_DATABASE_URL"] = database_url
     log_path = tmp_path / "service.log"
     process = subprocess.Popen(
-        [sys.executable, "-m", "genhook.cli", "serve"],
+        [sys.executable, "-m", "genhook.cli", "serve", *args],
         env=full_env,
         stdout=log_path.open("wb"),
         stderr=subprocess.STDOUT,

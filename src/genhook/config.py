@@ -76,7 +76,7 @@ class Settings(BaseSettings):
     webhook_ca_file: Path | None = None
 
     # Image engine and moderation.
-    nsfw_threshold: float = Field(default=0.6, ge=0, le=1)
+    nsfw_threshold: float = Field(default=0.7, ge=0, le=1)
     moderation_blocked_terms: list[str] = Field(default_factory=list)
     moderation_reject_nsfw_inputs: bool = True
     # When true, a small built-in list of blocked prompt terms applies on top of

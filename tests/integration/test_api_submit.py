@@ -81,6 +81,59 @@ async def test_bad_sizes_are_rejected(harness: Harness, size: str, reason: str) 
     assert await task_count(harness) == 0
 
 
+@pytest.mark.parametrize("size", ["1000*1000", "8192*256", "1280*1024", "2048x2048", ""])
+async def test_a_bad_size_lists_every_allowed_size_at_once(harness: Harness, size: str) -> None:
+    response = await harness.submit(body(size=size))
+    assert response.status_code == 400
+    message = fields(response)["size"]
+    assert message.endswith("size must be one of: " + ", ".join(ALLOWED_SIZES)), message
+
+
+async def test_raw_base64_is_told_to_use_a_data_url(harness: Harness) -> None:
+    raw = base64.b64encode(image_bytes(fmt="JPEG")).decode()
+    response = await harness.submit(body(images=[data_url(), raw]))
+    assert response.status_code == 400
+    message = fields(response)["images[1]"]
+    assert "raw base64" in message and "data:image/jpeg;base64," in message
+    assert "4096" not in message
+    assert await task_count(harness) == 0
+
+
+# Bodies that hit every kind of schema error: none may answer in Pydantic's own words.
+SCHEMA_ERRORS: list[dict[str, Any]] = [
+    body(prompt=""),
+    body(prompt=5),
+    body(prompt="x" * 20_001),
+    body(images=[]),
+    body(images=[data_url()] * 11),
+    body(images="http://x/a.png"),
+    body(images=[5]),
+    body(output_format="gif"),
+    body(thinking="maybe"),
+    body(enable_base64_output="true"),
+    body(size=2048),
+    body(surprise=1),
+    body(webhook_url=5),
+    {"model": MODEL},
+    {"model": 5, "prompt": "x", "images": [data_url()]},
+]
+
+
+@pytest.mark.parametrize("payload", SCHEMA_ERRORS)
+async def test_messages_are_in_the_services_words(
+    harness: Harness, payload: dict[str, Any]
+) -> None:
+    response = await harness.submit(payload)
+    assert response.status_code == 400, response.text
+    for field, message in fields(response).items():
+        assert field.split("[")[0].split(".")[0] in message or message.startswith("size"), (
+            field,
+            message,
+        )
+        for pydantic_word in ("should", "Input ", "String ", "List ", "valid string"):
+            assert pydantic_word not in message, message
+
+
 @pytest.mark.parametrize(
     ("override", "field"),
     [

@@ -275,7 +275,7 @@ async def test_due_and_missing_queries_use_indexes(env: tuple[Settings, Database
     dispatcher = Dispatcher(
         settings, db, policy=WebhookService(settings, db).policy, keyring=KeyRing(db, settings)
     )
-    assert await dispatcher.claim(10) == []
+    assert await dispatcher.feed.exchange((), 10) == []
     await dispatcher.feed.close()
     params = {"outcomes": "[]", "owner": "o", "now": 1, "expires": 2, "limit": 10}
     async with db.read() as session:

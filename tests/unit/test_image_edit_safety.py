@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageFilter
 
 from genhook.config import Settings
 from genhook.engines.image_edit import BUILTIN_BLOCKED_TERMS, ImageEditEngine
@@ -15,11 +15,14 @@ from genhook.engines.image_edit._moderation import blocked_terms, check_prompt
 from genhook.errors import ErrorCode, TaskFailure
 from tests.unit.image_edit_fixtures import (
     encode,
+    gradient,
     make_engine,
+    noise,
     portrait_bytes,
     portrait_path,
     quadrants,
     run,
+    subject_on_background,
 )
 
 # Where the face is in grace_hopper.jpg (512×600), measured by eye on the picture.
@@ -83,6 +86,19 @@ def test_nsfw_flag_is_set_per_output_when_inputs_are_allowed() -> None:
     default = make_engine()
     _, result = run(default, "grayscale", [encode(quadrants())])
     assert result.outputs[0].nsfw is False
+
+
+def test_ordinary_pictures_score_under_the_default_threshold() -> None:
+    """The suite's own pictures, as benchmarks/nsfw_threshold.py measures them (the default
+    is documented in docs/engines/image-edit.md with its false-positive rates)."""
+    threshold = Settings().nsfw_threshold
+    assert threshold == 0.7
+    detector = Detector()
+    pictures = [quadrants(), gradient(), noise(), subject_on_background()]
+    pictures += [Image.open(portrait_path()).convert("RGB")]
+    for picture in pictures:
+        for variant in (picture, picture.filter(ImageFilter.GaussianBlur(6))):
+            assert detector.detect(variant).nsfw_score < threshold - 0.1
 
 
 def test_detector_finds_the_face_in_the_portrait() -> None:

@@ -215,6 +215,20 @@ async def test_malformed_refused(policy: AddressPolicy, url: str) -> None:
     assert info.value.message in {MSG_INVALID, MSG_NOT_PUBLIC, MSG_NOT_HTTPS}
 
 
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:4242/hook", "http://[::1]/", "http://rebind.test/", "http://u@x.test/"],
+)
+async def test_refusal_names_every_reason(policy: AddressPolicy, url: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        await policy.check_webhook_url(url)
+    assert info.value.message == f"{MSG_NOT_HTTPS}; {MSG_NOT_PUBLIC}"
+    assert [(e.field, e.message) for e in info.value.errors] == [
+        ("webhook_url", MSG_NOT_HTTPS),
+        ("webhook_url", MSG_NOT_PUBLIC),
+    ]
+
+
 async def test_length_limit(policy: AddressPolicy) -> None:
     base = "https://public.test/"
     exact = base + "a" * (1024 - len(base))

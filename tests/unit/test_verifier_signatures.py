@@ -1,4 +1,4 @@
-"""The verifier against contract 5.1 / 5.2, with deliveries signed independently here."""
+"""The verifier against the Ed25519 and HMAC schemes, with deliveries signed independently here."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The delivery body (contract 2.3, 6.3) and per-attempt headers (6.2)."""
+"""The delivery body and its per-attempt headers."""
 
 from __future__ import annotations
 

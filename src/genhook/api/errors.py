@@ -75,11 +75,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         from genhook.tasks.submission import field_path
+        from genhook.validation import describe
 
-        errors = [
-            FieldError(field_path(tuple(e["loc"][1:]) or tuple(e["loc"])), e["msg"])
-            for e in exc.errors()
-        ]
+        errors = []
+        for e in exc.errors():
+            path = field_path(tuple(e["loc"][1:]) or tuple(e["loc"]))
+            errors.append(FieldError(path, describe(path, e["type"], e.get("ctx"), e["msg"])))
         return error_response(400, "the request is invalid", errors)
 
     @app.exception_handler(StarletteHTTPException)

@@ -1,4 +1,4 @@
-"""Webhook endpoints: the public key set (contract 4.4), the attempt log and redelivery."""
+"""Webhook endpoints: the public key set, the attempt log and redelivery."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from genhook.webhooks.keys import jwks
 
 router = APIRouter(tags=["webhooks"])
 
-# Receivers cache the key set and re-fetch on an unknown kid (contract 5.1.5); a rotated
+# Receivers cache the key set and re-fetch on an unknown kid; a rotated
 # key stays published for days, so five minutes of caching never breaks verification.
 JWKS_CACHE_CONTROL = "public, max-age=300"
 

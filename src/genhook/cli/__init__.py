@@ -12,6 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from genhook.cli._output import print_table
+
 T = TypeVar("T")
 
 app = typer.Typer(
@@ -58,11 +60,33 @@ def serve(
     host: str | None = typer.Option(None, help="Address to listen on (GENHOOK_HOST)."),
     port: int | None = typer.Option(None, help="Port to listen on (GENHOOK_PORT)."),
     workers: int | None = typer.Option(None, help="Worker processes (GENHOOK_WORKERS)."),
+    dev: bool = typer.Option(
+        False,
+        "--dev",
+        help="Allow webhooks to loopback and private addresses, for a local receiver.",
+    ),
 ) -> None:
     """Start the API and its worker processes on the configured database."""
     from genhook.server import serve as run_server
 
-    run_server(_settings(host=host, port=port, workers=workers))
+    settings = _settings(
+        host=host, port=port, workers=workers, webhook_allow_private_targets=dev or None
+    )
+    if dev:
+        _print_dev_hint(settings)
+    run_server(settings)
+
+
+def _print_dev_hint(settings: Any) -> None:
+    """How to receive this service's webhooks on this machine (``serve --dev``)."""
+    base = settings.resolved_public_base_url
+    print(
+        "Development mode: webhook_url may be a loopback or private address, over plain http.\n"
+        "Receive and verify the callbacks in another terminal with:\n"
+        f"  genhook listen --base-url {base} --port 4242\n"
+        'and submit with "webhook_url": "http://127.0.0.1:4242/hook".',
+        flush=True,
+    )
 
 
 @app.command()
@@ -126,7 +150,7 @@ def accounts_list(as_json: bool = typer.Option(False, "--json", help="Print JSON
     table = Table("account id", "name")
     for row in rows:
         table.add_row(row.id, row.name)
-    console.print(table)
+    print_table(console, table)
 
 
 @keys_app.command("create")
@@ -184,7 +208,7 @@ def keys_list(
     table = Table("key id", "account", "name", "prefix", "created", "revoked")
     for item in items:
         table.add_row(*(str(item[k] or "") for k in item))
-    console.print(table)
+    print_table(console, table)
 
 
 @keys_app.command("revoke")

@@ -7,16 +7,20 @@ The root app registers them with ``register(app)``.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import Any, cast
 
+import httpx
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from genhook.cli._output import print_table
 from genhook.client import (
     EDIT_MODEL,
     Client,
@@ -36,7 +40,12 @@ err_console = Console(stderr=True, highlight=False)
 BASE_URL = typer.Option(
     None, "--base-url", envvar="GENHOOK_BASE_URL", help="Service URL (default 127.0.0.1:8000)."
 )
-API_KEY = typer.Option(None, "--api-key", envvar="GENHOOK_API_KEY", help="API key.")
+API_KEY = typer.Option(
+    None,
+    "--api-key",
+    envvar="GENHOOK_API_KEY",
+    help="API key (default: the local service's credentials.json).",
+)
 AS_JSON = typer.Option(False, "--json", help="Print the raw JSON answer.")
 
 # Exit codes of submit --wait / wait: scripts can tell a failed task from an unfinished one.
@@ -55,6 +64,44 @@ def register(app: typer.Typer) -> None:
     from genhook.cli import watch_cmds
 
     watch_cmds.register(app)
+
+
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+def local_credentials(base_url: str | None) -> tuple[dict[str, Any], Path] | None:
+    """The credentials ``genhook serve`` wrote for its default account, when they apply.
+
+    Looked up only for a service on this machine: ``$GENHOOK_DATA_DIR/credentials.json``,
+    else ``./genhook-data/credentials.json`` (the embedded default).
+    """
+    host = httpx.URL(base_url or "http://127.0.0.1:8000").host
+    if host not in LOCAL_HOSTS:
+        return None
+    data_dir = Path(os.environ.get("GENHOOK_DATA_DIR") or "genhook-data")
+    path = data_dir / "credentials.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("api_key"), str):
+        return None
+    return data, path.resolve()
+
+
+def resolve_api_key(api_key: str | None, base_url: str | None) -> str | None:
+    """``--api-key`` or ``$GENHOOK_API_KEY`` if given, else the local service's key.
+
+    Says on stderr where a discovered key came from, so a wrong one is easy to spot.
+    """
+    if api_key:
+        return api_key
+    found = local_credentials(base_url)
+    if found is None:
+        return None
+    data, path = found
+    err_console.print(f"[dim]using the API key from {escape(str(path))}[/dim]", soft_wrap=True)
+    return str(data["api_key"])
 
 
 def _fail_request(exc: GenhookError) -> typer.Exit:
@@ -79,30 +126,30 @@ def print_prediction(prediction: Prediction, as_json: bool) -> None:
     if as_json:
         console.print_json(json.dumps(prediction.raw))
         return
-    table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column(overflow="fold")
+    rows: list[tuple[str, str]] = []
     style = _status_style(prediction.status)
-    table.add_row("id", prediction.id)
-    table.add_row("model", prediction.model)
-    table.add_row("status", f"[{style}]{prediction.status}[/{style}]")
+    rows.append(("id", prediction.id))
+    rows.append(("model", prediction.model))
+    rows.append(("status", f"[{style}]{prediction.status}[/{style}]"))
     if prediction.created_at:
-        table.add_row("created_at", prediction.created_at)
+        rows.append(("created_at", prediction.created_at))
     for index, url in enumerate(prediction.outputs):
         flags = prediction.has_nsfw_contents
         nsfw = " [red](nsfw)[/red]" if index < len(flags) and flags[index] else ""
-        table.add_row(f"output {index}", escape(url[:200]) + nsfw)
+        rows.append((f"output {index}", escape(url) + nsfw))
     if prediction.error_code is not None or prediction.error:
-        table.add_row(
-            "error", f"[red]{prediction.error_code}[/red] {escape(prediction.error or '')}"
+        rows.append(
+            ("error", f"[red]{prediction.error_code}[/red] {escape(prediction.error or '')}")
         )
     if prediction.info:
-        table.add_row("info", escape(json.dumps(prediction.info, ensure_ascii=False)))
+        rows.append(("info", escape(json.dumps(prediction.info, ensure_ascii=False))))
     if prediction.outputs_expire_at:
-        table.add_row("outputs expire", prediction.outputs_expire_at)
+        rows.append(("outputs expire", prediction.outputs_expire_at))
     if "get" in prediction.urls:
-        table.add_row("result", prediction.urls["get"])
-    console.print(table)
+        rows.append(("result", prediction.urls["get"]))
+    # One line per value, never folded or cut: ids and URLs are pasted into other commands.
+    for label, value in rows:
+        console.print(f"[bold]{label:<11}[/bold] {value}", soft_wrap=True)
 
 
 def _parse_field(text: str) -> tuple[str, Any]:
@@ -176,7 +223,7 @@ def submit(
     if webhook_url is not None:
         fields["webhook_url"] = webhook_url
     fields.update(_parse_field(item) for item in field)
-    with Client(api_key, base_url=base_url) as client:
+    with Client(resolve_api_key(api_key, base_url), base_url=base_url) as client:
         try:
             created = client.submit(
                 model,
@@ -204,7 +251,7 @@ def result(
     as_json: bool = AS_JSON,
 ) -> None:
     """Print a task's current state."""
-    with Client(api_key, base_url=base_url) as client:
+    with Client(resolve_api_key(api_key, base_url), base_url=base_url) as client:
         try:
             prediction = client.result(task_id)
         except GenhookError as exc:
@@ -220,7 +267,7 @@ def wait(
     as_json: bool = AS_JSON,
 ) -> None:
     """Poll a task with backoff until it ends; exit 1 if it failed, 2 if still running."""
-    with Client(api_key, base_url=base_url) as client:
+    with Client(resolve_api_key(api_key, base_url), base_url=base_url) as client:
         try:
             prediction = _wait_with_progress(client, task_id, timeout, as_json)
         except GenhookError as exc:
@@ -236,7 +283,7 @@ def models(
     as_json: bool = AS_JSON,
 ) -> None:
     """List the service's models: kind, submit path, price and deadline."""
-    with Client(api_key, base_url=base_url) as client:
+    with Client(resolve_api_key(api_key, base_url), base_url=base_url) as client:
         try:
             found = [client.model(model_id)] if model_id else client.models()
         except GenhookError as exc:
@@ -254,7 +301,7 @@ def models(
             escape(str(info.pricing.get("summary", ""))),
             f"{info.deadline_seconds:g} s" if info.deadline_seconds is not None else "",
         )
-    console.print(table)
+    print_table(console, table)
     if model_id:
         info = found[0]
         console.print(escape(info.description))
@@ -269,7 +316,7 @@ def models(
                 kind = " | ".join(map(str, prop["enum"]))
             default = json.dumps(prop["default"]) if "default" in prop else ""
             fields.add_row(name, escape(str(kind)), "yes" if name in required else "", default)
-        console.print(fields)
+        print_table(console, fields)
 
 
 def print_delivery(delivery: Delivery, show_body: bool) -> None:
@@ -302,7 +349,7 @@ def print_delivery(delivery: Delivery, show_body: bool) -> None:
         )
         outputs = payload.get("outputs")
         for url in outputs if isinstance(outputs, list) else []:
-            console.print(f"  → {escape(str(url)[:200])}")
+            console.print(f"  → {escape(str(url))}", soft_wrap=True)
         if data.get("error") or payload.get("error_code") is not None:
             code = payload.get("error_code")
             console.print(f"  [red]error {code}[/red]: {escape(str(data.get('error', '')))}")
@@ -377,10 +424,12 @@ def listen(
         checks.append(f"Ed25519 keys from {keys_url}")
     if verifier is not None and hmac_secret:
         checks.append("HMAC secret")
-    console.print(f"[bold]Ready![/bold] Listening on {listener.url}")
-    console.print("  verifying with " + (" and ".join(checks) if checks else "nothing"))
+    console.print(f"[bold]Ready![/bold] Listening on {listener.url}", soft_wrap=True)
+    console.print(
+        "  verifying with " + (" and ".join(checks) if checks else "nothing"), soft_wrap=True
+    )
     if forward_to:
-        console.print(f"  forwarding to {forward_to}")
+        console.print(f"  forwarding to {forward_to}", soft_wrap=True)
     listener.start()
     try:
         done.wait()

@@ -9,7 +9,14 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from genhook.cli.client_cmds import API_KEY, AS_JSON, BASE_URL, _fail_request, print_prediction
+from genhook.cli.client_cmds import (
+    API_KEY,
+    AS_JSON,
+    BASE_URL,
+    _fail_request,
+    print_prediction,
+    resolve_api_key,
+)
 from genhook.client import Client, GenhookError
 
 console = Console(highlight=False)
@@ -27,7 +34,7 @@ def cancel(
     as_json: bool = AS_JSON,
 ) -> None:
     """Cancel a task that has not ended; exit 3 if it already had (HTTP 409) or is unknown."""
-    with Client(api_key, base_url=base_url) as client:
+    with Client(resolve_api_key(api_key, base_url), base_url=base_url) as client:
         try:
             prediction = client.cancel(task_id)
         except GenhookError as exc:

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
+from genhook.cli._output import print_table
 from genhook.cli.client_cmds import (
     API_KEY,
     AS_JSON,
@@ -22,6 +23,7 @@ from genhook.cli.client_cmds import (
     _status_style,
     console,
     print_prediction,
+    resolve_api_key,
 )
 from genhook.client import Client, GenhookError, LogLine, Prediction
 
@@ -51,7 +53,7 @@ def tasks(
     table.add_column("id", no_wrap=True, min_width=32)
     for name in ("model", "status", "created_at", "completed_at"):
         table.add_column(name, overflow="fold")
-    with Client(api_key, base_url=base_url) as client:
+    with Client(resolve_api_key(api_key, base_url), base_url=base_url) as client:
         while True:
             try:
                 page = client.tasks(
@@ -75,7 +77,7 @@ def tasks(
                 break
     if as_json:
         return
-    console.print(table)
+    print_table(console, table)
     if cursor is not None:
         console.print(f"[dim]more: --cursor {cursor}[/dim]")
 
@@ -116,7 +118,7 @@ def watch(
     started = time.monotonic()
     logs: list[LogLine] = []
     final: Prediction | None = None
-    with Client(api_key, base_url=base_url) as client:
+    with Client(resolve_api_key(api_key, base_url), base_url=base_url) as client:
         try:
             if as_json:
                 for event in client.events(task_id):

@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from genhook.cli._output import print_table
+
 T = TypeVar("T")
 
 signing_keys_app = typer.Typer(no_args_is_help=True, help="Ed25519 webhook signing keys.")
@@ -96,7 +98,7 @@ def list_keys(as_json: bool = typer.Option(False, "--json", help="Print JSON."))
             _iso(k.rotated_at),
             _iso(k.retire_at),
         )
-    console.print(table)
+    print_table(console, table)
 
 
 @signing_keys_app.command("retire")
@@ -134,8 +136,8 @@ def list_deliveries_cmd(
     table = Table("id", "session_id", "status", "attempts", "last", "url")
     for d in page.data:
         last = str(d.last_status_code or d.last_error or "-")
-        table.add_row(d.id, d.session_id, d.status, str(d.attempts), last[:40], d.url[:60])
-    console.print(table)
+        table.add_row(d.id, d.session_id, d.status, str(d.attempts), last[:40], d.url)
+    print_table(console, table)
 
 
 @deliveries_app.command("redeliver")

@@ -326,7 +326,7 @@ class Client(_Core):
         start_deadline: float | None = None,
         **extra: Any,
     ) -> Prediction:
-        """Submit an image edit (contract 2.1); images may be paths, bytes, PIL images or URLs."""
+        """Submit an image edit; images may be paths, bytes, PIL images or URLs."""
         optional = {
             "size": size,
             "output_format": output_format,

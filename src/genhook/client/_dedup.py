@@ -1,4 +1,4 @@
-"""Deduplication of deliveries by ``session_id`` (contract 6.4: at-least-once delivery).
+"""Deduplication of deliveries by ``session_id`` (delivery is at-least-once, so duplicates happen).
 
 A receiver asks ``first_time(session_id)`` after verifying: True means process it, False
 means it was seen before, so answer 200 and do nothing. If processing then fails, ``forget``
@@ -51,7 +51,7 @@ class SQLiteDedupStore:
 
     Atomic through SQLite's own locking (``INSERT OR IGNORE`` on a primary key), so two
     workers racing on the same delivery cannot both win. ``prune`` drops old entries; the
-    service stops retrying within hours (contract 6.4), so a week is plenty.
+    service stops retrying within hours, so a week is plenty.
     """
 
     def __init__(self, path: str | Path, *, busy_timeout: float = 5.0) -> None:

@@ -1,4 +1,4 @@
-"""A verified webhook delivery (contract 2.3), typed."""
+"""A verified webhook delivery, typed."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Turn what a caller has at hand into ``images`` items the service accepts (contract 2.1).
+"""Turn what a caller has at hand into ``images`` items the service accepts.
 
 URLs and data URLs pass through untouched; local files, bytes and PIL images become base64
 data URLs. PIL is duck-typed (anything with ``save(fp, format=...)``), so the SDK never

@@ -1,4 +1,4 @@
-"""The webhook signing key set (contract 2.4): parsing, caching and rate-limited refetch.
+"""The webhook signing key set: parsing, caching and rate-limited refetch.
 
 A verifier sees the key id on every delivery. An unknown id usually means the service
 rotated its key, so the set is fetched again; but an attacker can send unknown ids at will,

@@ -1,4 +1,4 @@
-"""Typed views of the service's JSON answers (contract 2.2 and 2.3).
+"""Typed views of the service's JSON answers: the prediction and the webhook body.
 
 Plain dataclasses, not pydantic: the SDK must not need the server's dependencies. Every
 field of the schema is optional, so parsing never fails on a missing one; ``raw`` keeps the

@@ -1,4 +1,4 @@
-"""What is signed, and how, in one place for the sender and the verifier (contract 5.1, 5.2).
+"""What is signed, and how, in one place for the sender and the verifier.
 
 Imports only the standard library so the SDK stays light.
 """

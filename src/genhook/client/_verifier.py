@@ -1,4 +1,4 @@
-"""Webhook signature verification, contract sections 5.1 and 5.2 to the letter.
+"""Webhook signature verification, Ed25519 and HMAC, every rule of the wire format.
 
 Cheap checks run first (headers, timestamp window, signature shape) so a junk request costs
 no key lookup; the body is parsed only after its signature checked out, from the very bytes

@@ -75,7 +75,7 @@ class Task(Base):
     outputs: Mapped[list[Any]] = mapped_column(JSON, default=list)
     has_nsfw_contents: Mapped[list[Any]] = mapped_column(JSON, default=list)
     info: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    # The structured transcript of a completed speech-to-text task (contract 2.2).
+    # The structured transcript of a completed speech-to-text task.
     stt_result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     # The price fixed at submit (tier, lines, total micro-dollars), billed only on completion.
     charge: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

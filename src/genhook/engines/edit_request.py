@@ -1,4 +1,4 @@
-"""The wire schema of the image-edit request (contract section 2.1), every rule of it.
+"""The wire schema of the image-edit request, every rule of it.
 
 Validation failures surface as HTTP 400 with one entry per offending field, e.g.
 ``images[3]``; see ``docs/api.md``.
@@ -48,6 +48,10 @@ MAX_PROMPT_CHARS = 20_000
 MAX_IMAGE_URL_CHARS = 4096
 
 _SIZE_RE = re.compile(r"^([1-9][0-9]{0,5})\*([1-9][0-9]{0,5})$")
+# Raw base64 of an image: long, no scheme, only the base64 alphabet (the first bytes
+# suffice: every JPEG, PNG and WebP encodes to a run of these).
+_RAW_BASE64_RE = re.compile(r"[A-Za-z0-9+/]{64,}={0,2}")
+_RAW_BASE64_PROBE = 256
 _DATA_URL_RE = re.compile(r"^data:([a-zA-Z0-9.+/-]*)((?:;[a-zA-Z0-9=._-]+)*);base64,", re.DOTALL)
 
 
@@ -87,6 +91,11 @@ def parse_image_ref(value: str) -> ImageRef:
                 f"({', '.join(f.upper() for f in ACCEPTED_FORMATS)})"
             )
         return ImageRef(data=data, format=fmt)
+    if _RAW_BASE64_RE.fullmatch(value[:_RAW_BASE64_PROBE]):
+        raise ValueError(
+            "this looks like raw base64 image data; send it as a data URL: "
+            "data:image/jpeg;base64,<data> (image/png for a PNG, and so on)"
+        )
     if len(value) > MAX_IMAGE_URL_CHARS:
         raise ValueError(f"an image URL may be at most {MAX_IMAGE_URL_CHARS} characters")
     try:
@@ -100,25 +109,26 @@ def parse_image_ref(value: str) -> ImageRef:
 
 
 def parse_size(value: str) -> tuple[int, int]:
+    """Every refusal names the allowed sizes, so a client fixes ``size`` in one round."""
+    allowed = f"size must be one of: {', '.join(ALLOWED_SIZES)}"
     match = _SIZE_RE.match(value)
     if not match:
-        raise ValueError("size must have the form WIDTH*HEIGHT, e.g. 2048*2048")
+        raise ValueError(f"size must have the form WIDTH*HEIGHT; {allowed}")
     width, height = int(match.group(1)), int(match.group(2))
     pixels = width * height
     if not MIN_PIXELS <= pixels <= MAX_PIXELS:
         raise ValueError(
-            f"size {value} has {pixels} pixels; total pixels must be within "
-            f"{MIN_PIXELS} to {MAX_PIXELS} inclusive"
+            f"size {value} has {pixels} pixels, outside {MIN_PIXELS} to {MAX_PIXELS}; {allowed}"
         )
     if not 1 / MAX_ASPECT <= width / height <= MAX_ASPECT:
-        raise ValueError(f"size {value} has an aspect ratio outside 1/16 to 16")
+        raise ValueError(f"size {value} has an aspect ratio outside 1/16 to 16; {allowed}")
     if value not in ALLOWED_SIZES:
-        raise ValueError(f"size must be one of: {', '.join(ALLOWED_SIZES)}")
+        raise ValueError(f"size {value} is not offered; {allowed}")
     return width, height
 
 
 class EditRequest(BaseModel):
-    """Section 2.1 of the contract, plus the optional ``webhook_url`` of section 6.1."""
+    """The image-edit request body, ``webhook_url`` included (it is never passed to an engine)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, str_strip_whitespace=False)
 

@@ -54,7 +54,7 @@ def submit_paths(spec: ModelSpec) -> list[str]:
 
 
 def edit_pricing(settings: Settings, request: BaseModel) -> Charge:
-    """Contract 2.1: output pixels pick the tier; each input image after the first costs extra."""
+    """Output pixels pick the tier; each input image after the first costs extra."""
     assert isinstance(request, EditRequest)
     width, height = request.dimensions
     pixels = width * height

@@ -110,12 +110,14 @@ class AddressPolicy:
         return await self.resolve_checked(target.host, target.port, require_private=require_private)
 
     async def check_webhook_url(self, url: str) -> None:
-        """Submit-time validation with the contract's messages (section 7)."""
+        """Submit-time validation; the refusal names every reason that applies."""
         try:
             await self.webhook_target(url)
         except TargetRefused as exc:
-            message = _MESSAGES[exc.problem]
-            raise InvalidRequest(message, [FieldError("webhook_url", message)]) from None
+            messages = [_MESSAGES[problem] for problem in exc.problems]
+            raise InvalidRequest(
+                "; ".join(messages), [FieldError("webhook_url", m) for m in messages]
+            ) from None
 
     async def webhook_target(self, url: str) -> Target:
         """Parse and check a webhook URL; raises ``TargetRefused``.
@@ -123,9 +125,21 @@ class AddressPolicy:
         https is required, except that with private targets allowed, plain http may go to
         a host whose every address is private.
         """
-        schemes = frozenset({"http", "https"}) if self.allow_private else frozenset({"https"})
-        target = parse_target(url, schemes=schemes)
+        # Plain http is checked after the address, so that both reasons can be named.
+        plain_refused = not self.allow_private and url[:5].lower() == "http:"
+        try:
+            target = parse_target(url)
+        except TargetRefused as exc:
+            if plain_refused and exc.problem is Problem.ADDRESS:
+                raise TargetRefused(Problem.SCHEME, exc.detail, also=(Problem.ADDRESS,)) from None
+            raise
         plain = target.scheme == "http"
+        if plain_refused:
+            if await self._is_allowed_over_https(target):
+                raise TargetRefused(Problem.SCHEME, "uses http")
+            raise TargetRefused(
+                Problem.SCHEME, "uses http to a refused host", also=(Problem.ADDRESS,)
+            )
         try:
             await self.check_target(target, require_private=plain)
         except AddressRefused as exc:

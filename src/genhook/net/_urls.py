@@ -34,11 +34,16 @@ class Problem(Enum):
 
 
 class TargetRefused(Exception):
-    """A URL the policy refuses; ``problem`` picks the contract's message."""
+    """A URL the policy refuses; ``problem`` picks the message.
 
-    def __init__(self, problem: Problem, detail: str) -> None:
+    ``also`` names further problems of the same URL, so a refusal can state every reason
+    at once (an ``http://127.0.0.1`` target is both plain http and not public).
+    """
+
+    def __init__(self, problem: Problem, detail: str, *, also: tuple[Problem, ...] = ()) -> None:
         super().__init__(detail)
         self.problem = problem
+        self.problems = (problem, *also)
         self.detail = detail
 
 

@@ -25,6 +25,7 @@ from genhook.media import CONTENT_TYPES
 from genhook.net import AddressPolicy
 from genhook.storage import BlobStore
 from genhook.tasks.admission import Admission, request_hash
+from genhook.validation import describe
 
 
 class GroupInserter:
@@ -255,13 +256,8 @@ def field_errors(exc: ValidationError) -> list[FieldError]:
         if isinstance(cause, ImageItemsError):
             errors.extend(FieldError(field_path((*loc, i)), m) for i, m in cause.items)
             continue
-        if error["type"] == "extra_forbidden":
-            message = "unknown field; check its spelling against the API reference"
-        elif error["type"] == "missing":
-            message = "field required"
-        elif isinstance(cause, ValueError):
-            message = str(cause)
-        else:
-            message = error["msg"]
-        errors.append(FieldError(field_path(loc), message))
+        path = field_path(loc)
+        errors.append(
+            FieldError(path, describe(path, error["type"], error.get("ctx"), error["msg"]))
+        )
     return errors

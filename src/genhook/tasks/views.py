@@ -1,4 +1,4 @@
-"""The prediction response (contract 2.2), shared by submit, polling and the webhook payload,
+"""The prediction response, shared by submit, polling and the webhook payload,
 so a callback always carries the same shape as polling."""
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def output_url(settings: Settings, key: str) -> str:
 async def prediction_view(
     task: Task, settings: Settings, storage: BlobStore, *, for_webhook: bool = False
 ) -> dict[str, Any]:
-    """Render ``task``; polling shows ``timeout`` as ``failed`` (the contract's 2.2 states),
-    the webhook payload keeps ``timeout`` (contract 2.3); ``canceled`` shows as itself."""
+    """Render ``task``; polling shows ``timeout`` as ``failed`` (polling has no ``timeout`` state),
+    the webhook payload keeps ``timeout``; ``canceled`` shows as itself."""
     status = task.status
     if status == "timeout" and not for_webhook:
         status = "failed"

@@ -11,7 +11,6 @@ held.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -298,13 +297,6 @@ class Dispatcher:
         self._wake_senders(queued)
         self._nudge()
 
-    async def tick(self, outcomes: Sequence[Outcome], limit: int) -> list[Attempt]:
-        """Record ``outcomes`` and claim up to ``limit`` due deliveries, signed."""
-        return await self.feed.exchange(outcomes, limit)
-
-    async def claim(self, limit: int) -> list[Attempt]:
-        return await self.tick((), limit)
-
     async def release_leases(self) -> None:
         """Make deliveries this process still holds due again at once (graceful stop)."""
         now = now_ms()
@@ -469,11 +461,6 @@ async def _read_up_to(response: aiohttp.ClientResponse, limit: int) -> bytes:
     if not response.content.at_eof():
         response.close()
     return b"".join(chunks)
-
-
-async def _wait(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:

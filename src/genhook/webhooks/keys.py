@@ -232,7 +232,7 @@ def _published(row: SigningKey, now: int) -> bool:
 
 
 async def jwks(db: Database, *, now: int | None = None) -> dict[str, list[dict[str, str]]]:
-    """Contract 2.4: the active key and rotated keys still inside their overlap."""
+    """The published key set: the active key and rotated keys still inside their overlap."""
     moment = now if now is not None else now_ms()
     async with db.read() as session:
         rows = (

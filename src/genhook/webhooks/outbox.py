@@ -1,6 +1,6 @@
 """The transactional outbox: the delivery row commits with the task's terminal state.
 
-The body (contract 2.3, 6.3) is serialized once, here, and every attempt sends exactly
+The body is serialized once, here, and every attempt sends exactly
 these bytes; only the timestamp and signatures change per attempt.
 """
 
@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from genhook.db import Task, WebhookDelivery
 from genhook.task_states import TERMINAL
 
-# A timeout carries a generic message (contract 7); it does not vary with the task.
+# A timeout carries a generic message; it does not vary with the task.
 TIMEOUT_ERROR = "The task did not finish before its deadline."
 FAILED_ERROR = "The task failed."
 TERMINAL_STATUSES = TERMINAL
@@ -50,7 +50,7 @@ def event_type_for(kind: str) -> str:
 
 
 def build_body(task: Task, event_type: str, payload: dict[str, Any]) -> bytes:
-    """Contract 2.3: ``payload`` is the prediction response of the terminal task."""
+    """``payload`` is the prediction response of the terminal task."""
     if task.status not in TERMINAL_STATUSES:
         raise ValueError(f"task {task.id} is {task.status}, not terminal")
     data = dict(payload)

@@ -1,4 +1,4 @@
-"""The reconciliation safety net (contract 6.4.3).
+"""The reconciliation safety net: a missed fast path still delivers within about 30 minutes.
 
 Every ``webhook_reconcile_interval_seconds`` it finds terminal tasks with a
 ``webhook_url`` but no delivery (enqueuing them), deliveries whose lease expired

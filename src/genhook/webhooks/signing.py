@@ -1,4 +1,4 @@
-"""Delivery headers and signatures (contract 5.1, 5.2, 6.2), made fresh for each attempt.
+"""Delivery headers and signatures, made fresh for each attempt.
 
 ``migration`` (default) sends the HMAC in ``X-<Brand>-Webhook-Signature`` and the Ed25519
 signature in ``...-Signature-Ed25519``; ``ed25519`` retires HMAC and sends the Ed25519

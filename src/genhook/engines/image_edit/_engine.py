@@ -1,4 +1,4 @@
-"""``genhook/image-edit``: the built-in engine behind the edit request of contract 2.1.
+"""``genhook/image-edit``: the built-in engine behind the image-edit request.
 
 Order of work for one task: prompt moderation, prompt -> plan, decode inputs, NSFW check
 of inputs, per-image steps, combination, whole-picture steps, fit to the requested size,

@@ -72,7 +72,7 @@ class UpstreamModel(BaseModel):
     # The upstream's own model name, sent as ``model`` by the OpenAI-style adapter.
     upstream_model: str | None = None
     response_format: Literal["b64_json", "url"] = "b64_json"
-    # Whether requests must carry 1 to 10 images (contract 2.1), or may carry none.
+    # Whether requests must carry 1 to 10 images like the edit request, or may carry none.
     images_required: bool = True
     timeout_seconds: float = Field(default=60.0, gt=0)
     retry_base_seconds: float = Field(default=0.5, gt=0)

@@ -42,7 +42,7 @@ _KIND_CONTENT_TYPES = {ModelKind.VIDEO: "video/mp4", ModelKind.AUDIO: "audio/mpe
 
 
 class OptionalImagesRequest(EditRequest):
-    """The contract 2.1 request with ``images`` optional, for text-to-X upstreams."""
+    """The edit request with ``images`` optional, for text-to-X upstreams."""
 
     images: list[StrictStr] = Field(default_factory=list, max_length=MAX_IMAGES)
 
