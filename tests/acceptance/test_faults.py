@@ -10,6 +10,7 @@ Recovery times are printed (run with ``-s`` to see them), never asserted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -58,9 +59,11 @@ def assert_generation_gone(mark: str, within: float = 5.0) -> None:
     deadline = time.monotonic() + within
     while generation(mark) and time.monotonic() < deadline:
         time.sleep(0.1)
-    alive = generation(mark)
-    for pid in alive:  # never leave them behind, even when failing
-        os.kill(pid, signal.SIGKILL)
+    alive = {}
+    for pid in generation(mark):  # never leave them behind, even when failing
+        with contextlib.suppress(OSError):
+            alive[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            os.kill(pid, signal.SIGKILL)
     assert not alive, f"processes of generation {mark} still alive {within} s later: {alive}"
 
 

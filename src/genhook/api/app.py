@@ -26,6 +26,7 @@ from genhook.db import Database
 from genhook.engines.registry import Registry, build_registry
 from genhook.faults import RETRY_AFTER_SECONDS
 from genhook.net import AddressPolicy, Resolver
+from genhook.retention import Pruner, prune_forever
 from genhook.storage import open_blob_store
 from genhook.tasks.lifecycle import Lifecycle
 from genhook.webhooks.service import WebhookService
@@ -87,6 +88,9 @@ def create_app(
             )
             if webhooks:
                 jobs.append(asyncio.create_task(_run_webhooks(state, stop)))
+            pruner = Pruner(state.settings, state.db, state.storage)
+            interval = state.settings.retention_interval_seconds
+            jobs.append(asyncio.create_task(prune_forever(pruner, interval, stop)))
         try:
             yield
         finally:
