@@ -1,10 +1,12 @@
-"""Entry point of a supervised worker process: ``python -m genhook.lifeline PARENT INDEX``.
+"""Entry point of the service's child processes: ``python -m genhook.lifeline PARENT INDEX``
+for worker ``INDEX``, ``python -m genhook.lifeline PARENT MODULE`` for a helper whose
+``MODULE.main()`` then runs (the webhook feed helper).
 
 A worker must never outlive its supervisor, whatever the moment the supervisor dies. So the
 very first thing this module does, before importing anything slow, is ask the kernel to
 signal it when its parent dies (``PR_SET_PDEATHSIG``); then it checks that the parent is
 still the one that started it, which closes the window before that request took effect.
-Only then does it read its settings (JSON on standard input) and import the service.
+Only then does a worker read its settings (JSON on standard input) and import the service.
 """
 
 from __future__ import annotations
@@ -30,9 +32,24 @@ def die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
+def outlive_parent() -> None:
+    """Cancel the parent-death signal, for a helper that from now on ends by itself when its
+    parent goes (the webhook feed helper: end of its pipe, after the exchange in hand)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, 0, 0, 0, 0)
+
+
 def main() -> None:
-    parent, index = int(sys.argv[1]), int(sys.argv[2])
+    parent = int(sys.argv[1])
     die_with_parent(parent)
+    if not sys.argv[2].isdigit():
+        import importlib
+
+        importlib.import_module(sys.argv[2]).main()
+        return
+    index = int(sys.argv[2])
     payload = sys.stdin.buffer.read()
     from genhook.config import Settings
     from genhook.server import worker_main
