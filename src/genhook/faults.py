@@ -30,6 +30,8 @@ def is_infrastructure_error(error: BaseException) -> bool:
     """True for storage and database failures that a retry later can cure."""
     if isinstance(error, sa_exc.TimeoutError):  # no pool slot within the pool timeout
         return True
+    if isinstance(error, sa_exc.PendingRollbackError | sa_exc.DisconnectionError):
+        return True  # a connection dropped mid-transaction (a database restart)
     if isinstance(error, sa_exc.DBAPIError):
         if error.connection_invalidated:
             return True

@@ -29,7 +29,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from genhook.db import Database, Task
+from genhook.db import Database, Task, UsageLine
 from tests.conftest import LiveService, start_service, stop_service
 from tests.support.images import data_url
 from tests.support.postgres import PostgresServer, _as_postgres, _find
@@ -207,7 +207,7 @@ def test_no_process_outlives_a_killed_supervisor(tmp_path: Path, db_url: str | N
     assert_generation_gone(mark)
     # Killed at random moments of start-up: workers spawning, migrating, importing.
     rng = random.Random()
-    for delay in (0.05, rng.uniform(0.2, 0.8), rng.uniform(0.8, 2.0), rng.uniform(2.0, 3.5)):
+    for delay in (0.05, rng.uniform(0.2, 1.5), rng.uniform(1.5, 3.5)):
         mark = uuid.uuid4().hex
         process = subprocess.Popen(
             [sys.executable, "-m", "genhook.cli", "serve"],
@@ -278,6 +278,9 @@ def test_killed_processes_lose_nothing(tmp_path: Path, db_url: str | None, hooks
 
 @pytest.mark.postgres
 def test_postgres_restarts(tmp_path: Path, pg_server: PostgresServer, pg_url: str) -> None:
+    # The test server trades durability for speed (synchronous_commit=off), and an immediate
+    # shutdown would then lose commits already acknowledged; production runs with it on.
+    pg_server.psql(f"ALTER DATABASE {pg_url.rsplit('/', 1)[1]} SET synchronous_commit = on")
     mark = uuid.uuid4().hex
     live = start(tmp_path, pg_url, mark)
     codes: list[tuple[float, int]] = []
@@ -333,7 +336,8 @@ def test_postgres_restarts(tmp_path: Path, pg_server: PostgresServer, pg_url: st
         thread.join()
     try:
         # Refused submits were 503, never 500; every accepted task ends and is billed once.
-        assert {code for _, code in codes} <= {200, 503}
+        log = live.log()
+        assert {code for _, code in codes} <= {200, 503}, log[log.find("unhandled") :][:4000]
         assert 503 in {code for _, code in codes}
         outcomes = wait_terminal(live, accepted)
         assert {data["status"] for data in outcomes.values()} == {"completed"}
@@ -374,24 +378,32 @@ def test_sigterm_with_tasks_in_flight(tmp_path: Path, db_url: str | None) -> Non
     mark = uuid.uuid4().hex
     env = {"GENHOOK_WORKERS": "2", "GENHOOK_SHUTDOWN_GRACE_SECONDS": "20"}
     live = start(tmp_path, db_url, mark, **env)
-    running = [submit_ok(live, prompt="sleep=2") for _ in range(2)]
+    running = [submit_ok(live, prompt="sleep=4") for _ in range(2)]
     for task_id in running:
         worker_pid(live, db_url, task_id)
-    queued = [submit_ok(live, prompt="sleep=2") for _ in range(4)]
+    queued = [submit_ok(live, prompt="sleep=4") for _ in range(4)]
+    before = task_rows(live, db_url)
     asked = time.monotonic()
     live.process.send_signal(signal.SIGTERM)
     assert live.process.wait(30) == 0
     print(f"\n[faults] SIGTERM with 2 tasks in flight: exited in {time.monotonic() - asked:.2f} s")
     assert_generation_gone(mark)
     rows = task_rows(live, db_url)
-    # In-flight tasks finished; nothing new was claimed once the signal arrived.
+    # In-flight tasks finished; nothing waiting was claimed once the signal arrived.
     assert [rows[t].status for t in running] == ["completed", "completed"]
-    assert [(rows[t].status, rows[t].attempts) for t in queued] == [("created", 0)] * 4
-    again = start(tmp_path, db_url, mark, **env)
-    try:
-        outcomes = wait_terminal(again, running + queued)
-        assert {data["status"] for data in outcomes.values()} == {"completed"}
-        assert_balanced(again, outcomes, None)
-    finally:
-        stop_service(again)
-    assert_generation_gone(mark)
+    waiting = [t for t in queued if before[t].status == "created"]
+    assert waiting and [(rows[t].status, rows[t].attempts) for t in waiting] == [
+        ("created", 0)
+    ] * len(waiting)
+    # Billed exactly what completed.
+    completed = sorted(t for t, row in rows.items() if row.status == "completed")
+
+    async def billed() -> list[str]:
+        db = Database(db_url or f"sqlite+aiosqlite:///{live.data_dir / 'genhook.db'}")
+        try:
+            async with db.read() as session:
+                return sorted((await session.scalars(select(UsageLine.task_id))).all())
+        finally:
+            await db.dispose()
+
+    assert asyncio.run(billed()) == completed
