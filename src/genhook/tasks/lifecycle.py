@@ -54,6 +54,8 @@ class Lifecycle:
         ``reserve_ms`` is the time a model's task needs: a task with less left before its
         deadline is never started (it would only time out mid-run); the sweeper expires it.
         """
+        if not models:
+            return None
         now = now_ms()
         reserve = reserve_ms or {}
         candidate = (
