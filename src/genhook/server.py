@@ -22,9 +22,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from genhook.config import Settings
+
+if TYPE_CHECKING:
+    from genhook.tasks.lifecycle import Lifecycle
+    from genhook.tasks.worker import Worker
 
 log = logging.getLogger("genhook")
 
@@ -75,6 +79,9 @@ def worker_id_for(pid: int, index: int) -> str:
 
 def worker_main(settings: Settings, index: int, parent: int | None = None) -> None:
     """Entry point of one worker process; ``parent`` is its supervisor's pid, if any."""
+    import multiprocessing
+
+    multiprocessing.current_process().name = f"worker-{index}"  # named so in the logs
     configure_logging(settings)
     if asyncio.run(_worker(settings, index, parent)):
         # An abandoned engine thread is still computing; leave without waiting for it.
@@ -114,7 +121,7 @@ async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
     return worker.tainted
 
 
-async def _leave_when_orphaned(worker: Any, orphaned: asyncio.Event) -> None:
+async def _leave_when_orphaned(worker: Worker, orphaned: asyncio.Event) -> None:
     """The supervisor died (the kernel signalled it): give back the task in hand and exit at
     once, so nothing of this generation keeps claiming next to the supervisor's successor."""
     await orphaned.wait()
@@ -132,7 +139,7 @@ class WorkerPool:
     thread, so the kernel's parent-death signal follows this process, not a helper thread.
     """
 
-    def __init__(self, settings: Settings, count: int, lifecycle: Any = None) -> None:
+    def __init__(self, settings: Settings, count: int, lifecycle: Lifecycle | None = None) -> None:
         self.settings = settings
         self.count = count
         self.lifecycle = lifecycle
