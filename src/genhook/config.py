@@ -31,7 +31,7 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=30.0, gt=0)
     max_lease_losses: int = Field(default=3, ge=1)
     sweep_interval_seconds: float = Field(default=1.0, gt=0)
-    shutdown_grace_seconds: float = Field(default=30.0, ge=0)
+    shutdown_grace_seconds: float = Field(default=20.0, ge=0)
     task_deadline_seconds: float | None = Field(default=None, gt=0)
 
     # A verified API key is remembered this long; a revocation takes effect within it.
@@ -135,6 +135,19 @@ class Settings(BaseSettings):
     # model entries, and/or a JSON file holding one.
     upstream_models: list[dict[str, Any]] = Field(default_factory=list)
     upstream_models_file: Path | None = None
+    # Faults (docs/operations.md): storage and database errors are retried this long before a
+    # task is requeued; a task is started only with at least this long left before its
+    # deadline (or its model's recent run time, when longer).
+    fault_retry_seconds: float = Field(default=10.0, ge=0)
+    task_start_margin_seconds: float = Field(default=0.5, ge=0)
+    # A request waits this long for a database connection, then gets 503.
+    db_pool_timeout_seconds: float = Field(default=2.0, gt=0)
+    db_connect_timeout_seconds: float = Field(default=5.0, gt=0)
+    # API requests in progress at once in one process; more are refused with 503.
+    max_concurrent_requests: int = Field(default=512, ge=1)
+    # History kept: webhook attempts, and finished tasks (None keeps them).
+    webhook_attempt_retention_days: float = Field(default=30.0, gt=0)
+    task_retention_days: float | None = Field(default=None, gt=0)
 
     log_level: str = "INFO"
 

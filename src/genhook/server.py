@@ -1,9 +1,11 @@
 """``genhook serve``: migrate, bootstrap, then run the API and supervised worker processes.
 
-The API runs in this process (uvicorn); each worker is a spawned process with its own event
-loop and database handle. A worker that dies is restarted; its task's lease expires and
-the sweeper requeues it. SIGTERM or Ctrl-C stops claims, lets in-flight tasks finish within
-``shutdown_grace_seconds`` and releases the rest.
+The API runs in this process (uvicorn); each worker is a child process with its own event
+loop and database handle, which dies with this process (see ``genhook.lifeline``). A worker
+that dies is restarted and the tasks it held are requeued at once; the lease is the safety
+net when nobody is left to do that. SIGTERM or Ctrl-C stops every claim at once, lets
+in-flight tasks finish within ``shutdown_grace_seconds`` while the API stops, and releases
+the rest.
 """
 
 from __future__ import annotations
@@ -13,15 +15,20 @@ import contextlib
 import gc
 import json
 import logging
-import multiprocessing
 import os
 import signal
+import socket
+import subprocess
+import sys
 from collections.abc import Iterator
-from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from genhook.config import Settings
+
+if TYPE_CHECKING:
+    from genhook.tasks.lifecycle import Lifecycle
+    from genhook.tasks.worker import Worker
 
 log = logging.getLogger("genhook")
 
@@ -65,24 +72,32 @@ async def bootstrap(settings: Settings) -> dict[str, str] | None:
 EXIT_TAINTED = 3
 
 
-def worker_main(settings: Settings, index: int) -> None:
-    """Entry point of one worker process."""
+def worker_id_for(pid: int, index: int) -> str:
+    """The lease owner name of worker ``index`` running as ``pid`` on this machine."""
+    return f"{socket.gethostname()}:{pid}/{index}"
+
+
+def worker_main(settings: Settings, index: int, parent: int | None = None) -> None:
+    """Entry point of one worker process; ``parent`` is its supervisor's pid, if any."""
+    import multiprocessing
+
+    multiprocessing.current_process().name = f"worker-{index}"  # named so in the logs
     configure_logging(settings)
-    if asyncio.run(_worker(settings, index)):
+    if asyncio.run(_worker(settings, index, parent)):
         # An abandoned engine thread is still computing; leave without waiting for it.
         logging.shutdown()
         os._exit(EXIT_TAINTED)
 
 
-async def _worker(settings: Settings, index: int) -> bool:
+async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
     from genhook.api.app import build_state
-    from genhook.tasks.worker import Worker, default_worker_id
+    from genhook.lifeline import ORPHAN_SIGNAL
+    from genhook.tasks.worker import Worker
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    orphan_watch = asyncio.create_task(_stop_when_orphaned(stop))
     state = build_state(settings)
     worker = Worker(
         state.settings,
@@ -90,8 +105,14 @@ async def _worker(settings: Settings, index: int) -> bool:
         state.storage,
         state.registry,
         state.policy,
-        worker_id=f"{default_worker_id()}/{index}",
+        worker_id=worker_id_for(os.getpid(), index),
     )
+    orphaned = asyncio.Event()
+    if parent is not None:
+        loop.add_signal_handler(ORPHAN_SIGNAL, orphaned.set)
+        if os.getppid() != parent:
+            orphaned.set()
+    orphan_watch = asyncio.create_task(_leave_when_orphaned(worker, orphaned))
     try:
         await worker.run(stop)
     finally:
@@ -100,59 +121,89 @@ async def _worker(settings: Settings, index: int) -> bool:
     return worker.tainted
 
 
-async def _stop_when_orphaned(stop: asyncio.Event) -> None:
-    """A worker whose parent died (kill -9) stops gracefully instead of running on alone."""
-    parent = os.getppid()
-    while not stop.is_set():
-        await asyncio.sleep(1.0)
-        if os.getppid() != parent:
-            logging.getLogger(__name__).warning("parent process is gone; stopping")
-            stop.set()
+async def _leave_when_orphaned(worker: Worker, orphaned: asyncio.Event) -> None:
+    """The supervisor died (the kernel signalled it): give back the task in hand and exit at
+    once, so nothing of this generation keeps claiming next to the supervisor's successor."""
+    await orphaned.wait()
+    log.warning("worker %s: the supervisor is gone; leaving", worker.worker_id)
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(worker.lifecycle.release_owner(worker.worker_id, lost=False), 3)
+    logging.shutdown()
+    os._exit(0)
 
 
 class WorkerPool:
-    """Starts, restarts and stops worker processes."""
+    """Starts, restarts and stops worker processes, and gives back what a dead one held.
 
-    def __init__(self, settings: Settings, count: int) -> None:
+    Workers are plain child processes (``python -m genhook.lifeline``) started from the main
+    thread, so the kernel's parent-death signal follows this process, not a helper thread.
+    """
+
+    def __init__(self, settings: Settings, count: int, lifecycle: Lifecycle | None = None) -> None:
         self.settings = settings
         self.count = count
-        self.context = multiprocessing.get_context("spawn")
-        self.processes: dict[int, BaseProcess] = {}
+        self.lifecycle = lifecycle
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self.stopping = False
+        self._payload = settings.model_dump_json().encode()
 
     def _start(self, index: int) -> None:
-        process = self.context.Process(
-            target=worker_main, args=(self.settings, index), name=f"worker-{index}", daemon=False
+        process = subprocess.Popen(
+            [sys.executable, "-m", "genhook.lifeline", str(os.getpid()), str(index)],
+            stdin=subprocess.PIPE,
         )
-        process.start()
+        assert process.stdin is not None
+        try:
+            process.stdin.write(self._payload)
+            process.stdin.close()
+        except BrokenPipeError:
+            pass
         self.processes[index] = process
 
     def start(self) -> None:
         for index in range(self.count):
             self._start(index)
 
-    async def supervise(self) -> None:
+    async def supervise(self, interval: float = 0.1) -> None:
         while not self.stopping:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(interval)
             for index, process in list(self.processes.items()):
-                if not process.is_alive() and not self.stopping:
-                    log.warning("worker-%d exited with %s; restarting", index, process.exitcode)
-                    self._start(index)
+                code = process.poll()
+                if code is None or self.stopping:
+                    continue
+                log.warning("worker-%d exited with %s; restarting", index, code)
+                self._start(index)
+                await self._give_back(worker_id_for(process.pid, index), lost=code != 0)
 
-    async def stop(self, grace: float) -> None:
+    async def _give_back(self, worker_id: str, *, lost: bool) -> None:
+        if self.lifecycle is None:
+            return
+        try:
+            await self.lifecycle.release_owner(worker_id, lost=lost)
+        except Exception:
+            log.exception("could not requeue the tasks of %s; their leases will", worker_id)
+
+    def begin_stop(self) -> None:
+        """Stop every claim now: each worker finishes or releases its task, then exits."""
         self.stopping = True
         for process in self.processes.values():
-            if process.is_alive() and process.pid:
+            if process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, signal.SIGTERM)
-        deadline = asyncio.get_running_loop().time() + grace + 5
+                    process.send_signal(signal.SIGTERM)
+
+    async def stop(self, grace: float) -> None:
+        self.begin_stop()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace + 2
         for process in self.processes.values():
-            remaining = max(0.0, deadline - asyncio.get_running_loop().time())
-            await asyncio.to_thread(process.join, remaining)
-            if process.is_alive():
-                log.warning("%s did not stop in time; killing it", process.name)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(process.wait, max(0.0, deadline - loop.time()))
+        for index, process in self.processes.items():
+            if process.poll() is None:
+                log.warning("worker-%d did not stop in time; killing it", index)
                 process.kill()
-            process.join(1)
+                await asyncio.to_thread(process.wait, 5)
+                await self._give_back(worker_id_for(process.pid, index), lost=False)
 
 
 def _server_class() -> type[Any]:
@@ -194,7 +245,15 @@ def serve(settings: Settings) -> None:
         print(f"  (also written to {path}, mode 0600)", flush=True)
 
     async def main() -> None:
-        pool = WorkerPool(settings, settings.workers)
+        from genhook.db import Database
+        from genhook.storage import open_blob_store
+        from genhook.tasks.lifecycle import Lifecycle
+
+        # The supervisor's own handle: it requeues a dead worker's tasks at once, and still
+        # can while the API shuts down.
+        pool_db = Database(settings.resolved_database_url, pool_size=2)
+        lifecycle = Lifecycle(settings, pool_db, open_blob_store(settings, pool_db))
+        pool = WorkerPool(settings, settings.workers, lifecycle)
         pool.start()
         supervisor = asyncio.create_task(pool.supervise())
         state = build_state(settings)
@@ -215,6 +274,8 @@ def serve(settings: Settings) -> None:
         loop = asyncio.get_running_loop()
 
         def request_exit() -> None:
+            # Workers stop claiming at once and finish in parallel with the API's shutdown.
+            pool.begin_stop()
             server.request_exit()
             state.watcher.close()
 
@@ -225,6 +286,7 @@ def serve(settings: Settings) -> None:
         finally:
             supervisor.cancel()
             await pool.stop(settings.shutdown_grace_seconds)
+            await pool_db.dispose()
 
     # Workers also receive a terminal's Ctrl-C; they stop gracefully on their own.
     asyncio.run(main())

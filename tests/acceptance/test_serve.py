@@ -56,7 +56,7 @@ def worker_pids(service: LiveService) -> list[int]:
     pids = []
     for pid in out.split():
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-        if b"multiprocessing" in cmdline and b"resource_tracker" not in cmdline:
+        if b"genhook.lifeline" in cmdline and b"feed_child" not in cmdline:
             pids.append(int(pid))
     return pids
 

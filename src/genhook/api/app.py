@@ -14,7 +14,6 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
 
 from genhook import __version__
 from genhook.api.deps import AppState
@@ -25,9 +24,11 @@ from genhook.api.routes_tasks import router as tasks_router
 from genhook.api.routes_upstream import router as upstream_router
 from genhook.api.routes_watch import router as watch_router
 from genhook.api.routes_webhooks import router as webhooks_router
+from genhook.api.shedding import LoadShedding, ready_problems
 from genhook.config import Settings
 from genhook.db import Database
 from genhook.engines.registry import Registry, build_registry
+from genhook.faults import RETRY_AFTER_SECONDS
 from genhook.net import AddressPolicy, Resolver
 from genhook.storage import open_blob_store
 from genhook.tasks.lifecycle import Lifecycle
@@ -43,7 +44,11 @@ def build_state(
     resolver: Resolver | None = None,
     db: Database | None = None,
 ) -> AppState:
-    db = db or Database(settings.resolved_database_url)
+    db = db or Database(
+        settings.resolved_database_url,
+        pool_timeout=settings.db_pool_timeout_seconds,
+        connect_timeout=settings.db_connect_timeout_seconds,
+    )
     return AppState(
         settings=settings,
         db=db,
@@ -103,6 +108,7 @@ def create_app(
     )
     app.state.genhook = state
     install_error_handlers(app)
+    app.add_middleware(LoadShedding, limit=state.settings.max_concurrent_requests)
     app.include_router(tasks_router)
     app.include_router(cancel_router)
     app.include_router(webhooks_router)
@@ -114,15 +120,19 @@ def create_app(
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["operations"], summary="Readiness: the database answers")
+    @app.get(
+        "/readyz",
+        tags=["operations"],
+        summary="Readiness: the database and the data directory can be written",
+    )
     async def readyz() -> Any:
-        try:
-            async with state.db.read() as session:
-                await session.execute(text("SELECT 1"))
-        except Exception as exc:
-            log.warning("readiness check failed: %s", exc)
+        problems = await ready_problems(state)
+        if problems:
+            log.warning("readiness check failed: %s", "; ".join(problems))
             return JSONResponse(
-                {"code": 503, "message": "database unavailable", "errors": []}, status_code=503
+                {"code": 503, "message": "; ".join(problems), "errors": []},
+                status_code=503,
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
             )
         return {"status": "ready"}
 

@@ -13,9 +13,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from genhook.errors import FieldError, GenhookError, TooManyRequests
+from genhook.faults import RETRY_AFTER_SECONDS, is_infrastructure_error
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +92,21 @@ def install_error_handlers(app: FastAPI) -> None:
             message = "no such endpoint"
         return error_response(exc.status_code, message)
 
+    async def _infrastructure(request: Request, exc: Exception) -> JSONResponse:
+        if not is_infrastructure_error(exc):
+            return await _unexpected(request, exc)
+        # The database or the disk, not the request: the client should simply retry.
+        log.warning("%s %s: service unavailable: %s", request.method, request.url.path, exc)
+        response = error_response(503, "the service is temporarily unavailable; retry shortly")
+        response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        return response
+
+    for kind in (SQLAlchemyError, OSError):
+        app.add_exception_handler(kind, _infrastructure)
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        if is_infrastructure_error(exc):
+            return await _infrastructure(request, exc)
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return error_response(500, "internal error; the details are in the service log")

@@ -106,7 +106,14 @@ class InlineSQLiteConnection(aiosqlite.Connection):
 
 
 class Database:
-    def __init__(self, url: str, *, pool_size: int = 10) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 10,
+        pool_timeout: float = 30.0,
+        connect_timeout: float | None = None,
+    ) -> None:
         self.url = url
         parsed = make_url(url)
         self.dialect = parsed.get_backend_name()
@@ -128,7 +135,12 @@ class Database:
         else:
             self._checkpointer = None
             self.write_engine = create_async_engine(
-                url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
+                url,
+                pool_size=pool_size,
+                max_overflow=pool_size,
+                pool_pre_ping=True,
+                pool_timeout=pool_timeout,
+                connect_args={"timeout": connect_timeout} if connect_timeout else {},
             )
             self.read_engine = self.write_engine
         # SQLite allows one writer at a time; queueing this process's writers here costs

@@ -106,7 +106,8 @@ class UsageLine(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
-    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"), unique=True)
+    # No foreign key: the billing ledger outlives tasks pruned after their retention.
+    task_id: Mapped[str] = mapped_column(String(64), unique=True)
     model: Mapped[str] = mapped_column(String(200))
     tier: Mapped[str] = mapped_column(String(20))
     output_pixels: Mapped[int] = mapped_column(Integer)

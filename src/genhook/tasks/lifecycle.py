@@ -11,11 +11,11 @@ transaction.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, or_, select, update
+from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.config import Settings
@@ -63,12 +63,21 @@ class Lifecycle:
     db: Database
     storage: BlobStore
 
-    async def claim(self, worker_id: str, models: Sequence[str]) -> Task | None:
-        """Take the oldest runnable task under a lease, or None."""
+    async def claim(
+        self, worker_id: str, models: Sequence[str], reserve_ms: Mapping[str, int] | None = None
+    ) -> Task | None:
+        """Take the oldest runnable task under a lease, or None.
+
+        ``reserve_ms`` is the time a model's task needs: a task with less left before its
+        deadline is never started (it would only time out mid-run); the sweeper expires it.
+        """
+        if not models:
+            return None
         now = now_ms()
+        reserve = reserve_ms or {}
         candidate = (
             select(Task.id)
-            .where(*_runnable(models, now))
+            .where(*_runnable(models, now, reserve))
             .order_by(Task.available_at)
             .limit(1)
             .with_for_update(skip_locked=True)
@@ -149,8 +158,9 @@ class Lifecycle:
             ).first()
         return row is not None and row.status == "processing" and row.lease_owner == worker_id
 
-    async def release(self, task_id: str, worker_id: str) -> bool:
-        """Give a task back without counting a lost lease (graceful shutdown)."""
+    async def release(self, task_id: str, worker_id: str, delay_seconds: float = 0) -> bool:
+        """Give a task back without counting a lost lease (graceful shutdown, or a storage or
+        database fault that is the service's own); ``delay_seconds`` before it is claimable."""
         now = now_ms()
         async with self.db.write() as session:
             result = await session.execute(
@@ -162,7 +172,7 @@ class Lifecycle:
                     status="created",
                     lease_owner=None,
                     lease_expires_at=None,
-                    available_at=now,
+                    available_at=now + int(delay_seconds * 1000),
                     updated_at=now,
                 )
                 .execution_options(synchronize_session=False)
@@ -317,26 +327,6 @@ class Lifecycle:
         if task.webhook_url:
             await enqueue_callback(session, task, self.settings, self.storage, now)
 
-    async def _end_unstarted(self, now: int) -> int:
-        """Time out waiting tasks past their start deadline; they never ran, nothing is billed."""
-        async with self.db.read() as session:
-            late = (
-                await session.scalars(
-                    select(Task.id)
-                    .where(Task.status == CREATED, Task.start_deadline_at <= now)
-                    .limit(500)
-                )
-            ).all()
-        values = dict(
-            status="timeout", error_code=int(ErrorCode.TIMEOUT), error_message=NOT_STARTED_MESSAGE
-        )
-        ended = 0
-        for task_id in late:
-            if await self._end([Task.id == task_id, Task.status == CREATED], values):
-                log.info("task %s never started before its start deadline", task_id)
-                ended += 1
-        return ended
-
     async def sweep(self) -> int:
         """Requeue or fail tasks whose lease expired, and time out tasks past their deadline.
 
@@ -344,15 +334,8 @@ class Lifecycle:
         Returns the number of tasks changed.
         """
         now = now_ms()
-        changed = 0
+        changed = await self.expire_overdue(now)
         async with self.db.read() as session:
-            overdue = (
-                await session.scalars(
-                    select(Task.id)
-                    .where(Task.status.in_(ACTIVE), Task.deadline_at <= now)
-                    .limit(500)
-                )
-            ).all()
             expired = (
                 await session.execute(
                     select(Task.id, Task.lease_owner, Task.lease_losses)
@@ -360,52 +343,126 @@ class Lifecycle:
                     .limit(500)
                 )
             ).all()
-        for task_id in overdue:
-            if await self.time_out(task_id):
-                log.info("task %s timed out", task_id)
-                changed += 1
-        changed += await self._end_unstarted(now)
         for task_id, owner, losses in expired:
-            if losses + 1 >= self.settings.max_lease_losses:
-                message = (
-                    f"the worker running this task stopped responding {losses + 1} time(s); "
-                    "giving up"
+            changed += int(await self._lose_lease(task_id, owner, losses, now, expired=True))
+        return changed
+
+    async def expire_overdue(self, now: int, batch: int = 500, max_batches: int = 20) -> int:
+        """Time out every active task past its deadline, and every waiting task past its start
+        deadline (it never ran: nothing is billed), a batch per transaction.
+
+        Set-based: one UPDATE ends a whole batch (a backlog of thousands ends in a few
+        statements, not one transaction per task), and the callbacks are written with it.
+        """
+        overdue = [Task.status.in_(ACTIVE), Task.deadline_at <= now]
+        unstarted = [Task.status == CREATED, Task.start_deadline_at <= now]
+        changed = await self._expire(now, overdue, TIMEOUT_MESSAGE, batch, max_batches)
+        return changed + await self._expire(now, unstarted, NOT_STARTED_MESSAGE, batch, max_batches)
+
+    async def _expire(
+        self, now: int, conditions: list[Any], message: str, batch: int, max_batches: int
+    ) -> int:
+        changed = 0
+        retention_ms = int(self.settings.output_retention.total_seconds() * 1000)
+        for _ in range(max_batches):
+            chosen = (
+                select(Task.id).where(*conditions).limit(batch).with_for_update(skip_locked=True)
+            )
+            stmt = (
+                update(Task)
+                .where(Task.id.in_(chosen.scalar_subquery()), *conditions)
+                .values(
+                    status="timeout",
+                    error_code=int(ErrorCode.TIMEOUT),
+                    error_message=message,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    finished_at=now,
+                    updated_at=now,
+                    outputs_expire_at=now + retention_ms,
                 )
-                ended = await self._finish(
-                    task_id,
-                    owner,
-                    dict(
-                        status="failed",
-                        error_code=int(ErrorCode.WORKER_LOST),
-                        error_message=message,
-                        lease_losses=losses + 1,
-                    ),
-                )
-                changed += int(ended)
-                continue
+                .returning(Task)
+                .execution_options(synchronize_session=False)
+            )
             async with self.db.write() as session:
-                result = await session.execute(
-                    update(Task)
-                    .where(
-                        Task.id == task_id,
-                        Task.status == "processing",
-                        Task.lease_owner == owner,
-                        Task.lease_expires_at < now,
+                tasks = list((await session.execute(stmt)).scalars().all())
+                input_keys = [i["blob"] for task in tasks for i in task.inputs if "blob" in i]
+                if input_keys:
+                    await session.execute(delete(Blob).where(Blob.key.in_(input_keys)))
+                for task in tasks:
+                    if task.webhook_url:
+                        await enqueue_callback(session, task, self.settings, self.storage, now)
+            if tasks:
+                log.info("%d task(s) timed out: %s", len(tasks), message)
+            changed += len(tasks)
+            if len(tasks) < batch:
+                break
+        return changed
+
+    async def release_owner(self, worker_id: str, *, lost: bool) -> int:
+        """Requeue every task ``worker_id`` holds, without waiting out its lease.
+
+        The supervisor calls it as soon as it sees a worker exit; ``lost`` counts a lost lease
+        (the worker died running the task), as the sweeper would. The lease stays the safety
+        net when a whole machine dies and nobody is left to call this.
+        """
+        now = now_ms()
+        async with self.db.read() as session:
+            held = (
+                await session.execute(
+                    select(Task.id, Task.lease_losses).where(
+                        Task.status == "processing", Task.lease_owner == worker_id
                     )
-                    .values(
-                        status="created",
-                        lease_owner=None,
-                        lease_expires_at=None,
-                        lease_losses=Task.lease_losses + 1,
-                        available_at=now,
-                        updated_at=now,
-                    )
-                    .execution_options(synchronize_session=False)
                 )
-            if result.rowcount:  # type: ignore[attr-defined]
-                log.warning("task %s lost its lease (worker %s); requeued", task_id, owner)
+            ).all()
+        changed = 0
+        for task_id, losses in held:
+            if lost:
+                changed += int(await self._lose_lease(task_id, worker_id, losses, now))
+            elif await self.release(task_id, worker_id):
+                log.info("task %s released (worker %s stopped)", task_id, worker_id)
                 changed += 1
         return changed
+
+    async def _lose_lease(
+        self, task_id: str, owner: str | None, losses: int, now: int, *, expired: bool = False
+    ) -> bool:
+        """Requeue a task whose worker is gone, or fail it once that happened too often."""
+        if losses + 1 >= self.settings.max_lease_losses:
+            message = (
+                f"the worker running this task stopped responding {losses + 1} time(s); giving up"
+            )
+            return await self._finish(
+                task_id,
+                owner,
+                dict(
+                    status="failed",
+                    error_code=int(ErrorCode.WORKER_LOST),
+                    error_message=message,
+                    lease_losses=losses + 1,
+                ),
+            )
+        conditions = [Task.id == task_id, Task.status == "processing", Task.lease_owner == owner]
+        if expired:
+            conditions.append(Task.lease_expires_at < now)
+        async with self.db.write() as session:
+            result = await session.execute(
+                update(Task)
+                .where(*conditions)
+                .values(
+                    status="created",
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    lease_losses=Task.lease_losses + 1,
+                    available_at=now,
+                    updated_at=now,
+                )
+                .execution_options(synchronize_session=False)
+            )
+        if result.rowcount:  # type: ignore[attr-defined]
+            log.warning("task %s lost its lease (worker %s); requeued", task_id, owner)
+            return True
+        return False
 
 
 def _held_by(task_id: str, worker_id: str | None) -> list[Any]:
@@ -418,12 +475,21 @@ def _held_by(task_id: str, worker_id: str | None) -> list[Any]:
     return conditions
 
 
-def _runnable(models: Sequence[str], now: int) -> list[Any]:
-    """Conditions of a task a worker serving ``models`` may start now."""
+def _runnable(
+    models: Sequence[str], now: int, reserve: Mapping[str, int] | None = None
+) -> list[Any]:
+    """Conditions of a task a worker serving ``models`` may start now: one with less time
+    left than its model's ``reserve`` (ms) would only time out mid-run, so it is left for
+    the sweeper to expire."""
+    reserve = reserve or {}
     return [
         Task.status == "created",
         Task.available_at <= now,
-        Task.deadline_at > now,
         or_(Task.start_deadline_at.is_(None), Task.start_deadline_at > now),
-        Task.model.in_(list(models)),
+        or_(
+            *(
+                and_(Task.model == model, Task.deadline_at > now + reserve.get(model, 0))
+                for model in models
+            )
+        ),
     ]

@@ -1,10 +1,15 @@
-"""Output retention: outputs are deleted ``output_retention`` after their task ends.
+"""Retention: outputs are deleted ``output_retention`` after their task ends, and history
+(webhook attempts, and finished tasks when ``task_retention_days`` is set) is kept a
+configurable time.
 
 The job runs beside webhook reconciliation (the dispatcher role). Each pass takes at most
 ``retention_batch`` tasks in expiry order through an index, so its work is bounded however
 far behind it is. A deleted output leaves a tombstone first, so its URL answers 410 (never
 a 404 that looks like a wrong link); the task row keeps its history. Expired
-``Idempotency-Key`` rows go in the same pass.
+``Idempotency-Key`` rows go in the same pass. History is pruned in small batches, one short
+transaction each, so it never holds SQLite's write lock or a PostgreSQL row lock for long,
+and a round stops after ``max_batches`` so a first run on a large backlog spreads over
+several intervals. Usage lines are the billing ledger and are never pruned.
 """
 
 from __future__ import annotations
@@ -14,17 +19,29 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, exists, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from genhook.config import Settings
-from genhook.db import Blob, Database, ExpiredOutput, IdempotencyKey, Task, now_ms
+from genhook.db import (
+    Blob,
+    Database,
+    ExpiredOutput,
+    IdempotencyKey,
+    Task,
+    WebhookAttempt,
+    WebhookDelivery,
+    now_ms,
+)
 from genhook.errors import Gone
 from genhook.storage import BlobStore
+from genhook.task_states import TERMINAL
 from genhook.tasks.views import iso_ms
 
 log = logging.getLogger(__name__)
+
+DAY_MS = 86_400_000
 
 
 async def raise_if_expired(db: Database, key: str) -> None:
@@ -39,10 +56,91 @@ async def raise_if_expired(db: Database, key: str) -> None:
 
 
 @dataclass
+class Pruner:
+    settings: Settings
+    db: Database
+    storage: BlobStore
+    batch: int = 1000
+    max_batches: int = 20
+
+    async def prune(self, now: int | None = None) -> tuple[int, int]:
+        """One round: (webhook attempts deleted, tasks deleted)."""
+        now = now_ms() if now is None else now
+        attempts = await self.prune_attempts(
+            now - int(self.settings.webhook_attempt_retention_days * DAY_MS)
+        )
+        tasks = 0
+        if self.settings.task_retention_days is not None:
+            tasks = await self.prune_tasks(now - int(self.settings.task_retention_days * DAY_MS))
+        if attempts or tasks:
+            log.info("pruned %d webhook attempt(s) and %d finished task(s)", attempts, tasks)
+        return attempts, tasks
+
+    async def prune_attempts(self, before: int) -> int:
+        deleted = 0
+        for _ in range(self.max_batches):
+            # Ids grow with time: the oldest attempts come first, no index on started_at needed.
+            oldest = (
+                select(WebhookAttempt.id)
+                .where(WebhookAttempt.started_at < before)
+                .order_by(WebhookAttempt.id)
+                .limit(self.batch)
+            )
+            async with self.db.write() as session:
+                ids = list((await session.scalars(oldest)).all())
+                if ids:
+                    await session.execute(delete(WebhookAttempt).where(WebhookAttempt.id.in_(ids)))
+            deleted += len(ids)
+            if len(ids) < self.batch:
+                break
+        return deleted
+
+    async def prune_tasks(self, before: int) -> int:
+        """Finished tasks (with their deliveries, attempts and outputs) older than ``before``;
+        a task whose webhook is still being delivered waits for the delivery to end."""
+        pending = exists().where(
+            WebhookDelivery.task_id == Task.id, WebhookDelivery.status == "pending"
+        )
+        deleted = 0
+        for _ in range(self.max_batches):
+            old = (
+                select(Task.id, Task.outputs)
+                .where(Task.status.in_(TERMINAL), Task.finished_at < before, ~pending)
+                .order_by(Task.finished_at)
+                .limit(self.batch)
+            )
+            async with self.db.write() as session:
+                rows = (await session.execute(old)).all()
+                ids = [task_id for task_id, _ in rows]
+                if ids:
+                    deliveries = select(WebhookDelivery.id).where(WebhookDelivery.task_id.in_(ids))
+                    await session.execute(
+                        delete(WebhookAttempt).where(WebhookAttempt.delivery_id.in_(deliveries))
+                    )
+                    await session.execute(
+                        delete(WebhookDelivery).where(WebhookDelivery.task_id.in_(ids))
+                    )
+                    await session.execute(delete(Task).where(Task.id.in_(ids)))
+            # Outputs go once their rows are gone: a crash in between leaves a stray blob,
+            # never a task pointing at a missing one.
+            for _, outputs in rows:
+                for key in outputs or []:
+                    with contextlib.suppress(Exception):
+                        await self.storage.delete(key)
+            deleted += len(ids)
+            if len(ids) < self.batch:
+                break
+        return deleted
+
+
+@dataclass
 class RetentionReport:
     tasks: int = 0
     outputs: int = 0
     idempotency_keys: int = 0
+    # History pruned: webhook attempts, and whole finished tasks.
+    attempts: int = 0
+    pruned_tasks: int = 0
 
 
 class Retention:
@@ -50,6 +148,7 @@ class Retention:
         self.settings = settings
         self.db = db
         self.storage = storage
+        self.pruner = Pruner(settings, db, storage)
 
     async def run_once(self, *, now: int | None = None) -> RetentionReport:
         moment = now if now is not None else now_ms()
@@ -95,6 +194,7 @@ class Retention:
             report.tasks = len(due)
             report.outputs = len(tombstones)
         report.idempotency_keys = await self._drop_expired_keys(moment, batch)
+        report.attempts, report.pruned_tasks = await self.pruner.prune(moment)
         if report.tasks or report.idempotency_keys:
             log.info(
                 "retention: deleted %d output(s) of %d task(s), %d expired idempotency key(s)",

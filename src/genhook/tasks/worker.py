@@ -14,15 +14,21 @@ import logging
 import os
 import socket
 import threading
+import time
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
+
+from sqlalchemy import select
 
 from genhook.config import Settings
 from genhook.db import Database, Task, now_ms
 from genhook.engines.base import AsyncEngine, Engine, EngineJob, EngineResult
 from genhook.engines.registry import Registry
 from genhook.errors import ErrorCode, TaskFailure
+from genhook.faults import is_infrastructure_error, retry_infrastructure
 from genhook.net import AddressPolicy, client_ssl_context, fetch_input_image
+from genhook.retry import backoff_delay
 from genhook.storage import BlobStore, DatabaseBlobStore
 from genhook.storage.blobs import extension_of, new_blob_key
 from genhook.tasks.concurrent import run_concurrent
@@ -71,6 +77,8 @@ class Worker:
         self._completer = GroupCompleter(self.lifecycle, self.worker_id)
         # Input images read for a whole claimed batch at once, by task id.
         self.prefetched: dict[str, dict[str, bytes]] = {}
+        # Recent run times per model: a task with less time left than these is not started.
+        self._run_seconds: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=8))
 
     def engine(self, model: str) -> Engine:
         engine = self._engines.get(model)
@@ -87,15 +95,23 @@ class Worker:
         log.info("worker %s started (models: %s)", self.worker_id, ", ".join(self._models))
         if any(limit > 1 for limit in self.limits.values()):
             await run_concurrent(self, stop)
+        failures = 0
         while not stop.is_set() and not self.tainted:
+            pause = self.settings.worker_poll_seconds
             try:
                 ran = await self.run_once(stop)
-            except Exception:
-                log.exception("worker %s: claim failed; retrying", self.worker_id)
+                failures = 0
+            except Exception as error:
+                failures += 1
+                if is_infrastructure_error(error):
+                    log.warning("worker %s: claim failed (%s); retrying", self.worker_id, error)
+                else:
+                    log.exception("worker %s: claim failed; retrying", self.worker_id)
+                pause = backoff_delay(failures, pause, 2.0)
                 ran = False
             if not ran:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.settings.worker_poll_seconds)
+                    await asyncio.wait_for(stop.wait(), pause)
         await self.close_engines()
         log.info("worker %s stopped", self.worker_id)
 
@@ -108,11 +124,19 @@ class Worker:
                     await close()
 
     async def run_once(self, stop: asyncio.Event | None = None) -> bool:
-        task = await self.lifecycle.claim(self.worker_id, self._models)
+        task = await self.lifecycle.claim(self.worker_id, self._models, self._reserve_ms())
         if task is None:
             return False
         await self.process(task, stop)
         return True
+
+    def _reserve_ms(self) -> dict[str, int]:
+        """Per model, the time a task needs left before its deadline to be worth starting."""
+        margin = self.settings.task_start_margin_seconds
+        return {
+            model: int(1000 * max([margin, *self._run_seconds.get(model, ())]))
+            for model in self._models
+        }
 
     async def process(self, task: Task, stop: asyncio.Event | None = None) -> None:
         # The job's stop signal (EngineJob.stop), set whenever the task is given up; one per
@@ -221,11 +245,19 @@ class Worker:
                 return
 
     async def _execute(self, task: Task, job_stop: threading.Event) -> None:
+        # Storage and database faults before and after the engine are the service's own:
+        # retried, then the task is requeued unharmed. Errors of the engine itself are not.
         progress = ProgressRecorder(
             self.db, task.id, self.worker_id, self.settings.progress_interval_seconds
         )
+        in_engine = False
         try:
-            images = await self._load_inputs(task)
+            images = await retry_infrastructure(
+                lambda: self._load_inputs(task),
+                what=f"task {task.id}: loading its inputs",
+                budget_seconds=self.settings.fault_retry_seconds,
+            )
+            in_engine = True
             async with self._load_lock:
                 engine = await asyncio.to_thread(self.engine, task.model)
             job = EngineJob(
@@ -237,25 +269,31 @@ class Worker:
                 deadline=task.deadline_at / 1000,
                 stop=job_stop,
             )
+            started = time.monotonic()
             async with progress.running():
                 if isinstance(engine, AsyncEngine):
                     result = await engine.run_async(job)
                 else:
                     result = await asyncio.to_thread(self._run_engine, engine, job)
-            keys = await self._store_outputs(result)
+            in_engine = False
+            keys = await self._store_outputs(task, result)
+            self._run_seconds[task.model].append(time.monotonic() - started)
         except TaskFailure as failure:
             log.info("task %s failed: %s", task.id, failure)
             if failure.code == ErrorCode.TIMEOUT:
                 # An engine that stopped at the deadline ends the task like the supervisor.
-                await self.lifecycle.time_out(task.id, self.worker_id)
+                await self._end(task, self.lifecycle.time_out)
                 return
-            await self.lifecycle.fail(task.id, self.worker_id, failure.code, failure.message)
+            await self._end(task, self.lifecycle.fail, failure.code, failure.message)
             return
-        except Exception:
+        except Exception as error:
+            if not in_engine and is_infrastructure_error(error):
+                await self._requeue(task, error)
+                return
             log.exception("task %s: engine error", task.id)
-            await self.lifecycle.fail(
-                task.id,
-                self.worker_id,
+            await self._end(
+                task,
+                self.lifecycle.fail,
                 ErrorCode.ENGINE_ERROR,
                 "the engine failed unexpectedly; the error is in the service log",
             )
@@ -266,18 +304,57 @@ class Worker:
             item = Completion(task.id, keys, flags, result.info, cost)
             done = await self._completer.complete(item)
         else:
-            done = await self.lifecycle.complete(
-                task.id,
-                self.worker_id,
+            done = await self._end(
+                task,
+                self.lifecycle.complete,
                 outputs=keys,
                 nsfw=[output.nsfw for output in result.outputs],
                 info=result.info,
                 stt_result=result.stt_result,
                 upstream_cost_micros=cost,
             )
-        if not done:
+        if not done and not await self._outputs_recorded(task.id, keys):
             for key in keys:
-                await self.storage.delete(key)
+                with contextlib.suppress(Exception):
+                    await self.storage.delete(key)
+
+    async def _end(self, task: Task, transition: Any, *args: Any, **kwargs: Any) -> bool:
+        """A terminal transition, retried through database faults while the lease lasts, so a
+        blip neither loses the outcome nor costs the task a lost lease."""
+        try:
+            done: bool = await retry_infrastructure(
+                lambda: transition(task.id, self.worker_id, *args, **kwargs),
+                what=f"task {task.id}: recording its outcome",
+                budget_seconds=self.settings.fault_retry_seconds,
+            )
+        except Exception as error:
+            if not is_infrastructure_error(error):
+                raise
+            log.error("task %s: could not record its outcome (%s); its lease will", task.id, error)
+            return False
+        return done
+
+    async def _outputs_recorded(self, task_id: str, keys: list[str]) -> bool:
+        """Whether an earlier try of a retried completion did commit these outputs."""
+        if not keys:
+            return False
+        with contextlib.suppress(Exception):
+            async with self.db.read() as session:
+                outputs = await session.scalar(select(Task.outputs).where(Task.id == task_id))
+            return set(keys) <= set(outputs or [])
+        return True  # unknown: keep the blobs rather than risk deleting delivered outputs
+
+    async def _requeue(self, task: Task, error: BaseException) -> None:
+        delay = backoff_delay(task.attempts, 1.0, 30.0)
+        log.warning(
+            "task %s: storage or database fault (%s); requeued in %.1f s", task.id, error, delay
+        )
+        with contextlib.suppress(Exception):
+            await retry_infrastructure(
+                lambda: self.lifecycle.release(task.id, self.worker_id, delay_seconds=delay),
+                what=f"task {task.id}: requeueing",
+                budget_seconds=self.settings.fault_retry_seconds,
+            )
 
     def _run_engine(self, engine: Engine, job: EngineJob) -> EngineResult:
         self._engine_busy.set()
@@ -312,10 +389,20 @@ class Worker:
                 raise TaskFailure(failure.code, f"{label}: {failure.message}") from None
         return images
 
-    async def _store_outputs(self, result: EngineResult) -> list[str]:
-        keys = []
-        for output in result.outputs:
-            key = new_blob_key("outputs", extension_of(output.content_type))
-            await self.storage.put(key, output.data, output.content_type)
-            keys.append(key)
+    async def _store_outputs(self, task: Task, result: EngineResult) -> list[str]:
+        keys: list[str] = []
+        try:
+            for output in result.outputs:
+                key = new_blob_key("outputs", extension_of(output.content_type))
+                await retry_infrastructure(
+                    lambda: self.storage.put(key, output.data, output.content_type),  # noqa: B023
+                    what=f"task {task.id}: storing an output",
+                    budget_seconds=self.settings.fault_retry_seconds,
+                )
+                keys.append(key)
+        except BaseException:
+            for key in keys:
+                with contextlib.suppress(Exception):
+                    await self.storage.delete(key)
+            raise
         return keys

@@ -37,7 +37,7 @@ from genhook.net import (
     pinned_connector,
 )
 from genhook.net import parse_target as _parse_target
-from genhook.retry import parse_retry_after
+from genhook.retry import backoff_delay, parse_retry_after
 from genhook.webhooks.feed import Attempt, Outcome, attempt_feed
 from genhook.webhooks.keys import KeyRing
 
@@ -230,12 +230,28 @@ class Dispatcher:
             await asyncio.gather(*senders, return_exceptions=True)
             if self._outcomes:
                 outcomes, self._outcomes = self._outcomes, []
-                try:
-                    await self.feed.exchange(outcomes, 0)
-                except Exception:
-                    log.exception("recording the last webhook attempts failed")
+                await self._record_last(outcomes)
             await self.close()
             await self.release_leases()
+
+    async def _record_last(self, outcomes: Sequence[Outcome]) -> None:
+        """Record the outcomes left at stop, retrying with the shared backoff: a full disk or
+        a database blip must not lose an acknowledgement (the delivery would be sent again
+        once its lease runs out)."""
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                await self.feed.exchange(outcomes, 0)
+                return
+            except Exception:
+                attempt += 1
+                delay = backoff_delay(attempt, 0.05, 1.0)
+                if time.monotonic() - started + delay > self.settings.fault_retry_seconds:
+                    log.exception("recording the last webhook attempts failed")
+                    return
+                log.warning("recording the last webhook attempts failed; retrying", exc_info=True)
+                await asyncio.sleep(delay)
 
     def _backing_off(self) -> bool:
         return time.monotonic() - self._failed_at < 1.0
@@ -275,9 +291,15 @@ class Dispatcher:
         try:
             attempts = await self.feed.exchange(outcomes, want)
         except Exception:
-            # Unrecorded outcomes are sent again when their leases expire.
+            # Keep the outcomes for the next exchange (after a pause): dropped, an
+            # acknowledged delivery would be sent again when its lease expires. Recording
+            # twice is harmless: an outcome is recorded only while its lease is ours.
             log.exception("webhook feed exchange failed; retrying")
             self._failed_at = time.monotonic()
+            if outcomes:
+                if not self._outcomes:
+                    self._oldest_outcome = time.monotonic()
+                self._outcomes[:0] = outcomes
             attempts = []
         finally:
             self._asked -= want

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import pickle
 import struct
 import sys
@@ -310,6 +311,9 @@ class ProcessFeed:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
+            # Dies with this process even while it is still starting up.
+            "genhook.lifeline",
+            str(os.getpid()),
             "genhook.webhooks.feed_child",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,

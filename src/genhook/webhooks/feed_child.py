@@ -16,6 +16,7 @@ import sys
 
 from genhook.config import Settings
 from genhook.db import Database
+from genhook.lifeline import outlive_parent
 from genhook.webhooks.feed import LocalFeed, Outcome, encode_frame, read_frame
 from genhook.webhooks.keys import KeyRing
 
@@ -53,6 +54,8 @@ async def serve(pipe_in: int, pipe_out: int) -> None:
         return
     writer.write(encode_frame(("ready",)))
     await writer.drain()
+    # Started: from now on the end of the pipe stops it, once the exchange in hand is done.
+    outlive_parent()
     try:
         while True:
             try:

@@ -1,0 +1,105 @@
+"""Overload and readiness: refuse early with 503 rather than queue without bound.
+
+A request over ``max_concurrent_requests`` gets 503 with ``Retry-After`` at once, before it
+reads its body or waits for a database connection, so a burst cannot pile up requests that
+each hold memory and then time out anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from pathlib import Path
+
+from sqlalchemy import text
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from genhook.api.deps import AppState
+from genhook.faults import RETRY_AFTER_SECONDS
+
+# Paths never shed: health probes must answer precisely when the service is busy.
+_EXEMPT = ("/healthz", "/readyz")
+
+
+class LoadShedding:
+    """Pure ASGI middleware: counts HTTP requests in progress in this process."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+        self.active = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in _EXEMPT:
+            await self.app(scope, receive, send)
+            return
+        if self.active >= self.limit:
+            await _refuse(send, "the service is overloaded; retry shortly")
+            return
+        self.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.active -= 1
+
+
+async def _refuse(send: Send, message: str) -> None:
+    body = json.dumps({"code": 503, "message": message, "errors": []}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", str(RETRY_AFTER_SECONDS).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def ready_problems(state: AppState) -> list[str]:
+    """What keeps this process from doing its work: an empty list when it is ready."""
+    problems: list[str] = []
+    try:
+        await asyncio.wait_for(_database_writable(state), state.settings.db_pool_timeout_seconds)
+    except Exception as exc:
+        problems.append(f"the database cannot be written ({type(exc).__name__}: {exc})")
+    try:
+        await asyncio.to_thread(_probe_directory, state.settings.data_dir)
+    except OSError as exc:
+        problems.append(f"the data directory cannot be written ({exc.strerror or exc})")
+    return problems
+
+
+async def _database_writable(state: AppState) -> None:
+    db = state.db
+    if db.is_postgres:
+        async with db.read() as session:
+            if (await session.execute(text("SELECT pg_is_in_recovery()"))).scalar_one():
+                raise RuntimeError("the server is a read-only standby")
+        return
+    # SQLite: taking the write lock (BEGIN IMMEDIATE) proves the file can be written to.
+    async with db.write() as session:
+        await session.execute(text("SELECT 1"))
+
+
+_PROBE = b"\0" * 4096
+
+
+def _probe_directory(directory: Path) -> None:
+    """Write, flush and remove a small file: fails with ENOSPC on a full disk."""
+    path = os.path.join(directory, f".ready-{os.getpid()}")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, _PROBE)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)

@@ -1,0 +1,93 @@
+"""A full disk on the delivery side: an acknowledged webhook is recorded, not sent again."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from sqlalchemy import select
+
+from genhook.db import Database, WebhookAttempt, WebhookDelivery
+from genhook.webhooks.dispatcher import Dispatcher
+from genhook.webhooks.feed import Attempt, AttemptFeed, Outcome
+from genhook.webhooks.keys import KeyRing, ensure_signing_key
+from genhook.webhooks.service import WebhookService
+from tests.support.webhook_receiver import (
+    Receiver,
+    add_account,
+    create_schema,
+    enqueue,
+    status,
+    terminal_task,
+    webhook_settings,
+)
+
+
+class DiskFullOnce:
+    """The delivery queue's disk is full for the first record of an outcome: the write
+    fails with ENOSPC, as the kernel answers, and then the disk has room again."""
+
+    def __init__(self, feed: AttemptFeed) -> None:
+        self.feed = feed
+        self.failed = 0
+
+    async def start(self) -> None:
+        await self.feed.start()
+
+    async def exchange(self, outcomes: Sequence[Outcome], limit: int) -> list[Attempt]:
+        if outcomes and not self.failed:
+            self.failed += 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return await self.feed.exchange(outcomes, limit)
+
+    async def close(self) -> None:
+        await self.feed.close()
+
+
+async def test_acknowledgement_survives_a_full_disk(tmp_path: Path, database_url: str) -> None:
+    # A short lease: dropped, the outcome would be re-sent well within the test.
+    settings = webhook_settings(
+        tmp_path, database_url, webhook_timeout_seconds=0.5, webhook_feed_process=False
+    )
+    db = Database(database_url)
+    await create_schema(db)
+    await add_account(db)
+    await ensure_signing_key(db, settings)
+    receiver = await Receiver(status(200)).start()
+    try:
+        delivery_id = await enqueue(
+            db, terminal_task("t1", f"http://127.0.0.1:{receiver.port}/hook")
+        )
+        dispatcher = Dispatcher(
+            settings,
+            db,
+            policy=WebhookService(settings, db).policy,
+            keyring=KeyRing(db, settings),
+            lease_margin_seconds=0.2,
+        )
+        feed = DiskFullOnce(dispatcher.feed)
+        dispatcher.feed = feed
+        stop = asyncio.Event()
+        run = asyncio.create_task(dispatcher.run(stop))
+        async with asyncio.timeout(20):
+            while True:
+                async with db.read() as session:
+                    row = await session.get(WebhookDelivery, delivery_id)
+                if row is not None and row.status == "delivered":
+                    break
+                await asyncio.sleep(0.02)
+        # Longer than the lease: a lost acknowledgement would have been sent again by now.
+        await asyncio.sleep(1.5)
+        stop.set()
+        await run
+        assert feed.failed == 1
+        assert len(receiver.received) == 1
+        async with db.read() as session:
+            attempts = (await session.scalars(select(WebhookAttempt.number))).all()
+        assert list(attempts) == [1]
+    finally:
+        await receiver.stop()
+        await db.dispose()
