@@ -30,6 +30,7 @@ from genhook.db import (
     ExpiredOutput,
     IdempotencyKey,
     Task,
+    TaskEvent,
     WebhookAttempt,
     WebhookDelivery,
     now_ms,
@@ -120,6 +121,7 @@ class Pruner:
                     await session.execute(
                         delete(WebhookDelivery).where(WebhookDelivery.task_id.in_(ids))
                     )
+                    await session.execute(delete(TaskEvent).where(TaskEvent.task_id.in_(ids)))
                     await session.execute(delete(Task).where(Task.id.in_(ids)))
             # Outputs go once their rows are gone: a crash in between leaves a stray blob,
             # never a task pointing at a missing one.
