@@ -14,7 +14,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
+from genhook.api.bodies import ClientGone
 from genhook.errors import FieldError, GenhookError
 
 log = logging.getLogger(__name__)
@@ -40,9 +42,13 @@ def error_body(status: int, message: str, errors: list[FieldError] | None = None
 
 
 def error_response(
-    status: int, message: str, errors: list[FieldError] | None = None
+    status: int,
+    message: str,
+    errors: list[FieldError] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if status == 401:
+        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
     return JSONResponse(error_body(status, message, errors), status_code=status, headers=headers)
 
 
@@ -70,11 +76,26 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(400, "the request is invalid", errors)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
         if exc.status_code == 404 and message == "Not Found":
             message = "no such endpoint"
-        return error_response(exc.status_code, message)
+        elif exc.status_code == 405 and message == "Method Not Allowed":
+            message = f"{request.method} is not allowed on this endpoint"
+        # Keeps ``Allow`` on a 405.
+        return error_response(exc.status_code, message, headers=dict(exc.headers or {}))
+
+    async def _gone(request: Request, _: Exception) -> JSONResponse:
+        log.info(
+            "client disconnected before sending its whole body: %s %s",
+            request.method,
+            request.url.path,
+        )
+        # Nobody is left to read it.
+        return error_response(400, "the client disconnected")
+
+    app.add_exception_handler(ClientGone, _gone)
+    app.add_exception_handler(ClientDisconnect, _gone)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

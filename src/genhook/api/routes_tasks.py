@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import func, select
 
-from genhook.api.bodies import read_json_body
+from genhook.api.bodies import BodyLimits, read_json_body
 from genhook.api.deps import AccountDep, AppState, StateDep, current_account, get_state
 from genhook.api.errors import ERROR_RESPONSES
 from genhook.api.schemas import PredictionResponse, UsageResponse
@@ -36,11 +36,21 @@ async def _caller(request: Request) -> tuple[AppState, Account]:
     return state, await current_account(request, state)
 
 
+def _limits(state: AppState) -> BodyLimits:
+    settings = state.settings
+    return BodyLimits(
+        max_bytes=settings.max_body_bytes,
+        max_json_bytes=settings.max_json_bytes,
+        max_depth=settings.max_json_depth,
+        max_containers=settings.max_json_containers,
+    )
+
+
 def _submit_route(path_name: str, summary: str) -> None:
     async def endpoint(request: Request) -> Any:
         state, account = await _caller(request)
-        body = await read_json_body(request, state.settings.max_body_bytes)
-        task = await state.submitter.submit(account.id, path_name, body)
+        body = await read_json_body(request, _limits(state))
+        task = await state.submitter.submit(account.id, path_name, body.value, offload=body.large)
         return JSONResponse(await prediction_view(task, state.settings, state.storage))
 
     endpoint.__name__ = f"submit_{path_name}"

@@ -104,10 +104,16 @@ class Submitter:
     def __post_init__(self) -> None:
         self._inserter = GroupInserter(self.db)
 
-    async def submit(self, account_id: str, path_name: str, body: Any) -> Task:
+    async def submit(
+        self, account_id: str, path_name: str, body: Any, *, offload: bool = False
+    ) -> Task:
+        """``offload`` validates in a thread: a large body's image data takes real work."""
         path_kind = PATH_KINDS[path_name]
         context: dict[str, Any] = {}
-        request = self._validate(path_kind, body, context)
+        if offload:
+            request = await asyncio.to_thread(self._validate, path_kind, body, context)
+        else:
+            request = self._validate(path_kind, body, context)
         webhook_url: str | None = getattr(request, "webhook_url", None)
         if webhook_url is not None:
             await self.policy.check_webhook_url(webhook_url)
