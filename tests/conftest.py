@@ -177,7 +177,8 @@ def start_service(tmp_path: Path, database_url: str | None = None, **env: str) -
         "GENHOOK_SWEEP_INTERVAL_SECONDS": "0.2",
         "GENHOOK_WORKER_POLL_SECONDS": "0.02",
         "GENHOOK_SHUTDOWN_GRACE_SECONDS": "10",
-        "PYTHONPATH": os.pathsep.join([str(NETGUARD), str(ROOT)]),
+        # The netguard and this checkout first, then whatever the test run itself uses.
+        "PYTHONPATH": os.environ["PYTHONPATH"],
         **env,
     }
     if database_url:

@@ -95,9 +95,8 @@ class Settings(BaseSettings):
     keep_alive_seconds: int = Field(default=5, ge=1)
     # Open connections at once; more are answered 503 and closed.
     max_connections: int = Field(default=1000, ge=1)
-    # Decode work per input image: progressive JPEG scans, frames or pages, PNG chunks.
+    # Decode work per input image: progressive JPEG scans, PNG chunks.
     max_decode_scans: int = Field(default=100, ge=1)
-    max_decode_frames: int = Field(default=1000, ge=1)
     max_decode_chunks: int = Field(default=10_000, ge=1)
 
     log_level: str = "INFO"

@@ -70,6 +70,7 @@ class ErrorCode(IntEnum):
     INPUT_UNSUPPORTED_FORMAT = 1004
     INPUT_CORRUPT = 1005
     INPUT_TOO_MANY_PIXELS = 1006
+    INPUT_TOO_COSTLY = 1007
 
     MODERATION_PROMPT_BLOCKED = 2001
     MODERATION_NSFW_INPUT = 2002
@@ -94,6 +95,8 @@ ERROR_CODE_DESCRIPTIONS: dict[ErrorCode, str] = {
     ErrorCode.INPUT_CORRUPT: "An input image is truncated or cannot be decoded.",
     ErrorCode.INPUT_TOO_MANY_PIXELS: "An input image declares more pixels than the "
     "decompression-bomb limit; refused before decoding.",
+    ErrorCode.INPUT_TOO_COSTLY: "An input needs more decoding work than allowed (for "
+    "example a progressive JPEG with more scans than the limit); refused before decoding.",
     ErrorCode.MODERATION_PROMPT_BLOCKED: "The prompt contains a term the moderation policy blocks.",
     ErrorCode.MODERATION_NSFW_INPUT: "An input image was classified NSFW and the moderation "
     "policy rejects NSFW inputs.",

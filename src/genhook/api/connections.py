@@ -127,6 +127,15 @@ class GuardedH11Protocol(H11Protocol):
         super().on_response_complete()
         self._track()
 
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn answers a request whose body breaks the protocol itself; its handler,
+        already started, must see a disconnect rather than answer a second time."""
+        super().send_400_response(msg)
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
+
     def _track(self) -> None:
         """Move the deadline along with the request: headers, then body, then none."""
         if self.transport.is_closing():
