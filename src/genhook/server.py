@@ -35,19 +35,26 @@ def configure_logging(settings: Settings) -> None:
 
 
 async def bootstrap(settings: Settings) -> dict[str, str] | None:
-    """On an empty database, create the default account and write its secrets to a 0600 file."""
+    """Seal signing secrets left in clear; on an empty database, create the default account
+    and write its secrets to a 0600 file."""
     from sqlalchemy import func, select
 
     from genhook.accounts import create_account
     from genhook.db import Account, Database
+    from genhook.webhooks.keys import load_encryption_key
+    from genhook.webhooks.secret_box import seal_plaintext_secrets
 
     db = Database(settings.resolved_database_url)
+    encryption_key = load_encryption_key(settings)
     try:
+        sealed = await seal_plaintext_secrets(db, encryption_key)
+        if sealed:
+            log.info("encrypted %d signing secrets stored in clear by an older version", sealed)
         async with db.read() as session:
             count = (await session.execute(select(func.count()).select_from(Account))).scalar_one()
         if count:
             return None
-        account = await create_account(db, "default")
+        account = await create_account(db, "default", encryption_key=encryption_key)
     finally:
         await db.dispose()
     credentials = {
