@@ -91,7 +91,7 @@ class Settings(BaseSettings):
     max_json_containers: int = Field(default=1000, ge=1)
     # Time a client has to send a request's headers, and then its body.
     header_timeout_seconds: float = Field(default=10.0, gt=0)
-    body_timeout_seconds: float = Field(default=120.0, gt=0)
+    body_timeout_seconds: float = Field(default=60.0, gt=0)
     keep_alive_seconds: int = Field(default=5, ge=1)
     # Open connections at once; more are answered 503 and closed.
     max_connections: int = Field(default=1000, ge=1)

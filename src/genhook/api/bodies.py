@@ -4,17 +4,21 @@ A body may be large only because of image data. Base64 data URLs are cut out of 
 bytes with C-speed searches and replaced by placeholders; what remains (the "skeleton") is
 capped at ``max_json_bytes`` and checked for nesting depth and container count before the
 JSON parser sees it, so the parser's work never depends on the megabytes of image data.
-Large bodies are read one or two at a time (``LARGE_BODY_SLOTS``) and parsed off the event
-loop, so worst-case bodies sent back to back cannot stall other requests or pile up memory.
+Large bodies are handled one at a time (``large_body_slot``) and parsed and validated off
+the event loop, so worst-case bodies sent back to back cannot stall other requests or pile
+up memory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 import secrets
+import traceback
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +29,9 @@ from genhook.errors import FieldError, InvalidRequest, PayloadTooLarge
 
 log = logging.getLogger(__name__)
 
-# Bodies larger than this are parsed in a thread, and wait for one of the large-body slots.
+# Bodies larger than this are parsed in a thread, one at a time (``large_body_slot``).
 OFFLOAD_BYTES = 256 * 1024
-LARGE_BODY_SLOTS = 2
+LARGE_BODY_SLOTS = 1
 _DATA_URL_START = b'"data:'
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _BRACKETS = re.compile(rb"[\[\]{}]")
@@ -70,6 +74,25 @@ def _too_large(limit: int, what: str = "the request body") -> PayloadTooLarge:
     return PayloadTooLarge(f"{what} is larger than the {limit}-byte limit")
 
 
+@contextlib.asynccontextmanager
+async def large_body_slot(request: Request) -> AsyncIterator[None]:
+    """Hold one of ``LARGE_BODY_SLOTS`` while a large (or unsized) body is read, parsed and
+    validated: it bounds the memory bodies can take at once. A slow sender holds its slot
+    for at most the body read timeout; a proxy that buffers request bodies takes that away."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) <= OFFLOAD_BYTES:
+        yield
+        return
+    async with _semaphore():
+        try:
+            yield
+        except Exception as exc:
+            # A refused body's megabytes are locals of the frames in the error's traceback,
+            # which lives on while the error is answered: free them before the next body.
+            traceback.clear_frames(exc.__traceback__)
+            raise
+
+
 async def read_json_body(request: Request, limits: BodyLimits) -> ParsedBody:
     cap = limits.max_bytes if limits.allow_data_urls else limits.max_json_bytes
     declared = request.headers.get("content-length")
@@ -82,40 +105,38 @@ async def read_json_body(request: Request, limits: BodyLimits) -> ParsedBody:
             "Content-Type must be application/json",
             [FieldError("body", f"unsupported Content-Type {content_type!r}")],
         )
-    stream = request.stream()
-    chunks: list[bytes] = []
+    # One buffer, sized from Content-Length when there is one: no copies as it grows.
+    raw = bytearray(declared_size or 0)
     size = 0
-    slot: asyncio.Semaphore | None = None
+    # Until a data URL starts, every byte counts against ``max_json_bytes``: a body of
+    # structure alone is refused once past it, without reading the rest.
+    seen_data_url = not limits.allow_data_urls
     try:
-        if declared_size is not None and declared_size > OFFLOAD_BYTES:
-            slot = _semaphore()
-            await slot.acquire()
-        async for chunk in stream:
-            size += len(chunk)
-            if size > cap:
+        async for chunk in request.stream():
+            end = size + len(chunk)
+            if end > cap:
                 raise _too_large(cap)
-            if slot is None and size > OFFLOAD_BYTES:
-                slot = _semaphore()
-                await slot.acquire()
-            chunks.append(chunk)
-        raw = b"".join(chunks)
-        chunks.clear()
-        if not raw:
-            raise InvalidRequest(
-                "the request body is empty; send a JSON object",
-                [FieldError("body", "a JSON object is required")],
-            )
-        if len(raw) > OFFLOAD_BYTES:
-            return ParsedBody(await asyncio.to_thread(parse_json_body, raw, limits), True)
-        return ParsedBody(parse_json_body(raw, limits), False)
+            raw[size:end] = chunk
+            size = end
+            if not seen_data_url:
+                if raw.find(_DATA_URL_START, max(0, size - len(chunk) - 8), size) >= 0:
+                    seen_data_url = True
+                elif size > limits.max_json_bytes:
+                    raise _too_large(limits.max_json_bytes)
     except ClientDisconnect:
         raise ClientGone() from None
-    finally:
-        if slot is not None:
-            slot.release()
+    del raw[size:]
+    if not raw:
+        raise InvalidRequest(
+            "the request body is empty; send a JSON object",
+            [FieldError("body", "a JSON object is required")],
+        )
+    if len(raw) > OFFLOAD_BYTES:
+        return ParsedBody(await asyncio.to_thread(parse_json_body, raw, limits), True)
+    return ParsedBody(parse_json_body(raw, limits), False)
 
 
-def parse_json_body(raw: bytes, limits: BodyLimits) -> Any:
+def parse_json_body(raw: bytes | bytearray, limits: BodyLimits) -> Any:
     """Parse ``raw`` under ``limits``; raises ``InvalidRequest`` or ``PayloadTooLarge``."""
     token = "genhook-blob-" + secrets.token_hex(8) + "-"
     skeleton, spans = (
@@ -164,14 +185,16 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
-def _cut_data_urls(raw: bytes, token: bytes) -> tuple[bytes, list[tuple[int, int]]]:
+def _cut_data_urls(
+    raw: bytes | bytearray, token: bytes
+) -> tuple[bytes | bytearray, list[tuple[int, int]]]:
     """The body with every ``"data:..."`` string replaced by a numbered placeholder string.
 
     Only ``bytes.find`` touches the whole body. A cut that was not really a string (a quote
     inside another string) leaves the skeleton unparseable, so nothing is misread; the cut
     contents are checked as base64 when the images are validated.
     """
-    parts: list[bytes] = []
+    parts: list[bytes | bytearray] = []
     spans: list[tuple[int, int]] = []
     pos = 0
     while True:
@@ -191,7 +214,7 @@ def _cut_data_urls(raw: bytes, token: bytes) -> tuple[bytes, list[tuple[int, int
     return b"".join(parts), spans
 
 
-def _check_structure(skeleton: bytes, limits: BodyLimits) -> None:
+def _check_structure(skeleton: bytes | bytearray, limits: BodyLimits) -> None:
     bare = _STRING.sub(b'""', skeleton) if b'"' in skeleton else skeleton
     brackets = _BRACKETS.findall(bare)
     if len(brackets) > 2 * limits.max_containers:
@@ -206,17 +229,17 @@ def _check_structure(skeleton: bytes, limits: BodyLimits) -> None:
             depth -= 1
 
 
-def _restore(value: Any, token: str, raw: bytes, spans: list[tuple[int, int]]) -> Any:
+def _restore(value: Any, token: str, raw: bytes | bytearray, spans: list[tuple[int, int]]) -> Any:
     if isinstance(value, str):
         if value.startswith(token):
             index = value[len(token) :]
             if index.isdigit() and int(index) < len(spans):
                 start, end = spans[int(index)]
-                text = raw[start:end]
-                if b"\\/" in text:
-                    text = text.replace(b"\\/", b"/")
                 try:
-                    return text.decode("ascii")
+                    if raw.find(b"\\/", start, end) >= 0:
+                        return raw[start:end].replace(b"\\/", b"/").decode("ascii")
+                    # Decoded in place: no copy of megabytes of image data.
+                    return str(memoryview(raw)[start:end], "ascii")
                 except UnicodeDecodeError:
                     raise _invalid("a data URL holds non-ASCII bytes") from None
         return value

@@ -74,7 +74,7 @@ class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with read deadlines and a connection cap (``configure``)."""
 
     header_timeout: float = 10.0
-    body_timeout: float = 120.0
+    body_timeout: float = 60.0
     max_connections: int = 1000
 
     _deadline: asyncio.TimerHandle | None = None

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import func, select
 
-from genhook.api.bodies import BodyLimits, read_json_body
+from genhook.api.bodies import BodyLimits, large_body_slot, read_json_body
 from genhook.api.deps import AccountDep, AppState, StateDep, current_account, get_state
 from genhook.api.errors import ERROR_RESPONSES
 from genhook.api.schemas import PredictionResponse, UsageResponse
@@ -46,11 +46,19 @@ def _limits(state: AppState) -> BodyLimits:
     )
 
 
+async def _read_and_submit(
+    request: Request, state: AppState, account_id: str, path_name: str
+) -> Any:
+    """In a frame of its own, so a large body is freed as soon as this returns or raises."""
+    body = await read_json_body(request, _limits(state))
+    return await state.submitter.submit(account_id, path_name, body.value, offload=body.large)
+
+
 def _submit_route(path_name: str, summary: str) -> None:
     async def endpoint(request: Request) -> Any:
         state, account = await _caller(request)
-        body = await read_json_body(request, _limits(state))
-        task = await state.submitter.submit(account.id, path_name, body.value, offload=body.large)
+        async with large_body_slot(request):
+            task = await _read_and_submit(request, state, account.id, path_name)
         return JSONResponse(await prediction_view(task, state.settings, state.storage))
 
     endpoint.__name__ = f"submit_{path_name}"

@@ -102,12 +102,16 @@ def _b64decode(payload: str) -> bytes:
     """Strict base64 in 1 MiB steps, so a thread decoding a large image lets others run."""
     if len(payload) <= _B64_CHUNK:
         return base64.b64decode(payload, validate=True)
-    if "=" in payload[:-2]:
+    if payload.find("=", 0, len(payload) - 2) >= 0:
         raise ValueError("padding inside the data")
-    return b"".join(
-        base64.b64decode(payload[i : i + _B64_CHUNK], validate=True)
-        for i in range(0, len(payload), _B64_CHUNK)
-    )
+    out = bytearray(len(payload) // 4 * 3)
+    size = 0
+    for start in range(0, len(payload), _B64_CHUNK):
+        piece = base64.b64decode(payload[start : start + _B64_CHUNK], validate=True)
+        out[size : size + len(piece)] = piece
+        size += len(piece)
+    del out[size:]
+    return bytes(out)
 
 
 def parse_size(value: str) -> tuple[int, int]:
