@@ -38,6 +38,7 @@ bench: install-dev
 	$(BIN)/python benchmarks/image_edit.py
 	$(BIN)/python benchmarks/webhook_delivery.py
 	$(BIN)/python benchmarks/verify.py
+	$(BIN)/python benchmarks/hostile_bodies.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
