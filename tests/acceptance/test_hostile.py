@@ -156,6 +156,30 @@ def test_chunked_upload_is_capped(target: Target) -> None:
     assert_refused(response, 413)
 
 
+ODD_IDS = ["%00", "a%00b", "%ff", "%c3%28", "%ed%a0%80", "x" * 5000, "%2e%2e%2f%2e%2e", "\\", "%0a"]
+
+
+@pytest.mark.parametrize("odd", ODD_IDS)
+def test_odd_ids_and_queries_are_never_5xx(target: Target, odd: str) -> None:
+    """Path and query values reach the database on every read endpoint: an empty page or a
+    4xx, never a 500 (PostgreSQL refuses NUL and invalid UTF-8 in text)."""
+    base = target.live.base_url
+    requests = [
+        ("GET", f"/api/v1/model/result/{odd}"),
+        ("GET", f"/api/v1/outputs/outputs/{odd}"),
+        ("GET", f"/api/v1/webhooks/deliveries?session_id={odd}"),
+        ("GET", f"/api/v1/webhooks/deliveries?before={odd}"),
+        ("POST", f"/api/v1/webhooks/deliveries/{odd}/redeliver"),
+        ("GET", f"/api/v1/usage?cursor={odd}"),
+        ("GET", f"/api/v1/usage?limit={odd}"),
+        ("GET", "/api/v1/usage?cursor=" + "9" * 5000),
+    ]
+    for method, path in requests:
+        response = httpx.request(method, base + path, headers=target.auth, timeout=30)
+        if response.status_code != 200:
+            assert_refused(response, 400, 404)
+
+
 # -- connections ---------------------------------------------------------------------------
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -20,6 +21,7 @@ from genhook.storage.blobs import valid_key
 from genhook.tasks.views import iso_ms, prediction_view
 
 router = APIRouter()
+_TASK_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 _SUBMIT_DOC = {
     "requestBody": {
@@ -89,7 +91,8 @@ _submit_route("generateAudio", "Submit an audio task")
 async def get_result(request_id: str, request: Request) -> Any:
     state, account = await _caller(request)
     async with state.db.read() as session:
-        task = await session.get(Task, request_id) if len(request_id) <= 64 else None
+        # Only an id's spelling reaches the database (PostgreSQL refuses NUL in text).
+        task = await session.get(Task, request_id) if _TASK_ID.fullmatch(request_id) else None
     if task is None or task.account_id != account.id:
         raise NotFound(f"no task {request_id!r}")
     return JSONResponse(await prediction_view(task, state.settings, state.storage))
