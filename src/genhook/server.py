@@ -203,7 +203,7 @@ def connection_limits(settings: Settings) -> dict[str, Any]:
 def serve(settings: Settings) -> None:
     import uvicorn
 
-    from genhook.api.connections import quiet_accept_errors
+    from genhook.api.connections import RepeatFilter, quiet_accept_errors
 
     _Server = _server_class()
 
@@ -238,6 +238,7 @@ def serve(settings: Settings) -> None:
             **connection_limits(settings),
         )
         quiet_accept_errors(asyncio.get_running_loop())
+        logging.getLogger("uvicorn.error").addFilter(RepeatFilter())
         server = _Server(config)
         # Everything imported and built so far lives for the whole process: keep it out of
         # the collector's full passes, which otherwise stall requests for milliseconds.

@@ -105,8 +105,9 @@ async def read_json_body(request: Request, limits: BodyLimits) -> ParsedBody:
             "Content-Type must be application/json",
             [FieldError("body", f"unsupported Content-Type {content_type!r}")],
         )
-    # One buffer, sized from Content-Length when there is one: no copies as it grows.
-    raw = bytearray(declared_size or 0)
+    # One growing buffer: no list of chunks to join (a large buffer grows by remapping, not
+    # copying, and is not zero-filled up front for a body that may be refused early).
+    raw = bytearray()
     size = 0
     # Until a data URL starts, every byte counts against ``max_json_bytes``: a body of
     # structure alone is refused once past it, without reading the rest.
@@ -116,7 +117,7 @@ async def read_json_body(request: Request, limits: BodyLimits) -> ParsedBody:
             end = size + len(chunk)
             if end > cap:
                 raise _too_large(cap)
-            raw[size:end] = chunk
+            raw += chunk
             size = end
             if not seen_data_url:
                 if raw.find(_DATA_URL_START, max(0, size - len(chunk) - 8), size) >= 0:
@@ -125,7 +126,6 @@ async def read_json_body(request: Request, limits: BodyLimits) -> ParsedBody:
                     raise _too_large(limits.max_json_bytes)
     except ClientDisconnect:
         raise ClientGone() from None
-    del raw[size:]
     if not raw:
         raise InvalidRequest(
             "the request body is empty; send a JSON object",

@@ -46,6 +46,10 @@ _TIMEOUT = (
 )
 
 
+# How long a connection answered before its body was read keeps dropping what still arrives.
+LINGER_SECONDS = 2.0
+
+
 class RateLimitedLog:
     """At most one line per ``interval`` seconds per kind; the next line counts the rest."""
 
@@ -68,6 +72,31 @@ class RateLimitedLog:
 
 
 _limited = RateLimitedLog(log)
+
+
+class RepeatFilter(logging.Filter):
+    """Lets a message through at most once per ``interval`` seconds; for the HTTP server's
+    per-request warnings ("Invalid HTTP request received."), which a flood repeats."""
+
+    def __init__(self, interval: float = 10.0) -> None:
+        super().__init__()
+        self.interval = interval
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or record.exc_info:
+            return True
+        key = str(record.msg)
+        now = time.monotonic()
+        if now - self._last.get(key, -self.interval) < self.interval:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return False
+        self._last[key] = now
+        suppressed = self._suppressed.pop(key, 0)
+        if suppressed:
+            record.msg = f"{record.msg} ({suppressed} more like this not logged)"
+        return True
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -118,12 +147,20 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if getattr(self, "_refused", False):
+        if getattr(self, "_refused", False) or getattr(self, "_discarding", False):
             return
         super().data_received(data)
         self._track()
 
     def on_response_complete(self) -> None:
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            # Answered before the body was read (refused: too large, unauthorized, ...).
+            # Parsing the rest only to drop it would cost the event loop as much as the body;
+            # drop it unparsed for a moment, so the client can read the answer, then close.
+            self._discarding = True
+            self._disarm()
+            self.loop.call_later(LINGER_SECONDS, self.transport.close)
+            return
         super().on_response_complete()
         self._track()
 

@@ -69,9 +69,8 @@ def parse_image_ref(value: str) -> ImageRef:
         match = _DATA_URL_RE.match(value)
         if not match:
             raise ValueError("a data URL must have the form data:<mime>;base64,<data>")
-        payload = value[match.end() :]
         try:
-            data = _b64decode(payload)
+            data = _b64decode(value, match.end())
         except (binascii.Error, ValueError):
             raise ValueError("the data URL's base64 payload is not valid base64") from None
         if not data:
@@ -98,16 +97,18 @@ def parse_image_ref(value: str) -> ImageRef:
 _B64_CHUNK = 1024 * 1024  # a multiple of 4
 
 
-def _b64decode(payload: str) -> bytes:
-    """Strict base64 in 1 MiB steps, so a thread decoding a large image lets others run."""
-    if len(payload) <= _B64_CHUNK:
-        return base64.b64decode(payload, validate=True)
-    if payload.find("=", 0, len(payload) - 2) >= 0:
+def _b64decode(text: str, start: int = 0) -> bytes:
+    """Strict base64 of ``text[start:]`` in 1 MiB steps, without copying the whole payload
+    first, so a thread decoding a large image lets others run between steps."""
+    end = len(text)
+    if end - start <= _B64_CHUNK:
+        return base64.b64decode(text[start:], validate=True)
+    if text.find("=", start, end - 2) >= 0:
         raise ValueError("padding inside the data")
-    out = bytearray(len(payload) // 4 * 3)
+    out = bytearray((end - start) // 4 * 3)
     size = 0
-    for start in range(0, len(payload), _B64_CHUNK):
-        piece = base64.b64decode(payload[start : start + _B64_CHUNK], validate=True)
+    for offset in range(start, end, _B64_CHUNK):
+        piece = base64.b64decode(text[offset : offset + _B64_CHUNK], validate=True)
         out[size : size + len(piece)] = piece
         size += len(piece)
     del out[size:]
