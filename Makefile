@@ -49,6 +49,7 @@ bench: install-dev
 	$(BIN)/python benchmarks/watch.py
 	$(BIN)/python benchmarks/video.py
 	$(BIN)/python benchmarks/upstream.py
+	$(BIN)/python benchmarks/hostile_bodies.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

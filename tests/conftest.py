@@ -24,6 +24,7 @@ from genhook.db import Database
 from genhook.db.migrate import upgrade_in_thread
 from genhook.engines.registry import build_registry
 from genhook.tasks import Worker
+from genhook.webhooks.keys import load_encryption_key
 from tests.support import netguard
 from tests.support.postgres import PostgresServer, free_port, running_postgres
 
@@ -122,7 +123,7 @@ async def make_harness(settings: Settings) -> Harness:
     upgrade_in_thread(settings.resolved_database_url)
     state = build_state(settings, registry=build_registry(settings))
     app = create_app(state, background=False)
-    account = await create_account(state.db, "test")
+    account = await create_account(state.db, "test", encryption_key=load_encryption_key(settings))
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver")
     worker = Worker(state.settings, state.db, state.storage, state.registry, state.policy, "w-test")
     return Harness(state, client, account, worker, {"Authorization": f"Bearer {account.api_key}"})

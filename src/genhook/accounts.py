@@ -47,13 +47,22 @@ def _new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
-async def create_account(db: Database, name: str) -> NewAccount:
+async def create_account(
+    db: Database, name: str, *, encryption_key: bytes | None = None
+) -> NewAccount:
+    """``encryption_key`` (``keys.load_encryption_key``) seals the signing secret at rest;
+    without it the secret is stored in clear until ``seal_plaintext_secrets`` runs."""
     account_id = "acct_" + secrets.token_hex(8)
     secret = new_signing_secret()
+    stored = secret
+    if encryption_key is not None:
+        from genhook.webhooks.secret_box import seal_secret
+
+        stored = seal_secret(secret, account_id, encryption_key)
     api_key = _new_key()
     now = now_ms()
     async with db.write() as session:
-        session.add(Account(id=account_id, name=name, signing_secret=secret, created_at=now))
+        session.add(Account(id=account_id, name=name, signing_secret=stored, created_at=now))
         await session.flush()
         session.add(_key_row(account_id, api_key, "default", now))
     return NewAccount(account_id, name, api_key, secret)

@@ -148,6 +148,20 @@ class Settings(BaseSettings):
     # History kept: webhook attempts, and finished tasks (None keeps them).
     webhook_attempt_retention_days: float = Field(default=30.0, gt=0)
     task_retention_days: float | None = Field(default=None, gt=0)
+    # Hardening: request bodies and connections (see docs/security.md).
+    # The cap on a body's JSON apart from its base64 image data, and on any other body.
+    max_json_bytes: int = Field(default=256 * 1024, gt=0)
+    max_json_depth: int = Field(default=32, ge=1)
+    max_json_containers: int = Field(default=1000, ge=1)
+    # Time a client has to send a request's headers, and then its body.
+    header_timeout_seconds: float = Field(default=10.0, gt=0)
+    body_timeout_seconds: float = Field(default=60.0, gt=0)
+    keep_alive_seconds: int = Field(default=5, ge=1)
+    # Open connections at once; more are answered 503 and closed.
+    max_connections: int = Field(default=1000, ge=1)
+    # Decode work per input image: progressive JPEG scans, PNG chunks.
+    max_decode_scans: int = Field(default=100, ge=1)
+    max_decode_chunks: int = Field(default=10_000, ge=1)
 
     log_level: str = "INFO"
 

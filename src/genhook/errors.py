@@ -80,6 +80,7 @@ class ErrorCode(IntEnum):
     INPUT_UNSUPPORTED_FORMAT = 1004
     INPUT_CORRUPT = 1005
     INPUT_TOO_MANY_PIXELS = 1006
+    INPUT_TOO_COSTLY = 1007
     INPUT_AUDIO_TOO_LONG = 1101
     INPUT_NO_SPEECH = 1102
 
@@ -117,6 +118,8 @@ ERROR_CODE_DESCRIPTIONS: dict[ErrorCode, str] = {
     "or declares impossible parameters (sample rate, channels).",
     ErrorCode.INPUT_TOO_MANY_PIXELS: "An input image declares more pixels than the "
     "decompression-bomb limit; refused before decoding.",
+    ErrorCode.INPUT_TOO_COSTLY: "An input needs more decoding work than allowed (for "
+    "example a progressive JPEG with more scans than the limit); refused before decoding.",
     ErrorCode.INPUT_AUDIO_TOO_LONG: "An input audio file is longer than "
     "GENHOOK_STT_MAX_DURATION_SECONDS, by its header or by what it decodes to.",
     ErrorCode.INPUT_NO_SPEECH: "An input audio file is silent or holds no recognisable speech.",

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from genhook.config import Settings
+from genhook.files import private_dir
 
 if TYPE_CHECKING:
     from genhook.tasks.lifecycle import Lifecycle
@@ -41,19 +42,26 @@ def configure_logging(settings: Settings) -> None:
 
 
 async def bootstrap(settings: Settings) -> dict[str, str] | None:
-    """On an empty database, create the default account and write its secrets to a 0600 file."""
+    """Seal signing secrets left in clear; on an empty database, create the default account
+    and write its secrets to a 0600 file."""
     from sqlalchemy import func, select
 
     from genhook.accounts import create_account
     from genhook.db import Account, Database
+    from genhook.webhooks.keys import load_encryption_key
+    from genhook.webhooks.secret_box import seal_plaintext_secrets
 
     db = Database(settings.resolved_database_url)
+    encryption_key = load_encryption_key(settings)
     try:
+        sealed = await seal_plaintext_secrets(db, encryption_key)
+        if sealed:
+            log.info("encrypted %d signing secrets stored in clear by an older version", sealed)
         async with db.read() as session:
             count = (await session.execute(select(func.count()).select_from(Account))).scalar_one()
         if count:
             return None
-        account = await create_account(db, "default")
+        account = await create_account(db, "default", encryption_key=encryption_key)
     finally:
         await db.dispose()
     credentials = {
@@ -62,7 +70,7 @@ async def bootstrap(settings: Settings) -> dict[str, str] | None:
         "signing_secret": account.signing_secret,
     }
     path = settings.data_dir / "credentials.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         json.dump(credentials, handle, indent=2)
@@ -225,8 +233,28 @@ def _server_class() -> type[Any]:
     return Server
 
 
+def connection_limits(settings: Settings) -> dict[str, Any]:
+    """uvicorn settings for read deadlines, the connection cap and header size."""
+    from genhook.api.connections import GuardedH11Protocol, raise_file_limit
+
+    files = raise_file_limit()
+    # Keep descriptors free for the database, blobs and outgoing webhooks.
+    cap = max(1, min(settings.max_connections, files - 100))
+    return {
+        "http": GuardedH11Protocol.configure(
+            header_timeout=settings.header_timeout_seconds,
+            body_timeout=settings.body_timeout_seconds,
+            max_connections=cap,
+        ),
+        "timeout_keep_alive": settings.keep_alive_seconds,
+        "h11_max_incomplete_event_size": 16 * 1024,
+    }
+
+
 def serve(settings: Settings) -> None:
     import uvicorn
+
+    from genhook.api.connections import RepeatFilter, quiet_accept_errors
 
     _Server = _server_class()
 
@@ -234,7 +262,9 @@ def serve(settings: Settings) -> None:
     from genhook.db.migrate import upgrade
 
     configure_logging(settings)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    # Everything the service creates (database, WAL, blobs, key file) is its user's alone.
+    os.umask(0o077)
+    private_dir(settings.data_dir)
     upgrade(settings.resolved_database_url)
     credentials = asyncio.run(bootstrap(settings))
     if credentials:
@@ -265,7 +295,10 @@ def serve(settings: Settings) -> None:
             log_level=settings.log_level.lower(),
             access_log=False,
             timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) or None,
+            **connection_limits(settings),
         )
+        quiet_accept_errors(asyncio.get_running_loop())
+        logging.getLogger("uvicorn.error").addFilter(RepeatFilter())
         server = _Server(config)
         # Everything imported and built so far lives for the whole process: keep it out of
         # the collector's full passes, which otherwise stall requests for milliseconds.
@@ -295,4 +328,5 @@ def serve(settings: Settings) -> None:
 def run_worker_only(settings: Settings) -> None:
     """``genhook worker``: a worker without the API, for machines that only compute."""
     configure_logging(settings)
+    os.umask(0o077)
     worker_main(settings, 0)

@@ -19,6 +19,22 @@ from genhook.net import AddressPolicy, client_ssl_context, fetch_input_image
 IMAGE = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 40
 
 
+# Location values a redirect may carry that no URL parser makes sense of.
+BAD_LOCATIONS = [
+    "http://[::1/img",
+    "http://[zz]/",
+    "http://host:99999/",
+    "http://host:-1/",
+    "//[",
+    "http://[::1]x/",
+    "http://a b/",
+    "http://%zz/",
+    "http:// /",
+    "http://host.test./img",
+    "http://\u00e9.test/img",
+]
+
+
 class MapResolver:
     def __init__(self, table: dict[str, list[str]]) -> None:
         self.table = table
@@ -83,6 +99,9 @@ class Origin:
             raise web.HTTPFound("http://2130706433/img")
         if name == "redirect-loop":
             raise web.HTTPFound("/redirect-loop")
+        if name.startswith("bad-location-"):
+            location = BAD_LOCATIONS[int(name.rsplit("-", 1)[1])]
+            return web.Response(status=302, headers={"Location": location})
         if name == "hang":
             await self.hang.wait()
         return web.Response(status=500)
@@ -206,3 +225,10 @@ async def test_https_verifies_the_host_name(tmp_path: Path) -> None:
         assert origin.hits == ["img"]
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.parametrize("index", range(len(BAD_LOCATIONS)))
+async def test_unparseable_redirect_is_a_fetch_failure(origin: Origin, index: int) -> None:
+    with pytest.raises(TaskFailure) as info:
+        await fetch(f"http://img.test:{origin.port}/bad-location-{index}")
+    assert info.value.code in (ErrorCode.INPUT_FETCH_FAILED, ErrorCode.INPUT_ADDRESS_REFUSED)

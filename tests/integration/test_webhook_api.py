@@ -21,7 +21,7 @@ from genhook.client._signature import b64url_decode, hmac_hex
 from genhook.db import Database, WebhookDelivery
 from genhook.engines.registry import build_registry
 from genhook.tasks import Worker
-from genhook.webhooks.keys import ensure_signing_key
+from genhook.webhooks.keys import ensure_signing_key, load_encryption_key
 from genhook.webhooks.service import WebhookService
 from tests.support.images import data_url
 from tests.support.webhook_receiver import (
@@ -56,7 +56,7 @@ async def app(tmp_path: Path, database_url: str) -> AsyncIterator[App]:
     await create_schema(db)
     state = build_state(settings, registry=build_registry(settings), db=db)
     asgi = create_app(state, background=False)
-    account = await create_account(db, "test")
+    account = await create_account(db, "test", encryption_key=load_encryption_key(settings))
     await ensure_signing_key(db, settings)
     client = httpx.AsyncClient(
         transport=httpx.ASGITransport(app=asgi), base_url="http://testserver"

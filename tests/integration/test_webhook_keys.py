@@ -22,10 +22,12 @@ from genhook.webhooks.keys import (
     ensure_signing_key,
     jwks,
     list_signing_keys,
+    load_encryption_key,
     retire_expired_keys,
     retire_signing_key,
     rotate_signing_key,
 )
+from genhook.webhooks.secret_box import is_sealed, open_secret
 from tests.support.webhook_receiver import add_account, create_schema, webhook_settings
 
 
@@ -127,5 +129,6 @@ async def test_cli_commands(
     await asyncio.to_thread(invoke)
     async with db.read() as session:
         account = await session.get(Account, "acct_cli")
-        assert account is not None and account.signing_secret.startswith("whsec_")
-        assert account.signing_secret != "whsec_old"
+        assert account is not None and is_sealed(account.signing_secret)
+        secret = open_secret(account.signing_secret, "acct_cli", load_encryption_key(settings))
+        assert secret.startswith("whsec_") and secret != "whsec_old"

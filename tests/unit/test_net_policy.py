@@ -151,6 +151,8 @@ NOT_PUBLIC = [
     "https://unknown.test/",
     "https://localhost/",
     "https://localhost./",
+    # A trailing dot: TLS name checks and Host headers downstream cannot use it.
+    "https://public.test./hook",
     # Hosts that are not host names.
     "https://pub%6cic.test/",
     "https://-bad-.test/",
@@ -243,7 +245,7 @@ async def test_length_limit(policy: AddressPolicy) -> None:
     "url",
     [
         "https://public.test/hook",
-        "https://PUBLIC.test./hook?x=1#frag",
+        "https://PUBLIC.test/hook?x=1#frag",
         "https://public6.test:8443/",
         f"https://{PUBLIC_V4}/hook",
         f"https://[{PUBLIC_V6}]/hook",

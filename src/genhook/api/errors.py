@@ -15,7 +15,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
+from genhook.api.bodies import ClientGone
 from genhook.errors import FieldError, GenhookError, TooManyRequests
 from genhook.faults import RETRY_AFTER_SECONDS, is_infrastructure_error
 
@@ -86,11 +88,26 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(400, "the request is invalid", errors)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
         if exc.status_code == 404 and message == "Not Found":
             message = "no such endpoint"
-        return error_response(exc.status_code, message)
+        elif exc.status_code == 405 and message == "Method Not Allowed":
+            message = f"{request.method} is not allowed on this endpoint"
+        # Keeps ``Allow`` on a 405.
+        return error_response(exc.status_code, message, headers=dict(exc.headers or {}))
+
+    async def _gone(request: Request, _: Exception) -> JSONResponse:
+        log.info(
+            "client disconnected before sending its whole body: %s %s",
+            request.method,
+            request.url.path,
+        )
+        # Nobody is left to read it.
+        return error_response(400, "the client disconnected")
+
+    app.add_exception_handler(ClientGone, _gone)
+    app.add_exception_handler(ClientDisconnect, _gone)
 
     async def _infrastructure(request: Request, exc: Exception) -> JSONResponse:
         if not is_infrastructure_error(exc):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -9,7 +10,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import func, select
 
-from genhook.api.bodies import read_json_body
+from genhook.api.bodies import BodyLimits, large_body_slot, read_json_body
 from genhook.api.deps import AccountDep, AppState, StateDep, current_account, get_state
 from genhook.api.errors import ERROR_RESPONSES, SUBMIT_ERROR_RESPONSES, ErrorResponse
 from genhook.api.ranges import ranged_response
@@ -29,6 +30,7 @@ from genhook.tasks.retention import raise_if_expired
 from genhook.tasks.views import iso_ms, prediction_view
 
 router = APIRouter()
+_TASK_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 _SUBMIT_DOC = {
     "requestBody": {
@@ -45,16 +47,44 @@ async def _caller(request: Request) -> tuple[AppState, Account]:
     return state, await current_account(request, state)
 
 
+def _limits(state: AppState) -> BodyLimits:
+    settings = state.settings
+    return BodyLimits(
+        max_bytes=settings.max_body_bytes,
+        max_json_bytes=settings.max_json_bytes,
+        max_depth=settings.max_json_depth,
+        max_containers=settings.max_json_containers,
+    )
+
+
+async def _read_and_submit(
+    request: Request,
+    state: AppState,
+    account_id: str,
+    path_name: str,
+    idempotency_key: str | None,
+    start_deadline: float | None,
+) -> Any:
+    """In a frame of its own, so a large body is freed as soon as this returns or raises."""
+    body = await read_json_body(request, _limits(state))
+    return await state.submitter.submit(
+        account_id,
+        path_name,
+        body.value,
+        idempotency_key=idempotency_key,
+        start_deadline=start_deadline,
+        offload=body.large,
+    )
+
+
 def _submit_route(path_name: str, summary: str, doc: dict[str, Any] = _SUBMIT_DOC) -> None:
     async def endpoint(request: Request) -> Any:
         state, account = await _caller(request)
         wait = prefer_wait(request, state.settings.wait_max_seconds)
         key = parse_idempotency_key(request.headers.get(IDEMPOTENCY_HEADER))
         start = parse_start_deadline(request.headers.get(START_DEADLINE_HEADER))
-        body = await read_json_body(request, state.settings.max_body_bytes)
-        task = await state.submitter.submit(
-            account.id, path_name, body, idempotency_key=key, start_deadline=start
-        )
+        async with large_body_slot(request):
+            task = await _read_and_submit(request, state, account.id, path_name, key, start)
         if wait is not None:
             return await result_response(state, task, request)
         return JSONResponse(await prediction_view(task, state.settings, state.storage))
@@ -87,7 +117,8 @@ _submit_route("generateAudio", "Submit an audio task (text-to-speech, speech-to-
 async def get_result(request_id: str, request: Request) -> Any:
     state, account = await _caller(request)
     async with state.db.read() as session:
-        task = await session.get(Task, request_id) if len(request_id) <= 64 else None
+        # Only an id's spelling reaches the database (PostgreSQL refuses NUL in text).
+        task = await session.get(Task, request_id) if _TASK_ID.fullmatch(request_id) else None
     if task is None or task.account_id != account.id:
         raise NotFound(f"no task {request_id!r}")
     return await result_response(state, task, request)

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import update
 
-from genhook.api.bodies import read_json_body
+from genhook.api.bodies import BodyLimits, read_json_body
 from genhook.api.deps import get_state
 from genhook.api.errors import ERROR_RESPONSES
 from genhook.db import now_ms
@@ -33,7 +33,15 @@ MAX_CALLBACK_BYTES = 8 * 1024 * 1024
 )
 async def upstream_callback(task_id: str, token: str, request: Request) -> Any:
     state = await get_state(request)
-    body = await read_json_body(request, min(MAX_CALLBACK_BYTES, state.settings.max_body_bytes))
+    cap = min(MAX_CALLBACK_BYTES, state.settings.max_body_bytes)
+    limits = BodyLimits(
+        max_bytes=cap,
+        max_json_bytes=cap,
+        max_depth=state.settings.max_json_depth,
+        max_containers=10_000,
+        allow_data_urls=False,
+    )
+    body = (await read_json_body(request, limits)).value
     try:
         # NaN and Infinity parse in Python but are not JSON; PostgreSQL would refuse them.
         json.dumps(body, allow_nan=False)

@@ -101,9 +101,15 @@ def worker() -> None:
 def db_upgrade() -> None:
     """Migrate the database schema to the newest version."""
     from genhook.db.migrate import upgrade
+    from genhook.webhooks.keys import load_encryption_key
+    from genhook.webhooks.secret_box import seal_plaintext_secrets
 
     settings = _settings()
     upgrade(settings.resolved_database_url)
+    key = load_encryption_key(settings)
+    sealed = _run(_with_db(settings, lambda db: seal_plaintext_secrets(db, key)))
+    if sealed:
+        console.print(f"encrypted {sealed} signing secrets stored in clear")
     console.print("database is at the newest schema")
 
 
@@ -113,8 +119,11 @@ def accounts_create(
 ) -> None:
     """Create an account; prints its id, API key and webhook signing secret once."""
     from genhook.accounts import create_account
+    from genhook.webhooks.keys import load_encryption_key
 
-    account = _run(_with_db(_settings(), lambda db: create_account(db, name)))
+    settings = _settings()
+    key = load_encryption_key(settings)
+    account = _run(_with_db(settings, lambda db: create_account(db, name, encryption_key=key)))
     if as_json:
         print(
             json.dumps(

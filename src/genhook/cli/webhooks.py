@@ -174,10 +174,14 @@ def rotate_secret(
 
     secret = new_signing_secret()
 
-    async def go(_: Any, db: Any) -> None:
+    async def go(settings: Any, db: Any) -> None:
+        from genhook.webhooks.keys import load_encryption_key
+        from genhook.webhooks.secret_box import seal_secret
+
+        sealed = seal_secret(secret, account, load_encryption_key(settings))
         async with db.write() as session:
             result = await session.execute(
-                update(Account).where(Account.id == account).values(signing_secret=secret)
+                update(Account).where(Account.id == account).values(signing_secret=sealed)
             )
             if not result.rowcount:
                 raise NotFound(f"no account {account}")

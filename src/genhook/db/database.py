@@ -21,7 +21,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Generator
 from contextlib import asynccontextmanager
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import aiosqlite
@@ -33,6 +32,8 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
+
+from genhook.files import private_sqlite
 
 
 def now_ms() -> int:
@@ -124,8 +125,7 @@ class Database:
         if self.is_sqlite:
             database = parsed.database or ""
             self.sqlite_path = database
-            if database and database != ":memory:":
-                Path(database).parent.mkdir(parents=True, exist_ok=True)
+            private_sqlite(database)
             self.write_engine = self._sqlite_engine(url, immediate=True)
             self.read_engine = self._sqlite_engine(url, immediate=False)
             self._checkpointer: _Checkpointer | None = None

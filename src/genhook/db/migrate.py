@@ -13,6 +13,8 @@ from alembic.config import Config
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from genhook.files import private_sqlite
+
 MIGRATIONS = Path(__file__).parent / "migrations"
 _PG_LOCK_ID = 0x6E686B  # arbitrary, fixed: "genhook migrations"
 
@@ -41,8 +43,7 @@ def upgrade(url: str) -> None:
         import fcntl
 
         database = parsed.database or ""
-        if database and database != ":memory:":
-            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        private_sqlite(database)
         lock_path = Path(f"{database}.migrate.lock")
         with lock_path.open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)

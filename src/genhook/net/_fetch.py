@@ -52,7 +52,10 @@ async def fetch_input_image(
                         location = response.headers.get("Location")
                         if not location:
                             raise _failed(f"HTTP {response.status} without a Location")
-                        current = str(target.url.join(URL(location)))
+                        try:
+                            current = str(target.url.join(URL(location)))
+                        except (ValueError, TypeError):
+                            raise _failed("a redirect's Location cannot be parsed") from None
                         continue
                     if response.status != 200:
                         raise _failed(f"HTTP {response.status}")

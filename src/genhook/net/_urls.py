@@ -51,7 +51,7 @@ class TargetRefused(Exception):
 class Target:
     url: URL
     scheme: str
-    # Lower-case host name without a trailing dot, or the IP literal's text.
+    # Lower-case host name, or the IP literal's text.
     host: str
     port: int
     ip: IPAddress | None
@@ -90,8 +90,11 @@ def parse_target(
         if ip is None:
             raise TargetRefused(Problem.ADDRESS, "has an invalid IPv6 literal")
         return Target(url, scheme, str(ip), port, ip)
+    if raw_host.endswith("."):
+        # A fully qualified spelling breaks TLS name checks and Host headers downstream;
+        # refused here so that what submit accepts, delivery can use.
+        raise TargetRefused(Problem.ADDRESS, "has a host name ending in a dot")
     host = raw_host.lower()
-    host = host[:-1] if host.endswith(".") else host
     labels = host.split(".")
     if _NUMERIC_LABEL.fullmatch(labels[-1]):
         # WHATWG: a host whose last label is numeric is an IPv4 address; only the

@@ -13,6 +13,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from genhook.config import Settings
 from genhook.db import Blob, Database, now_ms
+from genhook.files import DIR_MODE, private_dir, write_private
 
 _KEY_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}(/[A-Za-z0-9_.-]{1,100}){0,3}$")
 
@@ -73,7 +74,7 @@ class FileBlobStore:
 
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
 
     def _path(self, key: str) -> Path:
         if not valid_key(key):
@@ -82,10 +83,10 @@ class FileBlobStore:
 
     def _write(self, path: Path, data: bytes) -> None:
         try:
-            path.write_bytes(data)
+            write_private(path, data)
         except FileNotFoundError:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+            path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+            write_private(path, data)
 
     def _read(self, path: Path) -> tuple[bytes, str] | None:
         try:

@@ -121,10 +121,12 @@ class Submitter:
         *,
         idempotency_key: str | None = None,
         start_deadline: float | None = None,
+        offload: bool = False,
     ) -> Task:
         """Create a task, or return the one an earlier submit with ``idempotency_key`` made.
 
-        ``start_deadline`` (seconds) ends the task ``timeout`` if no worker starts it in time.
+        ``start_deadline`` (seconds) ends the task ``timeout`` if no worker starts it in time;
+        ``offload`` validates in a thread: a large body's image data takes real work.
         """
         digest = ""
         if idempotency_key is not None:
@@ -134,7 +136,10 @@ class Submitter:
                 return earlier
         path_kind = PATH_KINDS[path_name]
         context: dict[str, Any] = {}
-        request = self._validate(path_kind, body, context)
+        if offload:
+            request = await asyncio.to_thread(self._validate, path_kind, body, context)
+        else:
+            request = self._validate(path_kind, body, context)
         webhook_url: str | None = getattr(request, "webhook_url", None)
         if webhook_url is not None:
             await self.policy.check_webhook_url(webhook_url)

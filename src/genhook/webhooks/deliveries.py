@@ -101,6 +101,9 @@ async def list_deliveries(
     if status is not None and status not in DELIVERY_STATUSES:
         raise InvalidRequest(f"status must be one of {', '.join(DELIVERY_STATUSES)}")
     limit = max(1, min(limit, MAX_PAGE))
+    if session_id is not None and "\x00" in session_id:
+        # No task id holds a NUL, and PostgreSQL refuses one in text.
+        return DeliveryPage(data=[], next_before=None)
     query = select(WebhookDelivery)
     if account_id is not None:
         query = query.where(WebhookDelivery.account_id == account_id)
@@ -110,7 +113,7 @@ async def list_deliveries(
         query = query.where(WebhookDelivery.status == status)
     if before:
         created, _, last_id = before.partition(":")
-        if not created.isdigit() or not last_id:
+        if not created.isdigit() or not last_id or "\x00" in last_id:
             raise InvalidRequest("before is not a cursor returned by this endpoint")
         query = query.where(
             or_(
@@ -157,6 +160,8 @@ async def redeliver(db: Database, delivery_id: str, *, account_id: str | None) -
     Refused (409) while an attempt is in flight. Receivers deduplicate on ``session_id``.
     """
     now = now_ms()
+    if "\x00" in delivery_id:  # no id holds one, and PostgreSQL refuses it in text
+        raise NotFound(f"no webhook delivery {delivery_id!r}")
     async with db.write() as session:
         row = await session.get(WebhookDelivery, delivery_id)
         if row is None or (account_id is not None and row.account_id != account_id):

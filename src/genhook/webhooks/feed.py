@@ -20,13 +20,15 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, NamedTuple, Protocol
 
 from genhook.config import Settings
 from genhook.db import Database, now_ms
 from genhook.retry import backoff_delay, clamp
-from genhook.webhooks.keys import KeyRing
+from genhook.webhooks.keys import KeyRing, load_encryption_key
 from genhook.webhooks.queue import Claimed, Recorded, delivery_queue
+from genhook.webhooks.secret_box import SecretOpener
 from genhook.webhooks.signing import HeaderSigner
 
 log = logging.getLogger(__name__)
@@ -122,6 +124,7 @@ class LocalFeed:
         self.owner = owner
         self.signer = HeaderSigner(settings.webhook_header_brand, settings.webhook_signing)
         self.queue = delivery_queue(db)
+        self._open_secret: SecretOpener | None = None
         self._lease_ms = lease_ms
         self._threads = threads
         self._signing: ThreadPoolExecutor | None = None
@@ -151,7 +154,10 @@ class LocalFeed:
             if self._signing is None:
                 self._signing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhook-sign")
             executor = self._signing
-        signed = await self.signer.sign_many(key, int(time.time()), claimed, executor)
+        if self._open_secret is None:
+            self._open_secret = SecretOpener(load_encryption_key(self.settings))
+        opened = [replace(c, secret=self._open_secret(c.account_id, c.secret)) for c in claimed]
+        signed = await self.signer.sign_many(key, int(time.time()), opened, executor)
         return [
             Attempt(c.id, c.task_id, c.url, c.body, c.attempts, c.round_start, headers, key.kid)
             for c, headers in zip(claimed, signed, strict=True)

@@ -36,6 +36,7 @@ from genhook.client._signature import b64url_decode, b64url_encode
 from genhook.config import Settings
 from genhook.db import Database, SigningKey, now_ms
 from genhook.errors import Conflict, NotFound
+from genhook.files import private_dir
 
 KEY_FILE_NAME = "webhook-encryption.key"
 _CIPHER_VERSION = b"\x01"
@@ -67,7 +68,7 @@ def load_encryption_key(settings: Settings) -> bytes:
     if settings.webhook_encryption_key:
         return _decode_key(settings.webhook_encryption_key)
     path = Path(settings.data_dir) / KEY_FILE_NAME
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:

@@ -17,7 +17,12 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from genhook.errors import ErrorCode, TaskFailure
-from genhook.media import ACCEPTED_FORMATS, sniff_image_format
+from genhook.media import (
+    ACCEPTED_FORMATS,
+    DecodeLimits,
+    decode_cost_problem,
+    sniff_image_format,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +74,17 @@ class DecodedImage:
 
 
 def decode_image(
-    data: bytes, number: int, *, max_pixels: int, reduce_to: int | None = None
+    data: bytes,
+    number: int,
+    *,
+    max_pixels: int,
+    reduce_to: int | None = None,
+    limits: DecodeLimits | None = None,
 ) -> DecodedImage:
     """Decode input ``number`` (1-based, for messages).
+
+    ``limits`` bounds decode work beyond the pixel count (scans, chunks); see
+    ``genhook.media.DecodeLimits``.
 
     ``reduce_to`` lets JPEG decode at a DCT-reduced scale when the picture is far larger
     than the output needs, which costs nothing in quality after the final resize.
@@ -83,6 +96,12 @@ def decode_image(
             ErrorCode.INPUT_UNSUPPORTED_FORMAT,
             f"image {number} is not one of {', '.join(f.upper() for f in ACCEPTED_FORMATS)} "
             f"(its first bytes are {head or 'empty'})",
+        )
+    problem = decode_cost_problem(data, fmt, limits or DecodeLimits(max_pixels))
+    if problem is not None:
+        raise TaskFailure(
+            ErrorCode.INPUT_TOO_COSTLY,
+            f"image {number} ({fmt.upper()}) {problem} (refused before decoding)",
         )
     if fmt in ("heic", "heif"):
         register_heif()

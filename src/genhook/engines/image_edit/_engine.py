@@ -24,6 +24,7 @@ from genhook.engines.image_edit._moderation import blocked_terms, check_prompt
 from genhook.engines.image_edit._parser import parse_prompt
 from genhook.engines.image_edit._plan import COMBINE_OPS, FINISHING_OPS, EditPlan, FitMode, Step
 from genhook.errors import ErrorCode, TaskFailure
+from genhook.media import DecodeLimits
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,17 @@ class ImageEditEngine:
 
         limit = max(out_size)
         decoded = [
-            decode_image(data, number, max_pixels=self._settings.max_input_pixels, reduce_to=limit)
+            decode_image(
+                data,
+                number,
+                max_pixels=self._settings.max_input_pixels,
+                reduce_to=limit,
+                limits=DecodeLimits(
+                    self._settings.max_input_pixels,
+                    max_scans=self._settings.max_decode_scans,
+                    max_chunks=self._settings.max_decode_chunks,
+                ),
+            )
             for number, data in enumerate(job.images, start=1)
         ]
         job.report(progress=0.25, log=f"decoded {len(decoded)} input image(s)")
