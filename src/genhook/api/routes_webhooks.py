@@ -16,6 +16,7 @@ from genhook.webhooks.deliveries import (
     list_deliveries,
     redeliver,
 )
+from genhook.webhooks.destinations import DestinationList, list_destinations
 from genhook.webhooks.keys import jwks
 
 router = APIRouter(tags=["webhooks"])
@@ -83,3 +84,13 @@ async def get_deliveries(
 )
 async def post_redeliver(state: StateDep, account: AccountDep, delivery_id: str) -> DeliveryView:
     return await redeliver(state.db, delivery_id, account_id=account.id)
+
+
+@router.get(
+    "/api/v1/webhooks/destinations",
+    response_model=DestinationList,
+    responses=ERROR_RESPONSES,
+    summary="Health of the destinations this account's webhooks go to (circuit state)",
+)
+async def get_destinations(state: StateDep, account: AccountDep) -> DestinationList:
+    return await list_destinations(state.db, account_id=account.id)

@@ -11,6 +11,8 @@ from genhook.db.models import (
     UsageLine,
     WebhookAttempt,
     WebhookDelivery,
+    WebhookDestination,
+    WebhookReplay,
 )
 
 __all__ = [
@@ -24,5 +26,7 @@ __all__ = [
     "UsageLine",
     "WebhookAttempt",
     "WebhookDelivery",
+    "WebhookDestination",
+    "WebhookReplay",
     "now_ms",
 ]

@@ -15,6 +15,7 @@ from sqlalchemy import event, insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.db import Task, WebhookDelivery
+from genhook.webhooks.fairness import destination_of
 
 # A timeout carries a generic message (contract 7); it does not vary with the task.
 TIMEOUT_ERROR = "The task did not finish before its deadline."
@@ -95,6 +96,7 @@ async def enqueue_delivery(
             task_id=task.id,
             account_id=task.account_id,
             url=task.webhook_url,
+            destination=destination_of(task.webhook_url),
             event_type=event_type,
             body=build_body(task, event_type, payload),
             status="pending",

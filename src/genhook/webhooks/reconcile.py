@@ -81,7 +81,11 @@ class Reconciler:
 
         missing = (
             select(Task)
-            .outerjoin(WebhookDelivery, WebhookDelivery.task_id == Task.id)
+            .outerjoin(
+                WebhookDelivery,
+                (WebhookDelivery.task_id == Task.id)
+                & WebhookDelivery.event_type.like("%.task.terminal"),
+            )
             .where(
                 Task.finished_at >= since,
                 Task.finished_at <= now,
