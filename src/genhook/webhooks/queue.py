@@ -414,8 +414,8 @@ RETURNING id, task_id, account_id, url, event_type, body, attempts, round_start,
 
 _PG_RETURN = """
 UPDATE webhook_deliveries
-   SET lease_owner = NULL, lease_expires_at = NULL, next_attempt_at = greatest($2, $3),
-       updated_at = $3
+   SET lease_owner = NULL, lease_expires_at = NULL,
+       next_attempt_at = greatest($2::bigint, $3::bigint), updated_at = $3::bigint
  WHERE id = $1 AND lease_owner = $4 AND status = 'pending'
 """
 
