@@ -80,9 +80,29 @@ def test_a_destination_over_its_limit_waits_while_others_flow(tmp_path: Path) ->
     # Another destination, another account: straight to a sender.
     assert f.admit(job(B, "acct_2", 0), B, "acct_2")
     assert f.parked == 3
-    # One slot of A frees: exactly the next of A's line goes.
-    assert release(f, slow[0]) == [slow[2]]
+    # One slot of A frees after a slow answer: exactly the next of A's line goes.
+    assert release(f, slow[0], seconds=2.0) == [slow[2]]
     assert f.parked == 2
+
+
+def test_a_fast_destination_borrows_idle_senders_but_leaves_a_reserve(tmp_path: Path) -> None:
+    f = make(tmp_path, Clock(), webhook_account_share=1.0)  # 16 senders, 12 may be lent
+    jobs = [job(A, "acct_1", n) for n in range(20)]
+    assert [f.admit(j, A, "acct_1") for j in jobs[:3]] == [True, True, False]
+    # Answers in 10 ms: A may go beyond its limit of 2 on idle senders, up to 2 + 12.
+    freed = release(f, jobs[0], seconds=0.01)
+    assert freed == [jobs[2]]
+    for j in jobs[3:]:
+        f.admit(j, A, "acct_1")
+    in_flight = f.destinations[A].in_flight
+    assert in_flight == 2 + 12
+    assert f.borrowed[0] == 12
+    # A destination that answers slowly never borrows.
+    assert f.admit(job(B, "acct_2", 0), B, "acct_2")
+    assert f.admit(job(B, "acct_2", 1), B, "acct_2")
+    release(f, job(B, "acct_2", 0), seconds=5.0)
+    assert f.admit(job(B, "acct_2", 2), B, "acct_2")
+    assert not f.admit(job(B, "acct_2", 3), B, "acct_2")
 
 
 def test_an_account_cannot_take_more_than_its_share(tmp_path: Path) -> None:
@@ -92,7 +112,7 @@ def test_an_account_cannot_take_more_than_its_share(tmp_path: Path) -> None:
     assert admitted == [True, True, True, True, False, False]
     assert f.admit(job(A, "acct_2", 0), A, "acct_2")
     # acct_1's slot frees: one of its waiting jobs (another destination) goes.
-    freed = release(f, job(destinations[0], "acct_1", 0))
+    freed = release(f, job(destinations[0], "acct_1", 0), seconds=2.0)
     assert freed == [job(destinations[4], "acct_1", 0)]
 
 

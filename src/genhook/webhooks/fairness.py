@@ -39,6 +39,8 @@ LEASE_FRACTION = 0.25
 # Weight of the newest attempt in a lane's average answer time.
 EWMA_WEIGHT = 0.2
 BREAKER_COOLDOWN_CAP_SECONDS = 300.0
+# A lane answering faster than this on average may borrow idle senders beyond its limit.
+BORROW_MAX_SECONDS = 1.0
 # Idle lanes are forgotten beyond this many (their answer time with them).
 MAX_LANES = 4096
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -98,6 +100,8 @@ class Lane(Generic[J]):
     limit: int
     in_flight: int = 0
     held: int = 0
+    # Attempts in flight beyond ``limit``, on senders borrowed while the pool was idle.
+    over: int = 0
     ewma_seconds: float | None = None
     waiting: deque[J] = field(default_factory=deque)
 
@@ -163,6 +167,10 @@ class Fairness(Generic[J]):
         self.returned: list[tuple[J, int]] = []
         # Held jobs waiting in a line, over all lanes.
         self.parked = 0
+        # Senders borrowed beyond destinations' and accounts' limits; a quarter of the pool
+        # is never lent.
+        self.borrowed = [0, 0]
+        self.borrow_cap = settings.webhook_concurrency - settings.webhook_concurrency // 4
 
     # -- lanes ------------------------------------------------------------------------------
 
@@ -227,16 +235,45 @@ class Fairness(Generic[J]):
             self._give_back(job, destination, account)
             return False
         if not lane.waiting and self._room(lane, account_lane):
-            lane.in_flight += 1
-            account_lane.in_flight += 1
+            self._take(lane, account_lane)
             return True
         lane.waiting.append(job)
         self.parked += 1
         return False
 
-    @staticmethod
-    def _room(lane: Lane[J], account_lane: Lane[J]) -> bool:
-        return lane.in_flight < lane.limit and account_lane.in_flight < account_lane.limit
+    def _room(self, lane: Lane[J], account_lane: Lane[J]) -> bool:
+        # Borrowing only while no other destination's attempt waits in line.
+        alone = self.parked == len(lane.waiting)
+        return (
+            lane.in_flight < lane.limit or (alone and self._may_borrow(lane, self.borrowed[0]))
+        ) and (
+            account_lane.in_flight < account_lane.limit
+            or (alone and self._may_borrow(account_lane, self.borrowed[1]))
+        )
+
+    def _may_borrow(self, lane: Lane[J], borrowed: int) -> bool:
+        """A lane over its limit may use idle senders while it answers fast and a reserve
+        stays free: a healthy receiver alone gets the whole pool, a slow one never more
+        than its share, and a newcomer always finds a sender."""
+        return (lane.limit == self.destination_limit or lane.limit == self.account_limit) and (
+            lane.ewma_seconds is not None
+            and lane.ewma_seconds <= BORROW_MAX_SECONDS
+            and borrowed < self.borrow_cap
+        )
+
+    def _take(self, lane: Lane[J], account_lane: Lane[J]) -> None:
+        for i, one in enumerate((lane, account_lane)):
+            if one.in_flight >= one.limit:
+                one.over += 1
+                self.borrowed[i] += 1
+            one.in_flight += 1
+
+    def _give(self, lane: Lane[J], account_lane: Lane[J]) -> None:
+        for i, one in enumerate((lane, account_lane)):
+            one.in_flight -= 1
+            if one.over:
+                one.over -= 1
+                self.borrowed[i] -= 1
 
     def _give_back(self, job: J, destination: str, account: str) -> None:
         self.destinations[destination].held -= 1
@@ -260,9 +297,8 @@ class Fairness(Generic[J]):
         the held jobs that may be sent now (``key`` gives a job's destination and account)."""
         lane = self._destination(destination)
         account_lane = self._account(account)
-        lane.in_flight -= 1
+        self._give(lane, account_lane)
         lane.held -= 1
-        account_lane.in_flight -= 1
         account_lane.held -= 1
         lane.observe(seconds)
         account_lane.observe(seconds)
@@ -274,7 +310,7 @@ class Fairness(Generic[J]):
                 self.parked -= 1
                 self._give_back(job, *key(job))
         yield from self._drain(lane, key)
-        if account_lane.in_flight < account_lane.limit:
+        if self._room(lane, account_lane) or account_lane.in_flight < account_lane.limit:
             # A slot of this account freed: another destination's line may move now.
             for other_key, other in list(self.destinations.items()):
                 if other is not lane and other.waiting:
@@ -282,14 +318,13 @@ class Fairness(Generic[J]):
                     yield from self._drain(other, key)
 
     def _drain(self, lane: Lane[J], key: Callable[[J], tuple[str, str]]) -> Iterator[J]:
-        while lane.waiting and lane.in_flight < lane.limit:
+        while lane.waiting and lane.limit > 0:
             account_lane = self._account(key(lane.waiting[0])[1])
-            if account_lane.in_flight >= account_lane.limit:
+            if not self._room(lane, account_lane):
                 return
             job = lane.waiting.popleft()
             self.parked -= 1
-            lane.in_flight += 1
-            account_lane.in_flight += 1
+            self._take(lane, account_lane)
             yield job
 
     # -- health -----------------------------------------------------------------------------

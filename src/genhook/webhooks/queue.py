@@ -28,6 +28,9 @@ from genhook.db import Database
 from genhook.db.database import open_sqlite
 from genhook.webhooks.fairness import Rooms
 
+# A claim looks at this many due rows per row it may take (lanes without room excluded
+# first), so its cost follows the claim's size, not the backlog's.
+SCAN_FACTOR = 4
 # A claim without shares (tests, tools): every lane has room for the whole batch.
 UNLIMITED = Rooms({}, {}, 1 << 30, 1 << 30)
 
@@ -183,24 +186,31 @@ UPDATE webhook_deliveries
 # so that a claim takes no more than their rooms (fairness.Rooms); a delivery whose task has
 # another event in flight waits for it (a progress event is never overtaken).
 _SQLITE_CLAIM = """
+WITH candidates AS (
+  SELECT d.id, d.next_attempt_at, coalesce(d.destination, d.url) AS lane_d, d.account_id,
+         coalesce((SELECT r.value FROM json_each(:destination_rooms) AS r
+                    WHERE r.key = coalesce(d.destination, d.url)),
+                  :destination_default) AS room_d,
+         coalesce((SELECT r.value FROM json_each(:account_rooms) AS r
+                    WHERE r.key = d.account_id),
+                  :account_default) AS room_a
+    FROM webhook_deliveries AS d
+   WHERE d.status = 'pending' AND d.next_attempt_at <= :now
+     AND room_d > 0 AND room_a > 0
+     AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS s
+                      WHERE s.task_id = d.task_id AND s.id <> d.id
+                        AND s.lease_expires_at > :now)
+   ORDER BY d.next_attempt_at
+   LIMIT :scan)
 UPDATE webhook_deliveries
    SET lease_owner = :owner, lease_expires_at = :expires, next_attempt_at = :expires,
        updated_at = :now
  WHERE id IN (
    SELECT id FROM (
-     SELECT d.id, d.next_attempt_at,
-            row_number() OVER (PARTITION BY coalesce(d.destination, d.url)
-                               ORDER BY d.next_attempt_at) AS nd,
-            row_number() OVER (PARTITION BY d.account_id ORDER BY d.next_attempt_at) AS na,
-            coalesce(rd.value, :destination_default) AS room_d,
-            coalesce(ra.value, :account_default) AS room_a
-       FROM webhook_deliveries AS d
-       LEFT JOIN json_each(:destination_rooms) AS rd ON rd.key = coalesce(d.destination, d.url)
-       LEFT JOIN json_each(:account_rooms) AS ra ON ra.key = d.account_id
-      WHERE d.status = 'pending' AND d.next_attempt_at <= :now
-        AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS s
-                         WHERE s.task_id = d.task_id AND s.id <> d.id
-                           AND s.lease_expires_at > :now))
+     SELECT id, next_attempt_at, room_d, room_a,
+            row_number() OVER (PARTITION BY lane_d ORDER BY next_attempt_at) AS nd,
+            row_number() OVER (PARTITION BY account_id ORDER BY next_attempt_at) AS na
+       FROM candidates)
     WHERE nd <= room_d AND na <= room_a
     ORDER BY next_attempt_at
     LIMIT :limit)
@@ -316,6 +326,7 @@ class SQLiteDeliveryQueue:
                     "expires": expires,
                     "now": now,
                     "limit": limit,
+                    "scan": limit * SCAN_FACTOR,
                     "destination_rooms": json.dumps(rooms.destinations),
                     "account_rooms": json.dumps(rooms.accounts),
                     "destination_default": rooms.destination_default,
@@ -388,17 +399,23 @@ UPDATE webhook_deliveries
     WHERE w.status = 'pending' AND w.next_attempt_at <= $3
       AND w.id IN (
         SELECT c.id FROM (
-          SELECT d.id, d.next_attempt_at,
-                 row_number() OVER (PARTITION BY coalesce(d.destination, d.url)
-                                    ORDER BY d.next_attempt_at) AS nd,
-                 row_number() OVER (PARTITION BY d.account_id ORDER BY d.next_attempt_at) AS na,
-                 coalesce(($5::jsonb ->> coalesce(d.destination, d.url))::int, $6) AS room_d,
-                 coalesce(($7::jsonb ->> d.account_id)::int, $8) AS room_a
-            FROM webhook_deliveries AS d
-           WHERE d.status = 'pending' AND d.next_attempt_at <= $3
-             AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS s
-                              WHERE s.task_id = d.task_id AND s.id <> d.id
-                                AND s.lease_expires_at > $3)) AS c
+          SELECT id, next_attempt_at, room_d, room_a,
+                 row_number() OVER (PARTITION BY lane_d ORDER BY next_attempt_at) AS nd,
+                 row_number() OVER (PARTITION BY account_id ORDER BY next_attempt_at) AS na
+            FROM (
+              SELECT d.id, d.next_attempt_at, d.account_id,
+                     coalesce(d.destination, d.url) AS lane_d,
+                     coalesce(($5::jsonb ->> coalesce(d.destination, d.url))::int, $6) AS room_d,
+                     coalesce(($7::jsonb ->> d.account_id)::int, $8) AS room_a
+                FROM webhook_deliveries AS d
+               WHERE d.status = 'pending' AND d.next_attempt_at <= $3
+                 AND coalesce(($5::jsonb ->> coalesce(d.destination, d.url))::int, $6) > 0
+                 AND coalesce(($7::jsonb ->> d.account_id)::int, $8) > 0
+                 AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS s
+                                  WHERE s.task_id = d.task_id AND s.id <> d.id
+                                    AND s.lease_expires_at > $3)
+               ORDER BY d.next_attempt_at
+               LIMIT $9) AS candidates) AS c
          WHERE c.nd <= c.room_d AND c.na <= c.room_a
          ORDER BY c.next_attempt_at
          LIMIT $4)
@@ -483,6 +500,7 @@ class PostgresDeliveryQueue:
                     rooms.destination_default,
                     json.dumps(rooms.accounts),
                     rooms.account_default,
+                    limit * SCAN_FACTOR,
                 )
             return [Claimed(*row) for row in rows]
 

@@ -37,6 +37,7 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("destination", sa.String(length=300), nullable=True))
         batch_op.drop_constraint(_old_unique(), type_="unique")
         batch_op.create_unique_constraint("uq_deliveries_task_event", ["task_id", "event_type"])
+    _backfill_destinations()
     op.create_table(
         "webhook_replays",
         sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
@@ -62,6 +63,21 @@ def upgrade() -> None:
         sa.Column("updated_at", sa.BigInteger(), nullable=False),
         sa.PrimaryKeyConstraint("destination"),
     )
+
+
+def _backfill_destinations() -> None:
+    """Pending deliveries get their destination, so claims and workers agree on lanes."""
+    from genhook.webhooks.fairness import destination_of
+
+    bind = op.get_bind()
+    rows = bind.execute(
+        sa.text("SELECT id, url FROM webhook_deliveries WHERE status = 'pending'")
+    ).all()
+    for delivery_id, url in rows:
+        bind.execute(
+            sa.text("UPDATE webhook_deliveries SET destination = :d WHERE id = :i"),
+            {"d": destination_of(url), "i": delivery_id},
+        )
 
 
 def downgrade() -> None:
