@@ -30,10 +30,10 @@ from sqlalchemy import func, insert, select
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from webhook_delivery import Sink, dispatcher_ready, make_task, payload, pct  # noqa: E402
+from webhook_delivery import Sink, dispatcher_ready, make_task, payload, pct
 
-from genhook.config import Settings  # noqa: E402
-from genhook.db import (  # noqa: E402
+from genhook.config import Settings
+from genhook.db import (
     Account,
     Base,
     Database,
@@ -42,10 +42,10 @@ from genhook.db import (  # noqa: E402
     WebhookDelivery,
     now_ms,
 )
-from genhook.webhooks.destinations import list_destinations  # noqa: E402
-from genhook.webhooks.fairness import destination_of  # noqa: E402
-from genhook.webhooks.outbox import build_body, enqueue_delivery  # noqa: E402
-from genhook.webhooks.service import WebhookService  # noqa: E402
+from genhook.webhooks.destinations import list_destinations
+from genhook.webhooks.fairness import destination_of
+from genhook.webhooks.outbox import build_body, enqueue_delivery
+from genhook.webhooks.service import WebhookService
 
 HANG_SECONDS = 5.0
 
