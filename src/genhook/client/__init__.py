@@ -14,6 +14,7 @@ from genhook.client._event import (
 from genhook.client._images import ImageInput, data_url
 from genhook.client._jwks import parse_jwks
 from genhook.client._models import TERMINAL_STATUSES, Prediction, Usage, UsageItem
+from genhook.client._signature import standard_secret
 from genhook.client._starlette import verify_request, webhook_dependency
 from genhook.client._verifier import WebhookVerifier
 from genhook.errors import (
@@ -55,6 +56,7 @@ __all__ = [
     "WebhookVerifier",
     "data_url",
     "parse_jwks",
+    "standard_secret",
     "verify_request",
     "webhook_dependency",
 ]
