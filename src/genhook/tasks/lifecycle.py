@@ -22,6 +22,7 @@ from genhook.db import Blob, Database, Task, UsageLine, now_ms
 from genhook.errors import ErrorCode
 from genhook.storage import BlobStore
 from genhook.tasks.views import TIMEOUT_MESSAGE, prediction_view
+from genhook.webhooks.events import enqueue_processing
 from genhook.webhooks.outbox import enqueue_delivery, event_type_for
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,10 @@ class Lifecycle:
             .execution_options(synchronize_session=False)
         )
         async with self.db.write() as session:
-            return (await session.execute(stmt)).scalars().first()
+            task = (await session.execute(stmt)).scalars().first()
+            if task is not None and task.webhook_events:
+                await enqueue_processing(session, task, now)  # opt-in progress event
+            return task
 
     @property
     def _lease_ms(self) -> int:

@@ -24,6 +24,7 @@ from genhook.errors import FieldError, InvalidRequest
 from genhook.media import CONTENT_TYPES
 from genhook.net import AddressPolicy
 from genhook.storage import BlobStore
+from genhook.webhooks.events import take_webhook_events
 
 
 class GroupInserter:
@@ -107,6 +108,7 @@ class Submitter:
     async def submit(self, account_id: str, path_name: str, body: Any) -> Task:
         path_kind = PATH_KINDS[path_name]
         context: dict[str, Any] = {}
+        body, webhook_events = take_webhook_events(body)
         request = self._validate(path_kind, body, context)
         webhook_url: str | None = getattr(request, "webhook_url", None)
         if webhook_url is not None:
@@ -130,6 +132,7 @@ class Submitter:
             params=request.model_dump(mode="json", exclude={"images", "webhook_url"}),
             inputs=inputs,
             webhook_url=webhook_url,
+            webhook_events=webhook_events,
             created_at=now,
             updated_at=now,
             available_at=now,

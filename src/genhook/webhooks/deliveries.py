@@ -191,6 +191,16 @@ async def redeliver(db: Database, delivery_id: str, *, account_id: str | None) -
         row = await session.get(WebhookDelivery, delivery_id)
         if row is None or (account_id is not None and row.account_id != account_id):
             raise NotFound(f"no webhook delivery {delivery_id}")
+        if row.event_type.endswith(".task.processing") and await session.scalar(
+            select(WebhookDelivery.id).where(
+                WebhookDelivery.task_id == row.task_id,
+                WebhookDelivery.event_type.like("%.task.terminal"),
+            )
+        ):
+            raise Conflict(
+                f"webhook delivery {delivery_id} is a progress event and its task's terminal "
+                "event exists; it is not replayed after it"
+            )
         result = await session.execute(
             update(WebhookDelivery)
             .where(

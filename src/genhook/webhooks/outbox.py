@@ -108,9 +108,18 @@ async def enqueue_delivery(
             updated_at=now,
         )
     )
+    # Opt-in progress events: a processing event still pending gives way to this one.
+    from genhook.webhooks.events import supersede_progress
+
+    await supersede_progress(session, task, now)
+    add_after_commit_wake(session)
+    return delivery_id
+
+
+def add_after_commit_wake(session: AsyncSession) -> None:
+    """Wake this process's dispatchers once the caller's transaction commits."""
     if _wake_listeners:
         event.listen(session.sync_session, "after_commit", _after_commit, once=True)
-    return delivery_id
 
 
 def _after_commit(_session: Any) -> None:

@@ -184,7 +184,8 @@ UPDATE webhook_deliveries
 # WHERE clause would let the planner walk every due row for each claim. One writer at a
 # time makes it atomic. The windows number each destination's and each account's due rows
 # so that a claim takes no more than their rooms (fairness.Rooms); a delivery whose task has
-# another event in flight waits for it (a progress event is never overtaken).
+# another event in flight waits for it, and a progress event is never sent once its task's
+# terminal event exists (genhook.webhooks.events).
 _SQLITE_CLAIM = """
 WITH candidates AS (
   SELECT d.id, d.next_attempt_at, coalesce(d.destination, d.url) AS lane_d, d.account_id,
@@ -200,6 +201,9 @@ WITH candidates AS (
      AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS s
                       WHERE s.task_id = d.task_id AND s.id <> d.id
                         AND s.lease_expires_at > :now)
+     AND NOT (d.event_type LIKE '%.task.processing'
+              AND EXISTS (SELECT 1 FROM webhook_deliveries AS t
+                           WHERE t.task_id = d.task_id AND t.event_type LIKE '%.task.terminal'))
    ORDER BY d.next_attempt_at
    LIMIT :scan)
 UPDATE webhook_deliveries
@@ -414,6 +418,10 @@ UPDATE webhook_deliveries
                  AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS s
                                   WHERE s.task_id = d.task_id AND s.id <> d.id
                                     AND s.lease_expires_at > $3)
+                 AND NOT (d.event_type LIKE '%.task.processing'
+                          AND EXISTS (SELECT 1 FROM webhook_deliveries AS t
+                                       WHERE t.task_id = d.task_id
+                                         AND t.event_type LIKE '%.task.terminal'))
                ORDER BY d.next_attempt_at
                LIMIT $9) AS candidates) AS c
          WHERE c.nd <= c.room_d AND c.na <= c.room_a
