@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
-from sqlalchemy import ColumnElement, case, func, or_, select
+from sqlalchemy import ColumnElement, case, func, or_, select, update
 
 from genhook.db import Database, WebhookDelivery, WebhookDestination, now_ms
 from genhook.tasks.views import iso_ms
@@ -22,10 +22,26 @@ MAX_DESTINATIONS = 500
 
 
 async def record_transitions(db: Database, transitions: Sequence[Transition]) -> None:
+    """Persist circuit changes. A circuit that opened also moves its destination's due,
+    unclaimed deliveries to the probe time: none of them would be claimed before it, and
+    claims then need not look past them. No attempt is counted."""
     latest: dict[str, Transition] = {}
     for transition in transitions:
         latest[transition.destination] = transition
     async with db.write() as session:
+        for t in latest.values():
+            if t.state == "open" and t.retry_at is not None:
+                await session.execute(
+                    update(WebhookDelivery)
+                    .where(
+                        WebhookDelivery.status == "pending",
+                        WebhookDelivery.destination == t.destination,
+                        WebhookDelivery.lease_owner.is_(None),
+                        WebhookDelivery.next_attempt_at < t.retry_at,
+                    )
+                    .values(next_attempt_at=t.retry_at, updated_at=t.at)
+                    .execution_options(synchronize_session=False)
+                )
         for t in latest.values():
             row = await session.get(WebhookDestination, t.destination)
             if row is None:
