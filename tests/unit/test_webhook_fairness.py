@@ -188,3 +188,27 @@ def test_a_success_resets_the_failure_count(tmp_path: Path, failures: int) -> No
         f.admit(job(A, "acct_1", n), A, "acct_1")
         release(f, job(A, "acct_1", n), failed=True)
     assert f.state(A) == "closed"
+
+
+def test_a_slow_full_destination_has_its_backlog_postponed_once_per_answer_time(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    f = make(tmp_path, clock)
+    jobs = [job(A, "acct_1", n) for n in range(4)]
+    for j in jobs:
+        f.admit(j, A, "acct_1")
+    # Answers take 5 s: A may hold its limit and two rounds more (40 s lease), 6 in all.
+    release(f, jobs[0], seconds=5.0)
+    for n in range(8, 11):
+        f.admit(job(A, "acct_1", n), A, "acct_1")
+    rooms = f.rooms()
+    assert rooms.destinations[A] == 0
+    assert rooms.postpone == {A: 5000}
+    assert f.rooms().postpone == {}  # not again before that time
+    clock.now += 5
+    assert f.rooms().postpone == {A: 5000}
+    # A fast or an idle destination is never postponed.
+    f.admit(job(B, "acct_2", 0), B, "acct_2")
+    release(f, job(B, "acct_2", 0), seconds=0.01)
+    assert B not in f.rooms().postpone

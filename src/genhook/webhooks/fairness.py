@@ -41,6 +41,9 @@ EWMA_WEIGHT = 0.2
 BREAKER_COOLDOWN_CAP_SECONDS = 300.0
 # A lane answering faster than this on average may borrow idle senders beyond its limit.
 BORROW_MAX_SECONDS = 1.0
+# A destination without room whose attempts take this long on average has its due backlog
+# postponed by about one answer time (see Rooms.postpone).
+POSTPONE_AFTER_SECONDS = 1.0
 # Idle lanes are forgotten beyond this many (their answer time with them).
 MAX_LANES = 4096
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -67,6 +70,9 @@ class Rooms(NamedTuple):
     accounts: dict[str, int]
     destination_default: int
     account_default: int
+    # Slow destinations without room: their due, unclaimed deliveries move this many ms
+    # ahead, so that claims need not look past them (none could be taken meanwhile).
+    postpone: dict[str, int] = {}  # noqa: RUF012 - a NamedTuple default, never mutated
 
 
 class Transition(NamedTuple):
@@ -102,6 +108,8 @@ class Lane(Generic[J]):
     held: int = 0
     # Attempts in flight beyond ``limit``, on senders borrowed while the pool was idle.
     over: int = 0
+    # Monotonic time until which the lane's backlog was last postponed.
+    postponed_until: float = 0.0
     ewma_seconds: float | None = None
     waiting: deque[J] = field(default_factory=deque)
 
@@ -202,6 +210,7 @@ class Fairness(Generic[J]):
         is the default are left out of the (JSON) parameter."""
         default = self.destination_limit * (1 + DEFAULT_ROUNDS)
         destinations: dict[str, int] = {}
+        postpone: dict[str, int] = {}
         for key, lane in list(self.destinations.items()):
             lane.limit = self._destination_limit(key)
             cap = lane.hold_cap(self.lease_seconds, self.ceiling)
@@ -210,6 +219,12 @@ class Fairness(Generic[J]):
             room = max(0, cap - lane.held)
             if room != default:
                 destinations[key] = room
+            if room == 0 and lane.limit and (lane.ewma_seconds or 0) >= POSTPONE_AFTER_SECONDS:
+                now = self.clock()
+                if now >= lane.postponed_until:
+                    shift = max(lane.ewma_seconds or 0, POSTPONE_AFTER_SECONDS)
+                    lane.postponed_until = now + shift
+                    postpone[key] = int(shift * 1000)
             elif len(self.destinations) > MAX_LANES and not lane.held and key not in self.breakers:
                 del self.destinations[key]
         account_default = self.account_limit * (1 + DEFAULT_ROUNDS)
@@ -220,7 +235,7 @@ class Fairness(Generic[J]):
                 accounts[key] = room
             elif len(self.accounts) > MAX_LANES and not lane.held:
                 del self.accounts[key]
-        return Rooms(destinations, accounts, default, account_default)
+        return Rooms(destinations, accounts, default, account_default, postpone)
 
     # -- admission --------------------------------------------------------------------------
 

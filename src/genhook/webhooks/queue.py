@@ -230,6 +230,16 @@ SELECT json_group_array(json_array(
  WHERE d.status = 'pending' AND d.next_attempt_at = :expires AND d.lease_owner = :owner
 """
 
+# A slow destination's backlog, postponed while it has no room (fairness.Rooms.postpone).
+_SQLITE_POSTPONE = """
+UPDATE webhook_deliveries
+   SET next_attempt_at = :now + o.value, updated_at = :now
+  FROM json_each(:postpone) AS o
+ WHERE webhook_deliveries.destination = o.key
+   AND webhook_deliveries.status = 'pending' AND webhook_deliveries.next_attempt_at <= :now
+   AND webhook_deliveries.lease_owner IS NULL
+"""
+
 # Held deliveries given back unsent (their destination's circuit opened): due again at the
 # given time, no attempt counted.
 _SQLITE_RETURN = """
@@ -323,6 +333,9 @@ class SQLiteDeliveryQueue:
             if returned is not None:
                 params = {"returned": returned, "owner": owner, "now": now}
                 connection.execute(_SQLITE_RETURN, params)
+            if rooms.postpone:
+                params = {"postpone": json.dumps(rooms.postpone), "now": now}
+                connection.execute(_SQLITE_POSTPONE, params)
             claimed: list[Claimed] = []
             if limit:
                 params = {
@@ -437,6 +450,13 @@ RETURNING id, task_id, account_id, url, event_type, body, attempts, round_start,
             WHERE accounts.id = webhook_deliveries.account_id)
 """
 
+_PG_POSTPONE = """
+UPDATE webhook_deliveries
+   SET next_attempt_at = $2::bigint + $3::bigint, updated_at = $2::bigint
+ WHERE destination = $1 AND status = 'pending' AND next_attempt_at <= $2::bigint
+   AND lease_owner IS NULL
+"""
+
 _PG_RETURN = """
 UPDATE webhook_deliveries
    SET lease_owner = NULL, lease_expires_at = NULL,
@@ -496,6 +516,10 @@ class PostgresDeliveryQueue:
                         await pg.executemany(_PG_ATTEMPT, [r.attempt_row() for r in kept])
                 if returned:
                     await pg.executemany(_PG_RETURN, [(d, due, now, owner) for d, due in returned])
+                if rooms.postpone:
+                    await pg.executemany(
+                        _PG_POSTPONE, [(d, now, ms) for d, ms in rooms.postpone.items()]
+                    )
                 if not limit:
                     return []
                 rows = await pg.fetch(
