@@ -157,3 +157,57 @@ async def test_bulk_redelivery_refuses_bad_filters(
     response = await redeliver(app, **body)
     assert response.status_code == 400, response.text
     assert [e["field"] for e in response.json()["errors"]] == [field]
+
+
+async def test_cli_bulk_redelivery_and_standard_webhooks(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    import typer
+    from sqlalchemy import update
+    from typer.testing import CliRunner
+
+    from genhook.cli.webhooks import deliveries_app, standard_webhooks
+    from genhook.db import Account, WebhookDelivery
+
+    settings = app.state.settings
+    monkeypatch.setenv("GENHOOK_DATABASE_URL", settings.resolved_database_url)
+    monkeypatch.setenv("GENHOOK_DATA_DIR", str(settings.data_dir))
+    account = app.account.account_id
+    delivery_id = await enqueue(
+        app.state.db, terminal_task("t_cli", "http://127.0.0.1:9/h", account_id=account)
+    )
+    async with app.state.db.write() as session:
+        await session.execute(
+            update(WebhookDelivery)
+            .where(WebhookDelivery.id == delivery_id)
+            .values(status="undeliverable", attempts=10)
+        )
+    runner = CliRunner()
+    toggle = typer.Typer()
+    toggle.command()(standard_webhooks)
+
+    def invoke() -> None:
+        bad = runner.invoke(deliveries_app, ["redeliver-all", "--since", "yesterday"])
+        assert bad.exit_code == 1 and "since" in bad.output
+        done = runner.invoke(
+            deliveries_app,
+            ["redeliver-all", "--since", SINCE, "--account", account, "--json"],
+        )
+        assert done.exit_code == 0, done.output
+        assert json.loads(done.output)["ids"] == [delivery_id]
+        again = runner.invoke(deliveries_app, ["redeliver-all", "--since", SINCE, "--json"])
+        assert json.loads(again.output)["redelivered"] == 0
+        on = runner.invoke(toggle, [account, "on"])
+        assert on.exit_code == 0, on.output
+        assert runner.invoke(toggle, [account, "maybe"]).exit_code == 2
+        assert runner.invoke(toggle, ["acct_nope", "on"]).exit_code == 1
+
+    await asyncio.to_thread(invoke)
+    async with app.state.db.read() as session:
+        row = await session.get(Account, account)
+        assert row is not None and row.standard_webhooks is True
+        delivery = await session.get(WebhookDelivery, delivery_id)
+        assert delivery is not None and delivery.status == "pending"
+        assert (delivery.round_start, delivery.redeliveries) == (10, 1)
