@@ -173,8 +173,10 @@ class Fairness(Generic[J]):
         # Jobs to give back unsent (their destination's circuit opened), with the time
         # they are due again (epoch ms).
         self.returned: list[tuple[J, int]] = []
-        # Held jobs waiting in a line, over all lanes.
+        # Held jobs waiting in a line, over all lanes, and the destinations with a line.
         self.parked = 0
+        # (insertion-ordered: lines move in the order they formed)
+        self.lines: dict[str, None] = {}
         # Senders borrowed beyond destinations' and accounts' limits; a quarter of the pool
         # is never lent.
         self.borrowed = [0, 0]
@@ -253,6 +255,7 @@ class Fairness(Generic[J]):
             self._take(lane, account_lane)
             return True
         lane.waiting.append(job)
+        self.lines.setdefault(destination, None)
         self.parked += 1
         return False
 
@@ -327,10 +330,13 @@ class Fairness(Generic[J]):
         yield from self._drain(lane, key)
         if self._room(lane, account_lane) or account_lane.in_flight < account_lane.limit:
             # A slot of this account freed: another destination's line may move now.
-            for other_key, other in list(self.destinations.items()):
-                if other is not lane and other.waiting:
+            for other_key in list(self.lines):
+                other = self.destinations[other_key]
+                if other is not lane:
                     other.limit = self._destination_limit(other_key)
                     yield from self._drain(other, key)
+        for line in [k for k in self.lines if not self.destinations[k].waiting]:
+            del self.lines[line]
 
     def _drain(self, lane: Lane[J], key: Callable[[J], tuple[str, str]]) -> Iterator[J]:
         while lane.waiting and lane.limit > 0:
