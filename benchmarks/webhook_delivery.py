@@ -36,6 +36,7 @@ from sqlalchemy import insert, update
 from genhook.config import Settings
 from genhook.db import Account, Base, Database, Task, WebhookDelivery, now_ms
 from genhook.webhooks import outbox
+from genhook.webhooks.fairness import destination_of
 from genhook.webhooks.outbox import build_body, enqueue_delivery
 from genhook.webhooks.service import WebhookService
 
@@ -205,6 +206,7 @@ async def bulk_enqueue(db: Database, url: str, prefix: str, count: int) -> list[
                     task_id=task.id,
                     account_id="acct_bench",
                     url=url,
+                    destination=destination_of(url),
                     event_type="image.task.terminal",
                     body=body,
                     status="pending",

@@ -277,7 +277,19 @@ async def test_due_and_missing_queries_use_indexes(env: tuple[Settings, Database
     )
     assert await dispatcher.feed.exchange((), 10) == []
     await dispatcher.feed.close()
-    params = {"outcomes": "[]", "owner": "o", "now": 1, "expires": 2, "limit": 10}
+    params = {
+        "outcomes": "[]",
+        "owner": "o",
+        "now": 1,
+        "expires": 2,
+        "limit": 10,
+        "scan": 40,
+        "destination_rooms": '{"https://a.example:443": 0}',
+        "account_rooms": "{}",
+        "destination_default": 16,
+        "account_default": 128,
+        "returned": "[]",
+    }
     async with db.read() as session:
         # The delivery queue's own statements: due rows through the (status, time) index,
         # everything else by primary key, never a walk over all pending rows.
@@ -288,7 +300,7 @@ async def test_due_and_missing_queries_use_indexes(env: tuple[Settings, Database
             )
             assert "ix_deliveries_status_next" in plan, plan
             assert "SCAN webhook_deliveries" not in plan, plan
-        for statement in (queue._SQLITE_ATTEMPTS, queue._SQLITE_STATES):
+        for statement in (queue._SQLITE_ATTEMPTS, queue._SQLITE_STATES, queue._SQLITE_RETURN):
             plan = " ".join(
                 str(r)
                 for r in await session.execute(text("EXPLAIN QUERY PLAN " + statement), params)

@@ -14,7 +14,9 @@ from genhook.config import Settings
 from genhook.db import Database
 from genhook.net import AddressPolicy
 from genhook.webhooks.dispatcher import Dispatcher
+from genhook.webhooks.fairness import Rooms
 from genhook.webhooks.feed import Attempt, Outcome
+from genhook.webhooks.queue import UNLIMITED
 from tests.support.webhook_receiver import create_schema
 
 
@@ -30,7 +32,13 @@ class ScriptedFeed:
     async def start(self) -> None:
         pass
 
-    async def exchange(self, outcomes: Sequence[Outcome], limit: int) -> list[Attempt]:
+    async def exchange(
+        self,
+        outcomes: Sequence[Outcome],
+        limit: int,
+        rooms: Rooms = UNLIMITED,
+        returned: Sequence[tuple[str, int]] = (),
+    ) -> list[Attempt]:
         if not limit:
             return []
         self.claims.append(time.monotonic())

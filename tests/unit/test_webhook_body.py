@@ -121,6 +121,11 @@ class _Delivery:
     event_type: str
     body: bytes
     secret: str | None
+    standard: bool | None = None
+
+    @property
+    def id(self) -> str:
+        return "whd_" + self.task_id
 
 
 @pytest.mark.parametrize("threaded", [False, True])

@@ -11,11 +11,15 @@ from genhook.api.deps import AccountDep, StateDep
 from genhook.api.errors import ERROR_RESPONSES, ErrorResponse
 from genhook.webhooks.deliveries import (
     MAX_PAGE,
+    BulkRedelivery,
+    BulkRedeliveryResult,
     DeliveryPage,
     DeliveryView,
     list_deliveries,
     redeliver,
+    redeliver_many,
 )
+from genhook.webhooks.destinations import DestinationList, list_destinations
 from genhook.webhooks.keys import jwks
 
 router = APIRouter(tags=["webhooks"])
@@ -83,3 +87,25 @@ async def get_deliveries(
 )
 async def post_redeliver(state: StateDep, account: AccountDep, delivery_id: str) -> DeliveryView:
     return await redeliver(state.db, delivery_id, account_id=account.id)
+
+
+@router.get(
+    "/api/v1/webhooks/destinations",
+    response_model=DestinationList,
+    responses=ERROR_RESPONSES,
+    summary="Health of the destinations this account's webhooks go to (circuit state)",
+)
+async def get_destinations(state: StateDep, account: AccountDep) -> DestinationList:
+    return await list_destinations(state.db, account_id=account.id)
+
+
+@router.post(
+    "/api/v1/webhooks/deliveries/redeliver",
+    response_model=BulkRedeliveryResult,
+    responses=ERROR_RESPONSES,
+    summary="Send this account's matching deliveries again (bounded, idempotent)",
+)
+async def post_redeliver_many(
+    state: StateDep, account: AccountDep, request: BulkRedelivery
+) -> BulkRedeliveryResult:
+    return await redeliver_many(state.db, request, account_id=account.id)

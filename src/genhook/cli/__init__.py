@@ -242,6 +242,7 @@ def _register_command_groups() -> None:
     app.add_typer(webhook_cli.signing_keys_app, name="signing-keys")
     app.add_typer(webhook_cli.deliveries_app, name="deliveries")
     accounts_app.command("rotate-secret")(webhook_cli.rotate_secret)
+    accounts_app.command("standard-webhooks")(webhook_cli.standard_webhooks)
     client_cmds.register(app)
     task_api_cmds.register(app, accounts_app)
 

@@ -158,6 +158,70 @@ def redeliver_cmd(
     console.print(f"{view.id} is due now (redelivery {view.redeliveries}, status {view.status})")
 
 
+@deliveries_app.command("redeliver-all")
+def redeliver_all_cmd(
+    since: str = typer.Option(..., help="ISO 8601 time: only deliveries created since."),
+    account: str | None = typer.Option(None, help="Only this account's deliveries."),
+    status: str = typer.Option("undeliverable", help="undeliverable or delivered."),
+    destination: str | None = typer.Option(None, help="Only this scheme://host:port."),
+    limit: int = typer.Option(100, min=1, max=1000),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Redeliver matching deliveries, oldest first (bounded; repeating it is harmless)."""
+    from pydantic import ValidationError
+
+    from genhook.webhooks.deliveries import (
+        BulkRedelivery,
+        BulkRedeliveryResult,
+        redeliver_many,
+    )
+
+    try:
+        request = BulkRedelivery.model_validate(
+            {"status": status, "since": since, "destination": destination, "limit": limit}
+        )
+    except ValidationError as exc:
+        console.print(f"[red]error:[/red] {exc.errors()[0]['msg']}")
+        raise typer.Exit(code=2) from None
+
+    async def go(_: Any, db: Any) -> BulkRedeliveryResult:
+        return await redeliver_many(db, request, account_id=account)
+
+    result = _run(go)
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+        return
+    more = " (more match: run it again)" if result.more else ""
+    console.print(f"{result.redelivered} deliveries are due now{more}")
+
+
+def standard_webhooks(
+    account: str = typer.Argument(..., help="Account id."),
+    mode: str = typer.Argument(..., help="on, off, or default (GENHOOK_WEBHOOK_STANDARD_HEADERS)."),
+) -> None:
+    """Send (or stop sending) Standard Webhooks headers to an account's receivers."""
+    from sqlalchemy import update
+
+    from genhook.db import Account
+    from genhook.errors import NotFound
+
+    values = {"on": True, "off": False, "default": None}
+    if mode not in values:
+        console.print("[red]error:[/red] mode must be on, off or default")
+        raise typer.Exit(code=2)
+
+    async def go(_: Any, db: Any) -> None:
+        async with db.write() as session:
+            result = await session.execute(
+                update(Account).where(Account.id == account).values(standard_webhooks=values[mode])
+            )
+            if not result.rowcount:
+                raise NotFound(f"no account {account}")
+
+    _run(go)
+    console.print(f"Standard Webhooks headers for {account}: {mode}")
+
+
 def rotate_secret(
     account: str = typer.Argument(..., help="Account id."),
 ) -> None:
@@ -188,3 +252,6 @@ def rotate_secret(
 
     _run(go)
     console.print(f"new signing secret for {account} (shown once): [bold]{secret}[/bold]")
+    from genhook.client import standard_secret
+
+    console.print(f"the same secret for Standard Webhooks libraries: {standard_secret(secret)}")

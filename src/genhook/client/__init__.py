@@ -26,6 +26,7 @@ from genhook.client._models import (
     Usage,
     UsageItem,
 )
+from genhook.client._signature import standard_secret
 from genhook.client._sse import SSEDecoder
 from genhook.client._starlette import verify_request, webhook_dependency
 from genhook.client._verifier import WebhookVerifier
@@ -80,6 +81,7 @@ __all__ = [
     "WebhookVerifier",
     "data_url",
     "parse_jwks",
+    "standard_secret",
     "verify_request",
     "webhook_dependency",
 ]

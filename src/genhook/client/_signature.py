@@ -42,3 +42,35 @@ def header_names(brand: str = "Service") -> dict[str, str]:
 
 
 USER_AGENT_TEMPLATE = "{brand}-Webhook/1.0"
+
+
+# -- Standard Webhooks (https://www.standardwebhooks.com) ----------------------------------
+
+STANDARD_HEADERS = ("webhook-id", "webhook-timestamp", "webhook-signature")
+
+
+def standard_message(webhook_id: str, timestamp: str, raw_body: bytes) -> bytes:
+    """Both Standard Webhooks schemes sign ``<webhook-id>.<timestamp>.<raw body>``."""
+    return webhook_id.encode("utf-8") + b"." + timestamp.encode("ascii") + b"." + raw_body
+
+
+def standard_secret_key(secret: str) -> bytes:
+    """The ``v1`` HMAC key: the random bytes an account secret (``whsec_`` + base64url)
+    encodes; any other secret is used as its UTF-8 bytes."""
+    if secret.startswith("whsec_"):
+        text = secret[len("whsec_") :]
+        try:
+            return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        except ValueError:
+            pass
+    return secret.encode("utf-8")
+
+
+def standard_secret(secret: str) -> str:
+    """The account secret in the Standard Webhooks form (``whsec_`` + standard base64),
+    for the specification's libraries: ``Webhook(standard_secret(secret))``."""
+    return "whsec_" + base64.b64encode(standard_secret_key(secret)).decode("ascii")
+
+
+def standard_v1(key: bytes, message: bytes) -> str:
+    return base64.b64encode(hmac.new(key, message, hashlib.sha256).digest()).decode("ascii")

@@ -26,7 +26,14 @@ from genhook.client._event import (
     WebhookVerificationError,
 )
 from genhook.client._jwks import RemoteKeys, StaticKeys
-from genhook.client._signature import ed25519_message, header_names, hmac_hex
+from genhook.client._signature import (
+    ed25519_message,
+    header_names,
+    hmac_hex,
+    standard_message,
+    standard_secret_key,
+    standard_v1,
+)
 
 # A 64-byte Ed25519 signature is 86 base64url characters (padding optional); an HMAC-SHA256
 # is 64 hex characters. The two shapes cannot be confused, which is how a verifier tells
@@ -42,7 +49,16 @@ _decode_json = json.JSONDecoder().decode
 class _Pending:
     """An Ed25519 check still waiting for its key (fetched sync or async)."""
 
-    __slots__ = ("body", "event", "kid", "message", "signature", "timestamp", "webhook_id")
+    __slots__ = (
+        "body",
+        "event",
+        "kid",
+        "message",
+        "signature",
+        "standard",
+        "timestamp",
+        "webhook_id",
+    )
 
     def __init__(
         self,
@@ -53,7 +69,9 @@ class _Pending:
         timestamp: int,
         webhook_id: str,
         event: str | None,
+        standard: bool = False,
     ) -> None:
+        self.standard = standard
         self.kid = kid
         self.signature = signature
         self.message = message
@@ -66,12 +84,18 @@ class _Pending:
 class WebhookVerifier:
     """Verify deliveries from one genhook service.
 
-    Give ``jwks_url`` (fetched and cached) or ``jwks`` (a fixed key set) for Ed25519, and/or
-    ``hmac_secret`` for the legacy scheme. ``brand`` is the service's header brand
-    (``X-<brand>-Webhook-*``). ``tolerance`` is the replay window in seconds; None turns the
-    timestamp check off (only for replaying stored deliveries in tests). A fetched key set
-    is kept ``max_key_age`` seconds; fetches happen at most once per ``min_refetch_interval``.
-    ``clock`` (epoch seconds) drives both the window and the cache.
+    Give ``jwks_url`` (fetched and cached) or ``jwks`` (a fixed key set) for Ed25519, or
+    ``hmac_secret`` alone for HMAC. A verifier that knows Ed25519 keys requires a valid
+    Ed25519 signature and never falls back to HMAC: a weaker scheme must not undo a stronger
+    one (an attacker who learned the HMAC secret could otherwise forge deliveries). HMAC is
+    checked only by a verifier configured with ``hmac_secret`` and no keys. Deliveries that
+    carry only the Standard Webhooks headers (``webhook-id``, ``webhook-timestamp``,
+    ``webhook-signature``) verify too: ``v1a`` with the keys, ``v1`` with the secret.
+    ``brand`` is the service's header brand (``X-<brand>-Webhook-*``). ``tolerance`` is the
+    replay window in seconds; None turns the timestamp check off (only for replaying stored
+    deliveries in tests). A fetched key set is kept ``max_key_age`` seconds; fetches happen at
+    most once per ``min_refetch_interval``. ``clock`` (epoch seconds) drives both the window
+    and the cache.
     """
 
     def __init__(
@@ -139,24 +163,28 @@ class WebhookVerifier:
     def _missing(self, key: str) -> WebhookVerificationError:
         return WebhookVerificationError(Fail.MISSING_HEADER, f"missing {self._display[key]}")
 
-    def _check(self, headers: Mapping[str, str], raw_body: bytes) -> WebhookEvent | _Pending:
-        h = {k.lower(): v for k, v in headers.items()}
-        webhook_id = h.get(self._h_id)
-        if not webhook_id:
-            raise self._missing("id")
-        stamp = h.get(self._h_timestamp)
-        if not stamp:
-            raise self._missing("timestamp")
+    def _timestamp(self, stamp: str, name: str) -> int:
         if not (stamp.isascii() and stamp.isdigit() and len(stamp) <= 12):
-            raise WebhookVerificationError(
-                Fail.INVALID_TIMESTAMP, f"{self._display['timestamp']} is not epoch seconds"
-            )
+            raise WebhookVerificationError(Fail.INVALID_TIMESTAMP, f"{name} is not epoch seconds")
         timestamp = int(stamp)
         if self.tolerance is not None and abs(self._clock() - timestamp) > self.tolerance:
             raise WebhookVerificationError(
                 Fail.TIMESTAMP_OUT_OF_TOLERANCE,
                 f"timestamp {timestamp} is more than {self.tolerance:g} s from now",
             )
+        return timestamp
+
+    def _check(self, headers: Mapping[str, str], raw_body: bytes) -> WebhookEvent | _Pending:
+        h = {k.lower(): v for k, v in headers.items()}
+        webhook_id = h.get(self._h_id)
+        if not webhook_id:
+            if "webhook-id" in h:
+                return self._check_standard(h, bytes(raw_body))
+            raise self._missing("id")
+        stamp = h.get(self._h_timestamp)
+        if not stamp:
+            raise self._missing("timestamp")
+        timestamp = self._timestamp(stamp, self._display["timestamp"])
         body = bytes(raw_body)
         event = h.get(self._h_event)
         signature_ed = h.get(self._h_signature_ed)
@@ -168,8 +196,14 @@ class WebhookVerifier:
                 candidate = signature
             if candidate is not None:
                 return self._pending(h, candidate, stamp, timestamp, body, webhook_id, event)
-        if self._hmac_key is not None and signature is not None:
-            if self.keys is None and _ED25519_RE.fullmatch(signature):
+            if signature is not None:
+                raise WebhookVerificationError(
+                    Fail.NO_USABLE_SIGNATURE,
+                    "the delivery carries no Ed25519 signature; a verifier with Ed25519 keys "
+                    "does not accept HMAC (configure hmac_secret alone for HMAC-only)",
+                )
+        elif self._hmac_key is not None and signature is not None:
+            if _ED25519_RE.fullmatch(signature):
                 raise WebhookVerificationError(
                     Fail.NO_USABLE_SIGNATURE,
                     "the delivery is signed with Ed25519 only; give the verifier jwks_url",
@@ -218,6 +252,54 @@ class WebhookVerifier:
         message = ed25519_message(stamp, body)
         return _Pending(kid, signature, message, body, timestamp, webhook_id, event)
 
+    def _check_standard(self, h: dict[str, str], body: bytes) -> WebhookEvent | _Pending:
+        """The Standard Webhooks header family: ``v1a`` (Ed25519) when this verifier has
+        keys, ``v1`` (HMAC over id, timestamp and body) only when it is HMAC-only."""
+        webhook_id = h["webhook-id"]
+        stamp = h.get("webhook-timestamp")
+        if not stamp:
+            raise WebhookVerificationError(Fail.MISSING_HEADER, "missing webhook-timestamp")
+        timestamp = self._timestamp(stamp, "webhook-timestamp")
+        listed = h.get("webhook-signature")
+        if not listed:
+            raise WebhookVerificationError(Fail.MISSING_HEADER, "missing webhook-signature")
+        signatures: dict[str, list[str]] = {}
+        for entry in listed.split():
+            version, _, value = entry.partition(",")
+            signatures.setdefault(version, []).append(value)
+        message = standard_message(webhook_id, stamp, body)
+        event = h.get(self._h_event)
+        if self.keys is not None:
+            ed25519 = signatures.get("v1a")
+            if not ed25519:
+                raise WebhookVerificationError(
+                    Fail.NO_USABLE_SIGNATURE,
+                    "webhook-signature has no v1a (Ed25519) signature; a verifier with "
+                    "Ed25519 keys does not accept v1 (HMAC)",
+                )
+            kid = h.get(self._h_key_id)
+            if not kid:
+                raise self._missing("key_id")
+            try:
+                signature = base64.b64decode(ed25519[0], validate=True)
+            except ValueError:
+                signature = b""
+            if len(signature) != 64:
+                raise WebhookVerificationError(
+                    Fail.MALFORMED_SIGNATURE, "the v1a signature is not 64 bytes of base64"
+                )
+            return _Pending(kid, signature, message, body, timestamp, webhook_id, event, True)
+        assert self._hmac_key is not None  # the constructor requires keys or a secret
+        expected = standard_v1(standard_secret_key(self._hmac_key), message).encode("ascii")
+        for value in signatures.get("v1", []):
+            if hmac.compare_digest(expected, value.encode("ascii", "replace")):
+                return self._event(body, timestamp, webhook_id, event, "hmac", None, True)
+        if "v1" not in signatures:
+            raise WebhookVerificationError(
+                Fail.NO_USABLE_SIGNATURE, "webhook-signature has no v1 (HMAC) signature"
+            )
+        raise WebhookVerificationError(Fail.BAD_SIGNATURE, "v1 signature mismatch")
+
     def _finish_ed25519(self, pending: _Pending, key: Ed25519PublicKey) -> WebhookEvent:
         try:
             key.verify(pending.signature, pending.message)
@@ -232,6 +314,7 @@ class WebhookVerifier:
             pending.event,
             "ed25519",
             pending.kid,
+            pending.standard,
         )
 
     @staticmethod
@@ -242,14 +325,17 @@ class WebhookVerifier:
         event: str | None,
         scheme: Scheme,
         kid: str | None,
+        standard: bool = False,
     ) -> WebhookEvent:
+        """``standard``: ``webhook-id`` names the delivery, not the task, so it is not
+        compared with ``session_id``."""
         try:
             data = _decode_json(body.decode("utf-8"))
         except ValueError:  # UnicodeDecodeError included
             data = None
         if not isinstance(data, dict):
             raise WebhookVerificationError(Fail.INVALID_BODY, "the body is not a JSON object")
-        if data.get("session_id") != webhook_id:
+        if not standard and data.get("session_id") != webhook_id:
             raise WebhookVerificationError(
                 Fail.ID_MISMATCH, "the Webhook-Id header differs from the body's session_id"
             )

@@ -15,6 +15,8 @@ from genhook.db.models import (
     UsageLine,
     WebhookAttempt,
     WebhookDelivery,
+    WebhookDestination,
+    WebhookReplay,
 )
 
 __all__ = [
@@ -32,5 +34,7 @@ __all__ = [
     "UsageLine",
     "WebhookAttempt",
     "WebhookDelivery",
+    "WebhookDestination",
+    "WebhookReplay",
     "now_ms",
 ]

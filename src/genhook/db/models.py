@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Float,
     ForeignKey,
     Index,
@@ -16,6 +17,7 @@ from sqlalchemy import (
     LargeBinary,
     String,
     Text,
+    UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -31,6 +33,8 @@ class Account(Base):
     name: Mapped[str] = mapped_column(String(200))
     signing_secret: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[int] = mapped_column(BigInteger)
+    # Also send the Standard Webhooks headers; None follows GENHOOK_WEBHOOK_STANDARD_HEADERS.
+    standard_webhooks: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
 
 
 class ApiKey(Base):
@@ -61,6 +65,8 @@ class Task(Base):
     # One entry per input image: {"url": ...} or {"blob": key, "format": ...}.
     inputs: Mapped[list[Any]] = mapped_column(JSON)
     webhook_url: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Opt-in webhook events besides ``terminal`` (comma-separated, e.g. "processing").
+    webhook_events: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
     updated_at: Mapped[int] = mapped_column(BigInteger)
     available_at: Mapped[int] = mapped_column(BigInteger)
@@ -153,9 +159,11 @@ class WebhookDelivery(Base):
     __tablename__ = "webhook_deliveries"
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"), unique=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"))
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
     url: Mapped[str] = mapped_column(Text)
+    # ``scheme://host:port`` of the URL: the unit of fairness and of destination health.
+    destination: Mapped[str | None] = mapped_column(String(300), nullable=True)
     event_type: Mapped[str] = mapped_column(String(64))
     # The exact body bytes; every attempt sends these same bytes.
     body: Mapped[bytes] = mapped_column(LargeBinary)
@@ -181,6 +189,9 @@ class WebhookDelivery(Base):
         Index("ix_deliveries_status_next", "status", "next_attempt_at"),
         Index("ix_deliveries_status_lease", "status", "lease_expires_at"),
         Index("ix_deliveries_account_created", "account_id", "created_at"),
+        # One delivery per task and event (terminal, processing); also finds a task's
+        # other events for the ordering rule.
+        UniqueConstraint("task_id", "event_type", name="uq_deliveries_task_event"),
     )
 
 
@@ -268,3 +279,31 @@ class UpstreamCallback(Base):
     body: Mapped[Any | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
     received_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class WebhookReplay(Base):
+    """A redelivery: attempts numbered from ``first_attempt`` on are replays."""
+
+    __tablename__ = "webhook_replays"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[str] = mapped_column(ForeignKey("webhook_deliveries.id"), index=True)
+    first_attempt: Mapped[int] = mapped_column(Integer)
+    bulk: Mapped[bool] = mapped_column(Boolean)
+    requested_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class WebhookDestination(Base):
+    """The health of one destination as a delivery worker last saw it (circuit breaker)."""
+
+    __tablename__ = "webhook_destinations"
+
+    destination: Mapped[str] = mapped_column(String(300), primary_key=True)
+    # closed | open | half_open
+    state: Mapped[str] = mapped_column(String(16))
+    consecutive_failures: Mapped[int] = mapped_column(Integer)
+    opened_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # While open: when the next half-open probe may go.
+    retry_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    updated_at: Mapped[int] = mapped_column(BigInteger)

@@ -31,6 +31,7 @@ from genhook.task_states import (
     TERMINAL,
 )
 from genhook.tasks.views import TIMEOUT_MESSAGE, prediction_view
+from genhook.webhooks.events import enqueue_processing
 from genhook.webhooks.outbox import enqueue_delivery, event_type_for
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,10 @@ class Lifecycle:
         )
         stmt = self._take(Task.id == candidate, worker_id, now)
         async with self.db.write() as session:
-            return (await session.execute(stmt)).scalars().first()
+            task = (await session.execute(stmt)).scalars().first()
+            if task is not None and task.webhook_events:
+                await enqueue_processing(session, task, now)  # opt-in progress event
+            return task
 
     async def claim_many(self, worker_id: str, models: Sequence[str], limit: int) -> list[Task]:
         """Take up to ``limit`` of the oldest runnable tasks in one transaction (I/O engines).
@@ -109,7 +113,11 @@ class Lifecycle:
             if not ids:
                 return []
             stmt = self._take(Task.id.in_(ids), worker_id, now)
-            return list((await session.execute(stmt)).scalars().all())
+            tasks = list((await session.execute(stmt)).scalars().all())
+            for task in tasks:
+                if task.webhook_events:
+                    await enqueue_processing(session, task, now)  # opt-in progress event
+            return tasks
 
     def _take(self, which: Any, worker_id: str, now: int) -> Any:
         """The UPDATE that puts the ``which`` tasks still waiting under this worker's lease."""

@@ -26,6 +26,7 @@ from genhook.net import AddressPolicy
 from genhook.storage import BlobStore
 from genhook.tasks.admission import Admission, request_hash
 from genhook.validation import describe
+from genhook.webhooks.events import take_webhook_events
 
 
 class GroupInserter:
@@ -136,6 +137,7 @@ class Submitter:
                 return earlier
         path_kind = PATH_KINDS[path_name]
         context: dict[str, Any] = {}
+        body, webhook_events = take_webhook_events(body)
         if offload:
             request = await asyncio.to_thread(self._validate, path_kind, body, context)
         else:
@@ -162,6 +164,7 @@ class Submitter:
             params=request.model_dump(mode="json", exclude={"images", "audio", "webhook_url"}),
             inputs=inputs,
             webhook_url=webhook_url,
+            webhook_events=webhook_events,
             created_at=now,
             updated_at=now,
             available_at=now,

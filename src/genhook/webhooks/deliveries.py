@@ -3,23 +3,30 @@
 Attempt numbers count every attempt of a delivery, from 1, and never restart: a
 redelivery continues the numbering (after attempts 1..10, the redelivered attempts are
 11, 12, ...) and gives the delivery a fresh retry budget of
-``webhook_retry_max_attempts`` attempts.
+``webhook_retry_max_attempts`` attempts. Each redelivery is recorded (``webhook_replays``)
+with the first attempt number it covers, so the attempt log can mark replayed attempts.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, Field
-from sqlalchemy import or_, select, update
+from sqlalchemy import insert, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from genhook.db import Database, WebhookAttempt, WebhookDelivery, now_ms
-from genhook.errors import Conflict, InvalidRequest, NotFound
+from genhook.db import Database, WebhookAttempt, WebhookDelivery, WebhookReplay, now_ms
+from genhook.errors import Conflict, FieldError, InvalidRequest, NotFound
 from genhook.tasks.views import iso_ms
+from genhook.webhooks.fairness import destination_of
 from genhook.webhooks.outbox import wake_dispatchers
 
 DELIVERY_STATUSES = ("pending", "delivered", "undeliverable")
 MAX_PAGE = 200
+# One bulk redelivery touches at most this many deliveries; repeat it for more.
+MAX_BULK = 1000
 
 
 class AttemptView(BaseModel):
@@ -30,6 +37,7 @@ class AttemptView(BaseModel):
     error: str | None = Field(description="Why the attempt failed; null when acknowledged.")
     response_excerpt: str | None = Field(description="The start of the receiver's response.")
     kid: str | None = Field(description="The Ed25519 key that signed the attempt.")
+    replay: bool = Field(description="True when the attempt was sent by a redelivery.")
 
 
 class DeliveryView(BaseModel):
@@ -59,7 +67,10 @@ def _iso(value: int | None) -> str | None:
     return iso_ms(value) if value is not None else None
 
 
-def _view(row: WebhookDelivery, log: list[WebhookAttempt]) -> DeliveryView:
+def _view(
+    row: WebhookDelivery, log: list[WebhookAttempt], replays: list[int] | None = None
+) -> DeliveryView:
+    first_replayed = min(replays) if replays else None
     return DeliveryView(
         id=row.id,
         session_id=row.task_id,
@@ -82,6 +93,7 @@ def _view(row: WebhookDelivery, log: list[WebhookAttempt]) -> DeliveryView:
                 error=a.error,
                 response_excerpt=a.response_excerpt,
                 kid=a.kid,
+                replay=first_replayed is not None and a.number >= first_replayed,
             )
             for a in log
         ],
@@ -135,8 +147,25 @@ async def list_deliveries(
             )
             for attempt in attempts:
                 logs[attempt.delivery_id].append(attempt)
+        replays = await _replays(session, [r.id for r in rows])
     cursor = f"{rows[-1].created_at}:{rows[-1].id}" if more and rows else None
-    return DeliveryPage(data=[_view(r, logs[r.id]) for r in rows], next_before=cursor)
+    return DeliveryPage(
+        data=[_view(r, logs[r.id], replays[r.id]) for r in rows], next_before=cursor
+    )
+
+
+async def _replays(session: AsyncSession, ids: list[str]) -> dict[str, list[int]]:
+    """The first attempt number of each redelivery, per delivery."""
+    found: dict[str, list[int]] = defaultdict(list)
+    if ids:
+        rows = await session.execute(
+            select(WebhookReplay.delivery_id, WebhookReplay.first_attempt).where(
+                WebhookReplay.delivery_id.in_(ids)
+            )
+        )
+        for delivery_id, first in rows:
+            found[delivery_id].append(first)
+    return found
 
 
 async def get_delivery(db: Database, delivery_id: str, *, account_id: str | None) -> DeliveryView:
@@ -151,7 +180,8 @@ async def get_delivery(db: Database, delivery_id: str, *, account_id: str | None
                 .order_by(WebhookAttempt.number)
             )
         ).all()
-    return _view(row, list(log))
+        replays = await _replays(session, [delivery_id])
+    return _view(row, list(log), replays[delivery_id])
 
 
 async def redeliver(db: Database, delivery_id: str, *, account_id: str | None) -> DeliveryView:
@@ -166,6 +196,16 @@ async def redeliver(db: Database, delivery_id: str, *, account_id: str | None) -
         row = await session.get(WebhookDelivery, delivery_id)
         if row is None or (account_id is not None and row.account_id != account_id):
             raise NotFound(f"no webhook delivery {delivery_id}")
+        if row.event_type.endswith(".task.processing") and await session.scalar(
+            select(WebhookDelivery.id).where(
+                WebhookDelivery.task_id == row.task_id,
+                WebhookDelivery.event_type.like("%.task.terminal"),
+            )
+        ):
+            raise Conflict(
+                f"webhook delivery {delivery_id} is a progress event and its task's terminal "
+                "event exists; it is not replayed after it"
+            )
         result = await session.execute(
             update(WebhookDelivery)
             .where(
@@ -188,5 +228,112 @@ async def redeliver(db: Database, delivery_id: str, *, account_id: str | None) -
         )
         if not result.rowcount:  # type: ignore[attr-defined]
             raise Conflict(f"webhook delivery {delivery_id} has an attempt in flight; retry later")
+        await session.execute(
+            insert(WebhookReplay).values(
+                delivery_id=delivery_id,
+                first_attempt=row.attempts + 1,
+                bulk=False,
+                requested_at=now,
+            )
+        )
     wake_dispatchers()
     return await get_delivery(db, delivery_id, account_id=account_id)
+
+
+class BulkRedelivery(BaseModel):
+    """Which of the account's deliveries to send again."""
+
+    status: Literal["undeliverable", "delivered"] = Field(
+        "undeliverable", description="Only deliveries in this state (pending ones are queued)."
+    )
+    since: str = Field(
+        description="ISO 8601 time; only deliveries created at or after it.", max_length=64
+    )
+    destination: str | None = Field(
+        None,
+        description="Only deliveries to this destination (scheme://host:port, or any URL on it).",
+        max_length=1024,
+    )
+    limit: int = Field(100, ge=1, le=MAX_BULK, description="At most this many, oldest first.")
+
+
+class BulkRedeliveryResult(BaseModel):
+    redelivered: int = Field(description="How many deliveries were made due now.")
+    ids: list[str]
+    more: bool = Field(description="True when the limit was reached: repeat for the rest.")
+
+
+def _parse_since(text: str) -> int:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise InvalidRequest(
+            "since must be an ISO 8601 time with a time zone",
+            [FieldError("since", "expected e.g. 2026-11-22T08:00:00Z")],
+        )
+    return int(moment.timestamp() * 1000)
+
+
+async def redeliver_many(
+    db: Database, request: BulkRedelivery, *, account_id: str | None
+) -> BulkRedeliveryResult:
+    """Redeliver the deliveries that match ``request``, oldest first, at most ``limit``.
+
+    Idempotent: a matched delivery becomes ``pending``, so the same request again matches
+    only deliveries that have ended since (none, until the replays have been attempted).
+    Deliveries with an attempt in flight are left out. Progress events whose task's
+    terminal event exists are never replayed (the terminal event must stay last).
+    """
+    since = _parse_since(request.since)
+    now = now_ms()
+    query = select(WebhookDelivery.id).where(
+        WebhookDelivery.status == request.status,
+        WebhookDelivery.created_at >= since,
+        or_(WebhookDelivery.lease_expires_at.is_(None), WebhookDelivery.lease_expires_at < now),
+        ~WebhookDelivery.event_type.like("%.task.processing"),
+    )
+    if account_id is not None:
+        query = query.where(WebhookDelivery.account_id == account_id)
+    if request.destination:
+        query = query.where(WebhookDelivery.destination == destination_of(request.destination))
+    query = query.order_by(WebhookDelivery.created_at, WebhookDelivery.id)
+    async with db.write() as session:
+        ids = list((await session.scalars(query.limit(request.limit + 1))).all())
+        more = len(ids) > request.limit
+        ids = ids[: request.limit]
+        rows: list[tuple[str, int]] = []
+        if ids:
+            result = await session.execute(
+                update(WebhookDelivery)
+                .where(WebhookDelivery.id.in_(ids), WebhookDelivery.status == request.status)
+                .values(
+                    status="pending",
+                    round_start=WebhookDelivery.attempts,
+                    redeliveries=WebhookDelivery.redeliveries + 1,
+                    next_attempt_at=now,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    updated_at=now,
+                )
+                .returning(WebhookDelivery.id, WebhookDelivery.attempts)
+                .execution_options(synchronize_session=False)
+            )
+            rows = [(r[0], r[1]) for r in result.all()]
+        if rows:
+            await session.execute(
+                insert(WebhookReplay),
+                [
+                    {
+                        "delivery_id": delivery_id,
+                        "first_attempt": attempts + 1,
+                        "bulk": True,
+                        "requested_at": now,
+                    }
+                    for delivery_id, attempts in rows
+                ],
+            )
+    if rows:
+        wake_dispatchers()
+    return BulkRedeliveryResult(redelivered=len(rows), ids=sorted(r[0] for r in rows), more=more)

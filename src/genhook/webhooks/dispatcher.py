@@ -38,8 +38,11 @@ from genhook.net import (
 )
 from genhook.net import parse_target as _parse_target
 from genhook.retry import backoff_delay, parse_retry_after
+from genhook.webhooks.destinations import record_transitions
+from genhook.webhooks.fairness import Fairness, Rooms, is_health_failure
 from genhook.webhooks.feed import Attempt, Outcome, attempt_feed
 from genhook.webhooks.keys import KeyRing
+from genhook.webhooks.queue import UNLIMITED
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +71,17 @@ def _parse(url: str, allow_http: bool) -> Target:
 _classify = lru_cache(maxsize=4096)(classify)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Ready:
     """A signed attempt whose target passed the check, waiting for a sender."""
 
     attempt: Attempt
     url: URL
     session: aiohttp.ClientSession
+
+
+def _lanes(job: _Ready) -> tuple[str, str]:
+    return job.attempt.destination, job.attempt.account_id
 
 
 class Dispatcher:
@@ -96,6 +103,12 @@ class Dispatcher:
         self._ssl = ssl_context or client_ssl_context(settings.webhook_ca_file)
         lease_ms = int((settings.webhook_timeout_seconds + lease_margin_seconds) * 1000)
         self.feed = attempt_feed(settings, db, keyring, owner=self.owner, lease_ms=lease_ms)
+        self.fairness: Fairness[_Ready] = Fairness(
+            settings,
+            lease_seconds=lease_ms / 1000,
+            ceiling=READY_ROUNDS * settings.webhook_concurrency,
+        )
+        self._health_writer: asyncio.Task[None] | None = None
         self._woken = False
         self._waiter: asyncio.Future[None] | None = None
         # False once a claim came back short: nothing more is due until a wake, or until
@@ -226,6 +239,8 @@ class Dispatcher:
                 await asyncio.gather(*self._exchanges, return_exceptions=True)
             self._stopping = True
             self._ready.clear()
+            if self._health_writer is not None:
+                await asyncio.gather(self._health_writer, return_exceptions=True)
             self._wake_senders(len(self._idle))
             await asyncio.gather(*senders, return_exceptions=True)
             if self._outcomes:
@@ -266,13 +281,15 @@ class Dispatcher:
             self._maybe_due = True
         if self._asked and not self._full:
             return 0
-        ahead = len(self._ready) + self._asked
+        ahead = len(self._ready) + self._asked + self.fairness.parked
         room = READY_ROUNDS * self._capacity - self._busy - ahead
         if room >= self._chunk or (not self._busy and not ahead and room > 0):
             return min(room, CLAIM_BATCH)
         return 0
 
     def _record_due(self) -> bool:
+        if self.fairness.returned:
+            return True
         pending = len(self._outcomes)
         return pending >= self._chunk or (
             pending > 0
@@ -281,15 +298,25 @@ class Dispatcher:
 
     def _start_exchange(self, want: int) -> None:
         outcomes, self._outcomes = self._outcomes, []
+        fairness = self.fairness
+        returned = [(job.attempt.id, due) for job, due in fairness.returned]
+        fairness.returned = []
         self._asked += want
-        exchange = asyncio.create_task(self._exchange(outcomes, want))
+        rooms = fairness.rooms() if want else UNLIMITED
+        exchange = asyncio.create_task(self._exchange(outcomes, want, rooms, returned))
         self._exchanges.add(exchange)
         exchange.add_done_callback(self._exchanges.discard)
 
-    async def _exchange(self, outcomes: Sequence[Outcome], want: int) -> None:
+    async def _exchange(
+        self,
+        outcomes: Sequence[Outcome],
+        want: int,
+        rooms: Rooms,
+        returned: Sequence[tuple[str, int]],
+    ) -> None:
         wakes = self._wakes
         try:
-            attempts = await self.feed.exchange(outcomes, want)
+            attempts = await self.feed.exchange(outcomes, want, rooms, returned)
         except Exception:
             # Keep the outcomes for the next exchange (after a pause): dropped, an
             # acknowledged delivery would be sent again when its lease expires. Recording
@@ -314,8 +341,10 @@ class Dispatcher:
             if isinstance(checked, str):
                 self._finished(_outcome(attempt, now_ms(), 0, None, checked, signed=False))
             else:
-                self._ready.append(_Ready(attempt, *checked))
-                queued += 1
+                job = _Ready(attempt, *checked)
+                if self.fairness.admit(job, attempt.destination, attempt.account_id):
+                    self._ready.append(job)
+                    queued += 1
         self._wake_senders(queued)
         self._nudge()
 
@@ -367,7 +396,54 @@ class Dispatcher:
                 outcome = _outcome(job.attempt, now_ms(), 0, None, f"internal error: {exc}")
             finally:
                 self._busy -= 1
-            self._finished(outcome)
+            self._finished(self._released(job, outcome))
+
+    def _released(self, job: _Ready, outcome: Outcome) -> Outcome:
+        """Free ``job``'s share, move its destination's health and send what may go now.
+        The attempt log shows a probe and an attempt that opened the circuit."""
+        attempt = job.attempt
+        fairness = self.fairness
+        before = fairness.state(attempt.destination)
+        failed = is_health_failure(outcome.status_code, outcome.error)
+        freed = list(
+            fairness.release(
+                attempt.destination,
+                attempt.account_id,
+                seconds=outcome.duration_ms / 1000,
+                failed=failed,
+                error=outcome.error,
+                now_ms=outcome.started_at + outcome.duration_ms,
+                key=_lanes,
+            )
+        )
+        if freed:
+            self._ready.extend(freed)
+            self._wake_senders(len(freed))
+        after = fairness.state(attempt.destination)
+        note = None
+        if before == "half_open":
+            note = "half-open probe"
+        if after == "open" and before != "open":
+            note = f"{note + '; ' if note else ''}destination circuit opened"
+        if fairness.transitions:
+            self._write_health()
+        if note is None or not failed:
+            return outcome if note is None else outcome._replace(error=note)
+        return outcome._replace(error=f"{outcome.error} ({note})")
+
+    def _write_health(self) -> None:
+        """Persist circuit changes for the API, one writer at a time, off the send path."""
+        if self._health_writer is not None and not self._health_writer.done():
+            return
+        self._health_writer = asyncio.create_task(self._persist_health())
+
+    async def _persist_health(self) -> None:
+        while self.fairness.transitions:
+            transitions, self.fairness.transitions = self.fairness.transitions, []
+            try:
+                await record_transitions(self.db, transitions)
+            except Exception:
+                log.exception("recording destination health failed")
 
     def _check(self, attempt: Attempt) -> tuple[URL, aiohttp.ClientSession] | str:
         """The URL and session to send ``attempt`` with, or why its target is refused."""
@@ -391,7 +467,7 @@ class Dispatcher:
         self._outcomes.append(outcome)
         # Wake the loop only when there is something to do: a chunk of outcomes, room to
         # ask for more (the same test as _want), or nothing else in flight.
-        ahead = len(self._ready) + self._asked
+        ahead = len(self._ready) + self._asked + self.fairness.parked
         if (
             len(self._outcomes) >= self._chunk
             or READY_ROUNDS * self._capacity - self._busy - ahead >= self._chunk

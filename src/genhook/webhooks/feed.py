@@ -26,8 +26,9 @@ from typing import Any, NamedTuple, Protocol
 from genhook.config import Settings
 from genhook.db import Database, now_ms
 from genhook.retry import backoff_delay, clamp
+from genhook.webhooks.fairness import Rooms, destination_of
 from genhook.webhooks.keys import KeyRing, load_encryption_key
-from genhook.webhooks.queue import Claimed, Recorded, delivery_queue
+from genhook.webhooks.queue import UNLIMITED, Claimed, Recorded, delivery_queue
 from genhook.webhooks.secret_box import SecretOpener
 from genhook.webhooks.signing import HeaderSigner
 
@@ -56,6 +57,9 @@ class Attempt(NamedTuple):
     round_start: int
     headers: dict[str, str]
     kid: str
+    account_id: str = ""
+    # ``scheme://host:port``, the unit of fairness and destination health.
+    destination: str = ""
 
 
 class Outcome(NamedTuple):
@@ -82,8 +86,15 @@ class AttemptFeed(Protocol):
         """Be ready for the first exchange (a failure here is retried by ``exchange``)."""
         ...
 
-    async def exchange(self, outcomes: Sequence[Outcome], limit: int) -> list[Attempt]:
-        """Record ``outcomes``, then claim and sign up to ``limit`` due deliveries."""
+    async def exchange(
+        self,
+        outcomes: Sequence[Outcome],
+        limit: int,
+        rooms: Rooms = UNLIMITED,
+        returned: Sequence[tuple[str, int]] = (),
+    ) -> list[Attempt]:
+        """Record ``outcomes``, give ``returned`` back unsent, then claim (within ``rooms``)
+        and sign up to ``limit`` due deliveries."""
         ...
 
     async def close(self) -> None: ...
@@ -122,7 +133,11 @@ class LocalFeed:
         self.settings = settings
         self.keyring = keyring
         self.owner = owner
-        self.signer = HeaderSigner(settings.webhook_header_brand, settings.webhook_signing)
+        self.signer = HeaderSigner(
+            settings.webhook_header_brand,
+            settings.webhook_signing,
+            settings.webhook_standard_headers,
+        )
         self.queue = delivery_queue(db)
         self._open_secret: SecretOpener | None = None
         self._lease_ms = lease_ms
@@ -132,7 +147,13 @@ class LocalFeed:
     async def start(self) -> None:
         """Nothing to start: the queue opens its connection on first use."""
 
-    async def exchange(self, outcomes: Sequence[Outcome], limit: int) -> list[Attempt]:
+    async def exchange(
+        self,
+        outcomes: Sequence[Outcome],
+        limit: int,
+        rooms: Rooms = UNLIMITED,
+        returned: Sequence[tuple[str, int]] = (),
+    ) -> list[Attempt]:
         now = now_ms()
         claimed = await self.queue.tick(
             [self.recorded(outcome, now) for outcome in outcomes],
@@ -140,6 +161,8 @@ class LocalFeed:
             now=now,
             lease_expires_at=now + self._lease_ms,
             limit=limit,
+            rooms=rooms,
+            returned=returned,
         )
         if not claimed:
             return []
@@ -159,7 +182,18 @@ class LocalFeed:
         opened = [replace(c, secret=self._open_secret(c.account_id, c.secret)) for c in claimed]
         signed = await self.signer.sign_many(key, int(time.time()), opened, executor)
         return [
-            Attempt(c.id, c.task_id, c.url, c.body, c.attempts, c.round_start, headers, key.kid)
+            Attempt(
+                c.id,
+                c.task_id,
+                c.url,
+                c.body,
+                c.attempts,
+                c.round_start,
+                headers,
+                key.kid,
+                c.account_id,
+                c.destination or destination_of(c.url),
+            )
             for c, headers in zip(claimed, signed, strict=True)
         ]
 
@@ -290,7 +324,13 @@ class ProcessFeed:
     async def start(self) -> None:
         await self._started()
 
-    async def exchange(self, outcomes: Sequence[Outcome], limit: int) -> list[Attempt]:
+    async def exchange(
+        self,
+        outcomes: Sequence[Outcome],
+        limit: int,
+        rooms: Rooms = UNLIMITED,
+        returned: Sequence[tuple[str, int]] = (),
+    ) -> list[Attempt]:
         helper = await self._started()
         stdin = helper.process.stdin
         assert stdin is not None
@@ -299,7 +339,8 @@ class ProcessFeed:
         future: asyncio.Future[list[Attempt]] = asyncio.get_running_loop().create_future()
         helper.pending[seq] = future
         try:
-            stdin.write(encode_frame((seq, [tuple(o) for o in outcomes], limit)))
+            frame = (seq, [tuple(o) for o in outcomes], limit, tuple(rooms), list(returned))
+            stdin.write(encode_frame(frame))
             await stdin.drain()
         except (ConnectionError, BrokenPipeError) as exc:
             helper.pending.pop(seq, None)

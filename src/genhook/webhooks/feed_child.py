@@ -17,6 +17,7 @@ import sys
 from genhook.config import Settings
 from genhook.db import Database
 from genhook.lifeline import outlive_parent
+from genhook.webhooks.fairness import Rooms
 from genhook.webhooks.feed import LocalFeed, Outcome, encode_frame, read_frame
 from genhook.webhooks.keys import KeyRing
 
@@ -59,11 +60,13 @@ async def serve(pipe_in: int, pipe_out: int) -> None:
     try:
         while True:
             try:
-                seq, outcomes, limit = await read_frame(reader)
+                seq, outcomes, limit, rooms, returned = await read_frame(reader)
             except asyncio.IncompleteReadError:
                 return  # the dispatcher closed the pipe: stop
             try:
-                attempts = await feed.exchange([Outcome._make(o) for o in outcomes], limit)
+                attempts = await feed.exchange(
+                    [Outcome._make(o) for o in outcomes], limit, Rooms._make(rooms), returned
+                )
             except Exception as exc:
                 log.exception("webhook feed exchange failed")
                 writer.write(encode_frame((seq, False, f"{type(exc).__name__}: {exc}")))

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.db import Task, WebhookDelivery
 from genhook.task_states import TERMINAL
+from genhook.webhooks.fairness import destination_of
 
 # A timeout carries a generic message; it does not vary with the task.
 TIMEOUT_ERROR = "The task did not finish before its deadline."
@@ -96,6 +97,7 @@ async def enqueue_delivery(
             task_id=task.id,
             account_id=task.account_id,
             url=task.webhook_url,
+            destination=destination_of(task.webhook_url),
             event_type=event_type,
             body=build_body(task, event_type, payload),
             status="pending",
@@ -107,9 +109,18 @@ async def enqueue_delivery(
             updated_at=now,
         )
     )
+    # Opt-in progress events: a processing event still pending gives way to this one.
+    from genhook.webhooks.events import supersede_progress
+
+    await supersede_progress(session, task, now)
+    add_after_commit_wake(session)
+    return delivery_id
+
+
+def add_after_commit_wake(session: AsyncSession) -> None:
+    """Wake this process's dispatchers once the caller's transaction commits."""
     if _wake_listeners:
         event.listen(session.sync_session, "after_commit", _after_commit, once=True)
-    return delivery_id
 
 
 def _after_commit(_session: Any) -> None:

@@ -26,6 +26,13 @@ from typing import Any, Protocol
 
 from genhook.db import Database
 from genhook.db.database import open_sqlite
+from genhook.webhooks.fairness import Rooms
+
+# A claim looks at this many due rows per row it may take (lanes without room excluded
+# first), so its cost follows the claim's size, not the backlog's.
+SCAN_FACTOR = 4
+# A claim without shares (tests, tools): every lane has room for the whole batch.
+UNLIMITED = Rooms({}, {}, 1 << 30, 1 << 30)
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +51,9 @@ class Claimed:
     attempts: int
     round_start: int
     secret: str | None
+    destination: str | None = None
+    # The account's Standard Webhooks choice; None follows the global setting.
+    standard: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +123,11 @@ class DeliveryQueue(Protocol):
         now: int,
         lease_expires_at: int,
         limit: int,
+        rooms: Rooms = UNLIMITED,
+        returned: Sequence[tuple[str, int]] = (),
     ) -> list[Claimed]:
-        """Record ``records`` and claim up to ``limit`` due deliveries, in one transaction."""
+        """Record ``records``, give back ``returned`` (delivery id, due at) unsent, and claim
+        up to ``limit`` due deliveries within ``rooms``, in one transaction."""
         ...
 
     async def close(self) -> None: ...
@@ -169,15 +182,42 @@ UPDATE webhook_deliveries
 
 # The due rows are chosen by the subquery alone: repeating its conditions in the outer
 # WHERE clause would let the planner walk every due row for each claim. One writer at a
-# time makes it atomic.
+# time makes it atomic. The windows number each destination's and each account's due rows
+# so that a claim takes no more than their rooms (fairness.Rooms); a delivery whose task has
+# another event in flight waits for it, and a progress event is never sent once its task's
+# terminal event exists (genhook.webhooks.events).
 _SQLITE_CLAIM = """
+WITH candidates AS (
+  SELECT d.id, d.next_attempt_at, coalesce(d.destination, d.url) AS lane_d, d.account_id,
+         coalesce((SELECT r.value FROM json_each(:destination_rooms) AS r
+                    WHERE r.key = coalesce(d.destination, d.url)),
+                  :destination_default) AS room_d,
+         coalesce((SELECT r.value FROM json_each(:account_rooms) AS r
+                    WHERE r.key = d.account_id),
+                  :account_default) AS room_a
+    FROM webhook_deliveries AS d
+   WHERE d.status = 'pending' AND d.next_attempt_at <= :now
+     AND room_d > 0 AND room_a > 0
+     AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS s
+                      WHERE s.task_id = d.task_id AND s.id <> d.id
+                        AND s.lease_expires_at > :now)
+     AND NOT (d.event_type LIKE '%.task.processing'
+              AND EXISTS (SELECT 1 FROM webhook_deliveries AS t
+                           WHERE t.task_id = d.task_id AND t.event_type LIKE '%.task.terminal'))
+   ORDER BY d.next_attempt_at
+   LIMIT :scan)
 UPDATE webhook_deliveries
    SET lease_owner = :owner, lease_expires_at = :expires, next_attempt_at = :expires,
        updated_at = :now
- WHERE id IN (SELECT id FROM webhook_deliveries
-               WHERE status = 'pending' AND next_attempt_at <= :now
-               ORDER BY next_attempt_at
-               LIMIT :limit)
+ WHERE id IN (
+   SELECT id FROM (
+     SELECT id, next_attempt_at, room_d, room_a,
+            row_number() OVER (PARTITION BY lane_d ORDER BY next_attempt_at) AS nd,
+            row_number() OVER (PARTITION BY account_id ORDER BY next_attempt_at) AS na
+       FROM candidates)
+    WHERE nd <= room_d AND na <= room_a
+    ORDER BY next_attempt_at
+    LIMIT :limit)
 """
 
 # The rows just claimed, as one JSON value (one step; the body as hex, byte for byte):
@@ -185,9 +225,30 @@ UPDATE webhook_deliveries
 _SQLITE_CLAIMED = """
 SELECT json_group_array(json_array(
            d.id, d.task_id, d.account_id, d.url, d.event_type, hex(d.body), d.attempts,
-           d.round_start, a.signing_secret))
+           d.round_start, a.signing_secret, d.destination, a.standard_webhooks))
   FROM webhook_deliveries AS d LEFT JOIN accounts AS a ON a.id = d.account_id
  WHERE d.status = 'pending' AND d.next_attempt_at = :expires AND d.lease_owner = :owner
+"""
+
+# A slow destination's backlog, postponed while it has no room (fairness.Rooms.postpone).
+_SQLITE_POSTPONE = """
+UPDATE webhook_deliveries
+   SET next_attempt_at = :now + o.value, updated_at = :now
+  FROM json_each(:postpone) AS o
+ WHERE webhook_deliveries.destination = o.key
+   AND webhook_deliveries.status = 'pending' AND webhook_deliveries.next_attempt_at <= :now
+   AND webhook_deliveries.lease_owner IS NULL
+"""
+
+# Held deliveries given back unsent (their destination's circuit opened): due again at the
+# given time, no attempt counted.
+_SQLITE_RETURN = """
+UPDATE webhook_deliveries
+   SET lease_owner = NULL, lease_expires_at = NULL,
+       next_attempt_at = max(o.value ->> 1, :now), updated_at = :now
+  FROM json_each(:returned) AS o
+ WHERE webhook_deliveries.id = o.value ->> 0
+   AND +webhook_deliveries.lease_owner = :owner AND +webhook_deliveries.status = 'pending'
 """
 
 # ->> and UPDATE ... FROM.
@@ -226,12 +287,15 @@ class SQLiteDeliveryQueue:
         now: int,
         lease_expires_at: int,
         limit: int,
+        rooms: Rooms = UNLIMITED,
+        returned: Sequence[tuple[str, int]] = (),
     ) -> list[Claimed]:
         # Strictly increasing, so a claim's rows are exactly those leased to this owner
         # until this instant.
         expires = self._last_expires = max(lease_expires_at, self._last_expires + 1)
         outcomes = json.dumps([r.json_row() for r in records]) if records else None
-        work = partial(self._tick, outcomes, len(records), owner, now, expires, limit)
+        back = json.dumps(list(returned)) if returned else None
+        work = partial(self._tick, outcomes, len(records), owner, now, expires, limit, rooms, back)
         if self._thread is None:
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhook-queue")
         loop = asyncio.get_running_loop()
@@ -252,6 +316,8 @@ class SQLiteDeliveryQueue:
         now: int,
         expires: int,
         limit: int,
+        rooms: Rooms,
+        returned: str | None,
     ) -> list[Claimed]:
         if self._connection is None:
             self._connection = open_sqlite(self._path)
@@ -264,9 +330,25 @@ class SQLiteDeliveryQueue:
                 connection.execute(_SQLITE_STATES, params)
                 if recorded < count:
                     log.info("%d outcomes discarded: their leases were lost", count - recorded)
+            if returned is not None:
+                params = {"returned": returned, "owner": owner, "now": now}
+                connection.execute(_SQLITE_RETURN, params)
+            if rooms.postpone:
+                params = {"postpone": json.dumps(rooms.postpone), "now": now}
+                connection.execute(_SQLITE_POSTPONE, params)
             claimed: list[Claimed] = []
             if limit:
-                params = {"owner": owner, "expires": expires, "now": now, "limit": limit}
+                params = {
+                    "owner": owner,
+                    "expires": expires,
+                    "now": now,
+                    "limit": limit,
+                    "scan": limit * SCAN_FACTOR,
+                    "destination_rooms": json.dumps(rooms.destinations),
+                    "account_rooms": json.dumps(rooms.accounts),
+                    "destination_default": rooms.destination_default,
+                    "account_default": rooms.account_default,
+                }
                 if connection.execute(_SQLITE_CLAIM, params).rowcount:
                     (rows,) = connection.execute(_SQLITE_CLAIMED, params).fetchone()
                     claimed = [_claimed_from_json(row) for row in json.loads(rows)]
@@ -293,7 +375,19 @@ class SQLiteDeliveryQueue:
 
 
 def _claimed_from_json(row: list[Any]) -> Claimed:
-    delivery_id, task_id, account_id, url, event_type, body, attempts, round_start, secret = row
+    (
+        delivery_id,
+        task_id,
+        account_id,
+        url,
+        event_type,
+        body,
+        attempts,
+        round_start,
+        secret,
+        destination,
+        standard,
+    ) = row
     return Claimed(
         delivery_id,
         task_id,
@@ -304,24 +398,70 @@ def _claimed_from_json(row: list[Any]) -> Claimed:
         attempts,
         round_start,
         secret,
+        destination,
+        None if standard is None else bool(standard),
     )
 
 
 # -- PostgreSQL ---------------------------------------------------------------------------
 
 # FOR UPDATE SKIP LOCKED lets concurrent dispatchers claim disjoint rows; a row another
-# transaction changed meanwhile is re-checked against the subquery's conditions.
+# transaction changed meanwhile is re-checked against the locking level's conditions. The
+# windows are as on SQLite (FOR UPDATE cannot share a level with them).
 _PG_CLAIM = """
 UPDATE webhook_deliveries
    SET lease_owner = $1, lease_expires_at = $2, next_attempt_at = $2, updated_at = $3
- WHERE id IN (SELECT id FROM webhook_deliveries
-               WHERE status = 'pending' AND next_attempt_at <= $3
-               ORDER BY next_attempt_at
-               LIMIT $4
-               FOR UPDATE SKIP LOCKED)
+ WHERE id IN (
+   SELECT w.id FROM webhook_deliveries AS w
+    WHERE w.status = 'pending' AND w.next_attempt_at <= $3
+      AND w.id IN (
+        SELECT c.id FROM (
+          SELECT id, next_attempt_at, room_d, room_a,
+                 row_number() OVER (PARTITION BY lane_d ORDER BY next_attempt_at) AS nd,
+                 row_number() OVER (PARTITION BY account_id ORDER BY next_attempt_at) AS na
+            FROM (
+              SELECT d.id, d.next_attempt_at, d.account_id,
+                     coalesce(d.destination, d.url) AS lane_d,
+                     coalesce(($5::jsonb ->> coalesce(d.destination, d.url))::int, $6) AS room_d,
+                     coalesce(($7::jsonb ->> d.account_id)::int, $8) AS room_a
+                FROM webhook_deliveries AS d
+               WHERE d.status = 'pending' AND d.next_attempt_at <= $3
+                 AND coalesce(($5::jsonb ->> coalesce(d.destination, d.url))::int, $6) > 0
+                 AND coalesce(($7::jsonb ->> d.account_id)::int, $8) > 0
+                 AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS s
+                                  WHERE s.task_id = d.task_id AND s.id <> d.id
+                                    AND s.lease_expires_at > $3)
+                 AND NOT (d.event_type LIKE '%.task.processing'
+                          AND EXISTS (SELECT 1 FROM webhook_deliveries AS t
+                                       WHERE t.task_id = d.task_id
+                                         AND t.event_type LIKE '%.task.terminal'))
+               ORDER BY d.next_attempt_at
+               LIMIT $9) AS candidates) AS c
+         WHERE c.nd <= c.room_d AND c.na <= c.room_a
+         ORDER BY c.next_attempt_at
+         LIMIT $4)
+    ORDER BY w.next_attempt_at
+    FOR UPDATE SKIP LOCKED)
 RETURNING id, task_id, account_id, url, event_type, body, attempts, round_start,
           (SELECT signing_secret FROM accounts
+            WHERE accounts.id = webhook_deliveries.account_id),
+          destination,
+          (SELECT standard_webhooks FROM accounts
             WHERE accounts.id = webhook_deliveries.account_id)
+"""
+
+_PG_POSTPONE = """
+UPDATE webhook_deliveries
+   SET next_attempt_at = $2::bigint + $3::bigint, updated_at = $2::bigint
+ WHERE destination = $1 AND status = 'pending' AND next_attempt_at <= $2::bigint
+   AND lease_owner IS NULL
+"""
+
+_PG_RETURN = """
+UPDATE webhook_deliveries
+   SET lease_owner = NULL, lease_expires_at = NULL,
+       next_attempt_at = greatest($2::bigint, $3::bigint), updated_at = $3::bigint
+ WHERE id = $1 AND lease_owner = $4 AND status = 'pending'
 """
 
 _PG_HELD = """
@@ -360,6 +500,8 @@ class PostgresDeliveryQueue:
         now: int,
         lease_expires_at: int,
         limit: int,
+        rooms: Rooms = UNLIMITED,
+        returned: Sequence[tuple[str, int]] = (),
     ) -> list[Claimed]:
         async with self.db.write_engine.connect() as connection:
             raw = await connection.get_raw_connection()
@@ -372,9 +514,26 @@ class PostgresDeliveryQueue:
                     if kept:
                         await pg.executemany(_PG_RECORD, [r.state_row(now) for r in kept])
                         await pg.executemany(_PG_ATTEMPT, [r.attempt_row() for r in kept])
+                if returned:
+                    await pg.executemany(_PG_RETURN, [(d, due, now, owner) for d, due in returned])
+                if rooms.postpone:
+                    await pg.executemany(
+                        _PG_POSTPONE, [(d, now, ms) for d, ms in rooms.postpone.items()]
+                    )
                 if not limit:
                     return []
-                rows = await pg.fetch(_PG_CLAIM, owner, lease_expires_at, now, limit)
+                rows = await pg.fetch(
+                    _PG_CLAIM,
+                    owner,
+                    lease_expires_at,
+                    now,
+                    limit,
+                    json.dumps(rooms.destinations),
+                    rooms.destination_default,
+                    json.dumps(rooms.accounts),
+                    rooms.account_default,
+                    limit * SCAN_FACTOR,
+                )
             return [Claimed(*row) for row in rows]
 
     async def close(self) -> None:

@@ -20,6 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from genhook.config import Settings
 from genhook.db import Database, Task, WebhookDelivery, now_ms
 from genhook.storage import open_blob_store
+from genhook.webhooks.events import supersede_stale_progress
 from genhook.webhooks.keys import retire_expired_keys
 from genhook.webhooks.outbox import TERMINAL_STATUSES
 
@@ -61,6 +62,8 @@ class Reconciler:
         # A full batch means more may be missing: continue from there on the next pass.
         self.since = resume if resume is not None else moment - OVERLAP_MS
         report.expired_leases = await self._clear_expired_leases(moment)
+        async with self.db.write() as session:
+            await supersede_stale_progress(session, moment)
         report.overdue = await self._count_overdue(moment)
         report.retired_keys = await retire_expired_keys(self.db, now=moment)
         if (report.enqueued or report.expired_leases or report.overdue) and self.wake:
@@ -81,7 +84,11 @@ class Reconciler:
 
         missing = (
             select(Task)
-            .outerjoin(WebhookDelivery, WebhookDelivery.task_id == Task.id)
+            .outerjoin(
+                WebhookDelivery,
+                (WebhookDelivery.task_id == Task.id)
+                & WebhookDelivery.event_type.like("%.task.terminal"),
+            )
             .where(
                 Task.finished_at >= since,
                 Task.finished_at <= now,

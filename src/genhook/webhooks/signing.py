@@ -4,11 +4,18 @@
 signature in ``...-Signature-Ed25519``; ``ed25519`` retires HMAC and sends the Ed25519
 signature in both headers. What is signed lives in ``genhook.client._signature``, shared
 with the SDK verifier.
+
+With Standard Webhooks on (per account, or ``webhook_standard_headers``), ``webhook-id``
+(the delivery id, the same for every retry), ``webhook-timestamp`` and ``webhook-signature``
+are added: ``v1a,<base64 Ed25519>`` with the same key, and while HMAC is on also
+``v1,<base64 HMAC-SHA256>`` with the account secret's bytes. The contract's headers stay
+exactly as they are.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from typing import Literal, Protocol
@@ -19,6 +26,9 @@ from genhook.client._signature import (
     ed25519_message,
     header_names,
     hmac_hex,
+    standard_message,
+    standard_secret_key,
+    standard_v1,
 )
 from genhook.webhooks.keys import ActiveKey
 
@@ -26,9 +36,12 @@ SigningMode = Literal["migration", "ed25519"]
 
 
 class HeaderSigner:
-    def __init__(self, brand: str = "Service", mode: SigningMode = "migration") -> None:
+    def __init__(
+        self, brand: str = "Service", mode: SigningMode = "migration", standard: bool = False
+    ) -> None:
         self.brand = brand
         self.mode = mode
+        self.standard = standard
         # Computed once: every attempt of every delivery uses the same names.
         self._names = header_names(brand)
         self._user_agent = USER_AGENT_TEMPLATE.format(brand=brand)
@@ -58,15 +71,41 @@ class HeaderSigner:
         are made there in one call, overlapping with the event loop's other work."""
         stamp = str(timestamp)
         messages = [ed25519_message(stamp, d.body) for d in deliveries]
+        standard = [i for i, d in enumerate(deliveries) if self._standard(d)]
+        messages += [
+            standard_message(deliveries[i].id, stamp, deliveries[i].body) for i in standard
+        ]
         if executor is None:
             signatures = sign_all(key, messages)
         else:
             loop = asyncio.get_running_loop()
             signatures = await loop.run_in_executor(executor, sign_all, key, messages)
-        return [
+        headers = [
             self._assemble(d.task_id, d.event_type, d.body, stamp, key.kid, sig, d.secret)
-            for d, sig in zip(deliveries, signatures, strict=True)
+            for d, sig in zip(deliveries, signatures, strict=False)
         ]
+        for i, signature in zip(standard, signatures[len(deliveries) :], strict=True):
+            d = deliveries[i]
+            headers[i].update(self._standard_headers(d.id, stamp, d.body, signature, d.secret))
+        return headers
+
+    def _standard(self, delivery: Signable) -> bool:
+        return self.standard if delivery.standard is None else delivery.standard
+
+    def _standard_headers(
+        self, webhook_id: str, stamp: str, body: bytes, signature: bytes, secret: str | None
+    ) -> dict[str, str]:
+        """Standard Webhooks headers; ``v1`` only while HMAC is on."""
+        signatures = []
+        if self.mode == "migration" and secret is not None:
+            message = standard_message(webhook_id, stamp, body)
+            signatures.append("v1," + standard_v1(standard_secret_key(secret), message))
+        signatures.append("v1a," + base64.b64encode(signature).decode("ascii"))
+        return {
+            "webhook-id": webhook_id,
+            "webhook-timestamp": stamp,
+            "webhook-signature": " ".join(signatures),
+        }
 
     def _assemble(
         self,
@@ -99,6 +138,10 @@ class HeaderSigner:
 
 
 class Signable(Protocol):
+    @property
+    def id(self) -> str: ...
+    @property
+    def standard(self) -> bool | None: ...
     @property
     def task_id(self) -> str: ...
     @property

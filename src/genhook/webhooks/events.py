@@ -1,0 +1,156 @@
+"""Opt-in progress events: ``webhook_events`` on submit and the ``*.task.processing`` event.
+
+The contract's single terminal event stays the default and is always sent. A task that
+asks for ``"processing"`` also gets ``<kind>.task.processing`` when a worker starts it: an
+outbox row written in the transaction that claims the task, signed, sent and retried like
+any other delivery.
+
+Ordering, as the receiver sees it: the processing event is never received after the
+terminal one. The claim statement does not take a delivery while another event of the same
+task has an attempt in flight (so the terminal event waits for a processing attempt on the
+wire, at most one request timeout), and never takes a processing event once its task's
+terminal event exists. The transaction that writes the terminal event gives up a processing
+event that is waiting for a retry (``undeliverable``, "superseded by the terminal event");
+one whose attempt was in flight then is given up by the reconciliation sweep if that attempt
+failed. A processing event is never replayed once the terminal event exists.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import exists, insert, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
+
+from genhook.db import Task, WebhookDelivery
+from genhook.errors import FieldError, InvalidRequest
+from genhook.webhooks.fairness import destination_of
+from genhook.webhooks.outbox import add_after_commit_wake, new_delivery_id
+
+EVENTS = ("processing", "terminal")
+SUPERSEDED = "superseded by the terminal event"
+
+
+def _refuse(message: str) -> InvalidRequest:
+    return InvalidRequest(message, [FieldError("webhook_events", message)])
+
+
+def take_webhook_events(body: Any) -> tuple[Any, str | None]:
+    """Remove ``webhook_events`` from a submit body (engines never see it) and check it.
+
+    Returns the body and the extra events to store (``"processing"``), or None for the
+    default (the terminal event only).
+    """
+    if not isinstance(body, dict) or "webhook_events" not in body:
+        return body, None
+    body = dict(body)
+    raw = body.pop("webhook_events")
+    if raw is None:
+        return body, None
+    if not isinstance(raw, list) or not all(isinstance(e, str) for e in raw):
+        raise _refuse("webhook_events must be a list of event names")
+    unknown = sorted(set(raw) - set(EVENTS))
+    if unknown:
+        raise _refuse(f"unknown webhook event {unknown[0]!r}; known: {', '.join(EVENTS)}")
+    if len(set(raw)) != len(raw):
+        raise _refuse("webhook_events lists an event twice")
+    if "terminal" not in raw:
+        raise _refuse("webhook_events must include terminal: the terminal event is always sent")
+    if body.get("webhook_url") is None:
+        raise _refuse("webhook_events needs a webhook_url")
+    extra = [e for e in raw if e != "terminal"]
+    return body, ",".join(extra) or None
+
+
+def wants(task: Task, event: str) -> bool:
+    return bool(task.webhook_events) and event in (task.webhook_events or "").split(",")
+
+
+async def enqueue_processing(session: AsyncSession, task: Task, now: int) -> None:
+    """The processing event's outbox row, in the caller's (claim) transaction; once per
+    task, also when a task is claimed again after a lost lease."""
+    if not task.webhook_url or not wants(task, "processing"):
+        return
+    event_type = f"{task.kind}.task.processing"
+    exists = await session.scalar(
+        select(WebhookDelivery.id).where(
+            WebhookDelivery.task_id == task.id, WebhookDelivery.event_type == event_type
+        )
+    )
+    if exists is not None:
+        return
+    body = {
+        "session_id": task.id,
+        "event_type": event_type,
+        "status": "PROCESSING",
+        "created_at": int(task.created_at),
+        "payload": {"id": task.id, "model": task.model, "status": "processing"},
+    }
+    await session.execute(
+        insert(WebhookDelivery).values(
+            id=new_delivery_id(),
+            task_id=task.id,
+            account_id=task.account_id,
+            url=task.webhook_url,
+            destination=destination_of(task.webhook_url),
+            event_type=event_type,
+            body=json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8"),
+            status="pending",
+            attempts=0,
+            round_start=0,
+            redeliveries=0,
+            next_attempt_at=now,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    add_after_commit_wake(session)
+
+
+async def supersede_progress(session: AsyncSession, task: Task, now: int) -> None:
+    """In the terminal transaction: a processing event still pending is given up, so the
+    terminal event is not held back by its retries (see the module's ordering notes)."""
+    if not wants(task, "processing"):
+        return
+    await session.execute(
+        update(WebhookDelivery)
+        .where(
+            WebhookDelivery.task_id == task.id,
+            WebhookDelivery.status == "pending",
+            WebhookDelivery.event_type.like("%.task.processing"),
+            or_(
+                WebhookDelivery.lease_expires_at.is_(None),
+                WebhookDelivery.lease_expires_at < now,
+            ),
+        )
+        .values(status="undeliverable", last_error=SUPERSEDED, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+
+
+async def supersede_stale_progress(session: AsyncSession, now: int) -> int:
+    """Reconciliation: processing events left pending behind their terminal event (their
+    attempt was in flight when the task ended, and failed) are given up."""
+    terminal = aliased(WebhookDelivery)
+    result = await session.execute(
+        update(WebhookDelivery)
+        .where(
+            WebhookDelivery.status == "pending",
+            WebhookDelivery.event_type.like("%.task.processing"),
+            or_(
+                WebhookDelivery.lease_expires_at.is_(None),
+                WebhookDelivery.lease_expires_at < now,
+            ),
+            exists(
+                select(terminal.id).where(
+                    terminal.task_id == WebhookDelivery.task_id,
+                    terminal.event_type.like("%.task.terminal"),
+                )
+            ),
+        )
+        .values(status="undeliverable", last_error=SUPERSEDED, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
