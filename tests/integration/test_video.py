@@ -339,7 +339,10 @@ async def test_billed_per_second_by_resolution(harness: Harness) -> None:
 
 
 async def test_a_video_past_its_deadline_ends_timeout(tmp_path: Any, database_url: str) -> None:
-    settings = make_settings(tmp_path, database_url, task_deadline_seconds=0.5)
+    # No start margin: the worker takes the task and the engine meets the deadline mid-run.
+    settings = make_settings(
+        tmp_path, database_url, task_deadline_seconds=2, task_start_margin_seconds=0
+    )
     harness = await make_harness(settings)
     try:
         result = await run_video(harness, duration=30, resolution="1080p", fps=30)

@@ -130,6 +130,7 @@ EXPORTS: dict[str, list[str]] = {
         "DecodedImage",
         "Decor",
         "Detector",
+        "DetectorEngine",
         "EditContext",
         "EditPlan",
         "FitPolicy",

@@ -5,7 +5,7 @@ See ``docs/engines/image-edit.md`` for the vocabulary, the fit policy and the er
 
 from genhook.engines.image_edit._decode import DecodedImage, decode_image, register_heif
 from genhook.engines.image_edit._detector import Detector
-from genhook.engines.image_edit._engine import ImageEditEngine
+from genhook.engines.image_edit._engine import DetectorEngine, ImageEditEngine
 from genhook.engines.image_edit._frames import (
     Decor,
     Looks,
@@ -29,6 +29,7 @@ __all__ = [
     "DecodedImage",
     "Decor",
     "Detector",
+    "DetectorEngine",
     "EditContext",
     "EditPlan",
     "FitPolicy",

@@ -31,8 +31,12 @@ log = logging.getLogger(__name__)
 _CONTAIN_OPS = frozenset({"crop", "side_by_side", "stack_vertical", "grid"})
 
 
-class ImageEditEngine:
-    """Instruction-driven edits on the CPU; see ``docs/engines/image-edit.md``."""
+class DetectorEngine:
+    """The shell of the built-in picture engines: settings, prompt terms, one NSFW detector
+    per process, and ``run`` turning surprises into a generic engine failure."""
+
+    # Named in the generic failure message: "the image engine failed unexpectedly".
+    kind = "image"
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
@@ -64,11 +68,18 @@ class ImageEditEngine:
             log.info("task %s failed: %s", job.task_id, failure)
             raise
         except Exception as exc:
-            log.exception("task %s: image engine error", job.task_id)
+            log.exception("task %s: %s engine error", job.task_id, self.kind)
             raise TaskFailure(
                 ErrorCode.ENGINE_ERROR,
-                f"the image engine failed unexpectedly ({type(exc).__name__})",
+                f"the {self.kind} engine failed unexpectedly ({type(exc).__name__})",
             ) from exc
+
+    def _run(self, job: EngineJob) -> EngineResult:
+        raise TaskFailure(ErrorCode.ENGINE_ERROR, f"{type(self).__name__} runs no jobs")
+
+
+class ImageEditEngine(DetectorEngine):
+    """Instruction-driven edits on the CPU; see ``docs/engines/image-edit.md``."""
 
     def _run(self, job: EngineJob) -> EngineResult:
         params = job.params

@@ -12,33 +12,28 @@ import logging
 import math
 import os
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import av
-import cv2
 import numpy as np
 from PIL import Image
 
-from genhook.config import Settings
 from genhook.engines.base import EngineJob, EngineOutput, EngineResult
 from genhook.engines.image_edit import (
     DecodedImage,
     Decor,
-    Detector,
+    DetectorEngine,
     EditContext,
     EditPlan,
     Looks,
     apply_looks,
-    blocked_terms,
     build_decor,
     check_prompt,
     decode_image,
     moderate_inputs,
     read_looks,
-    register_heif,
 )
 from genhook.engines.image_to_video._camera import HEADROOM, Camera
 from genhook.engines.image_to_video._motion import MotionPlan, parse_motion
@@ -86,44 +81,10 @@ class Timeline:
         return min(1.0, max(0.0, (t - start) / (end - start)))
 
 
-class ImageToVideoEngine:
+class ImageToVideoEngine(DetectorEngine):
     """Animates stills on the CPU; see ``docs/engines/image-to-video.md``."""
 
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        self._terms = blocked_terms(settings)
-        self._detector: Detector | None = None
-        self._lock = threading.Lock()
-
-    def load(self) -> None:
-        """One detector per process; native pools pinned to one thread like the edit engine,
-        since the service scales by worker processes."""
-        with self._lock:
-            if self._detector is not None:
-                return
-            register_heif()
-            cv2.setNumThreads(1)
-            self._detector = Detector(threads=1)
-
-    @property
-    def detector(self) -> Detector:
-        if self._detector is None:
-            self.load()
-        assert self._detector is not None
-        return self._detector
-
-    def run(self, job: EngineJob) -> EngineResult:
-        try:
-            return self._run(job)
-        except TaskFailure as failure:
-            log.info("task %s failed: %s", job.task_id, failure)
-            raise
-        except Exception as exc:
-            log.exception("task %s: video engine error", job.task_id)
-            raise TaskFailure(
-                ErrorCode.ENGINE_ERROR,
-                f"the video engine failed unexpectedly ({type(exc).__name__})",
-            ) from exc
+    kind = "video"
 
     def _run(self, job: EngineJob) -> EngineResult:
         params = job.params
