@@ -154,11 +154,16 @@ def test_submit_wait_and_verify_a_migration_delivery(service, inbox, tmp_path: P
     with pytest.raises(WebhookVerificationError) as exc:
         later.verify(headers, body)
     assert exc.value.reason is VerificationFailure.TIMESTAMP_OUT_OF_TOLERANCE
-    # Each signature alone still verifies: Ed25519-only and HMAC-only header sets.
+    # An Ed25519-only header set verifies. An HMAC-only one verifies only for a receiver that
+    # configured HMAC alone: a verifier that knows Ed25519 keys never falls back to HMAC.
     ed_only = {k: v for k, v in headers.items() if k != "X-Service-Webhook-Signature"}
     assert verifier.verify(ed_only, body).scheme == "ed25519"
     hmac_only = {k: v for k, v in headers.items() if k != "X-Service-Webhook-Signature-Ed25519"}
-    assert verifier.verify(hmac_only, body).scheme == "hmac"
+    hmac_verifier = WebhookVerifier(hmac_secret=service.signing_secret)
+    assert hmac_verifier.verify(hmac_only, body).scheme == "hmac"
+    with pytest.raises(WebhookVerificationError) as exc:
+        verifier.verify(hmac_only, body)
+    assert exc.value.reason is VerificationFailure.NO_USABLE_SIGNATURE
     with pytest.raises(WebhookVerificationError) as exc:
         verifier.verify({k: v for k, v in headers.items() if "Signature" not in k}, body)
     assert exc.value.reason is VerificationFailure.MISSING_HEADER
