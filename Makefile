@@ -50,6 +50,10 @@ bench: install-dev
 	$(BIN)/python benchmarks/video.py
 	$(BIN)/python benchmarks/upstream.py
 	$(BIN)/python benchmarks/hostile_bodies.py
+	$(BIN)/python benchmarks/audio.py
+	$(BIN)/python benchmarks/task_api.py
+	$(BIN)/python benchmarks/webhook_fairness.py
+	$(BIN)/python benchmarks/nsfw_threshold.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
