@@ -16,6 +16,7 @@ install: $(VENV)/.installed-server
 
 install-dev: $(VENV)/.installed-dev
 	bash scripts/ensure-postgres.sh
+	bash scripts/ensure-chromium.sh
 
 $(VENV)/.installed-server: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[server]'
