@@ -49,7 +49,7 @@ CSP = (
 PAGE_HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 STATUSES = ["created", "processing", "completed", "failed", "canceled"]
@@ -258,7 +258,6 @@ def form_fields(schema: dict[str, Any]) -> list[dict[str, Any]]:
             high = node.get("maximum", node.get("exclusiveMaximum"))
             step = 1 if kind == "integer" else "any"
             if low is not None and high is not None:
-                step = 1 if kind == "integer" else round((high - low) / 100, 6) or "any"
                 field.update(control="range", min=low, max=high, step=step)
             else:
                 field.update(control="number", min=low, max=high, step=step)
