@@ -5,6 +5,7 @@ account-scoped key endpoints it manages keys through."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import httpx
 from starlette.datastructures import FormData
@@ -14,7 +15,7 @@ from genhook.console.routes import build_body, form_fields, snippets
 from genhook.console.session import COOKIE, SessionSigner
 from genhook.engines.audio._requests import TextToSpeechRequest
 from genhook.engines.edit_request import EditRequest
-from tests.conftest import Harness
+from tests.conftest import Harness, make_harness, make_settings
 from tests.support.images import data_url
 
 
@@ -149,3 +150,47 @@ async def test_the_body_is_typed_and_the_snippets_carry_it() -> None:
     assert "Hi '\"'\"'there'\"'\"'" in code["curl"]  # shell-quoted
     compiled = compile(code["python"], "<snippet>", "exec")
     assert compiled is not None
+
+
+async def test_an_admin_key_sees_every_account_and_others_get_403(
+    tmp_path: Path, database_url: str
+) -> None:
+    settings = make_settings(tmp_path, database_url)
+    harness = await make_harness(settings)
+    try:
+        other = await create_account(harness.state.db, "other")
+        harness.state.settings.admin_accounts.append(harness.account.account_id)
+        theirs = {"Authorization": f"Bearer {other.api_key}"}
+        body = {"model": "test/fake-edit", "prompt": "edit", "images": [data_url()]}
+        submitted = await harness.client.post(
+            "/api/v1/model/generateImage", json=body, headers=theirs
+        )
+        task_id = submitted.json()["id"]
+
+        refused = await harness.client.get("/api/v1/admin/results", headers=theirs)
+        assert refused.status_code == 403
+        assert "GENHOOK_ADMIN_ACCOUNTS" in refused.json()["message"]
+        assert (
+            await harness.client.get("/api/v1/admin/deliveries", headers=theirs)
+        ).status_code == 403
+
+        listed = await harness.client.get("/api/v1/admin/results", headers=harness.headers)
+        assert [(t["id"], t["account_id"]) for t in listed.json()["items"]] == [
+            (task_id, other.account_id)
+        ]
+        only = await harness.client.get(
+            "/api/v1/admin/results",
+            params={"account": harness.account.account_id},
+            headers=harness.headers,
+        )
+        assert only.json()["items"] == []
+
+        admin = await signed_in(harness, harness.account.api_key)
+        assert task_id not in (await admin.get("/console/tasks")).text
+        assert task_id in (await admin.get("/console/tasks?scope=all")).text
+        plain = await signed_in(harness, other.api_key)
+        page = await plain.get("/console/tasks?scope=all")
+        assert "admin accounts" in page.text and task_id not in page.text
+    finally:
+        await harness.client.aclose()
+        await harness.state.db.dispose()

@@ -19,6 +19,7 @@ from sqlalchemy import text
 from genhook import __version__
 from genhook.api.deps import AppState
 from genhook.api.errors import install_error_handlers
+from genhook.api.routes_admin import router as admin_router
 from genhook.api.routes_cancel import router as cancel_router
 from genhook.api.routes_keys import router as keys_router
 from genhook.api.routes_models import install_models
@@ -112,6 +113,7 @@ def create_app(
     install_models(app, state.registry)
     app.include_router(upstream_router)
     app.include_router(keys_router)
+    app.include_router(admin_router)
     if state.settings.console_enabled:
         install_console(app, state)
 

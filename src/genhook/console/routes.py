@@ -423,7 +423,11 @@ async def tasks(request: Request) -> Response:
         name: query[name] for name in ("status", "model", "since", "cursor") if query.get(name)
     }
     params["limit"] = "50"
-    response = await _api(request, "GET", "/api/v1/model/results", key, params=params)
+    every = query.get("scope") == "all"
+    if every and query.get("account"):
+        params["account"] = query["account"]
+    path = "/api/v1/admin/results" if every else "/api/v1/model/results"
+    response = await _api(request, "GET", path, key, params=params)
     if response.status_code == 401:
         return _to_login()
     error = None if response.status_code == 200 else _error_text(response)[0]
@@ -436,6 +440,7 @@ async def tasks(request: Request) -> Response:
         items=page["items"],
         next_cursor=page["next_cursor"],
         filters=params,
+        every=every,
         statuses=STATUSES,
         models=[m["id"] for m in models],
         error=error,
@@ -523,17 +528,15 @@ async def deliveries(request: Request) -> Response:
     key = _key(request)
     if key is None:
         return _to_login()
+    every = request.query_params.get("scope") == "all"
+    path = "/api/v1/admin/deliveries" if every else "/api/v1/webhooks/deliveries"
     failing: list[dict[str, Any]] = []
     for status in ("pending", "undeliverable"):
-        response = await _api(
-            request,
-            "GET",
-            "/api/v1/webhooks/deliveries",
-            key,
-            params={"status": status, "limit": "100"},
-        )
+        response = await _api(request, "GET", path, key, params={"status": status, "limit": "100"})
         if response.status_code == 401:
             return _to_login()
+        if response.status_code == 403:
+            return _page(request, "error.html", key, 403, message=_error_text(response)[0])
         if response.status_code == 200:
             failing += [
                 d for d in response.json()["data"] if d["status"] != "pending" or d["attempts"]
@@ -541,7 +544,7 @@ async def deliveries(request: Request) -> Response:
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for delivery in failing:
         groups[urlsplit(delivery["url"]).netloc or delivery["url"]].append(delivery)
-    recent = await _api(request, "GET", "/api/v1/webhooks/deliveries", key, params={"limit": "20"})
+    recent = await _api(request, "GET", path, key, params={"limit": "20"})
     return _page(
         request,
         "deliveries.html",
@@ -549,6 +552,7 @@ async def deliveries(request: Request) -> Response:
         groups=sorted(groups.items()),
         recent=recent.json()["data"] if recent.status_code == 200 else [],
         notice=request.query_params.get("notice"),
+        every=every,
     )
 
 
