@@ -257,6 +257,8 @@ def test_playground_operator_view_and_sign_out(
                 break
             page.wait_for_timeout(200)
         assert page.locator("table.attempts tbody tr").count() == 2
+        assert task_id in page.locator("pre.webhook-body").inner_text()
+        assert "X-Service-Webhook-Signature" in page.locator("table.headers").inner_text()
         page.screenshot(path=shots / "task-webhook.png", full_page=True)
     finally:
         receiver.close()

@@ -4,6 +4,7 @@ account-scoped key endpoints it manages keys through."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -194,3 +195,35 @@ async def test_an_admin_key_sees_every_account_and_others_get_403(
     finally:
         await harness.client.aclose()
         await harness.state.db.dispose()
+
+
+async def test_a_delivery_message_shows_the_body_and_headers_to_its_account_only(
+    harness: Harness,
+) -> None:
+    body = {
+        "model": "test/fake-edit",
+        "prompt": "edit",
+        "images": [data_url()],
+        "webhook_url": "http://127.0.0.1:9/hook",
+    }
+    task_id = (await harness.submit(body)).json()["id"]
+    await harness.run_all()
+    listed = await harness.client.get(
+        "/api/v1/webhooks/deliveries", params={"session_id": task_id}, headers=harness.headers
+    )
+    delivery = listed.json()["data"][0]
+    message = await harness.client.get(
+        f"/api/v1/webhooks/deliveries/{delivery['id']}/message", headers=harness.headers
+    )
+    assert message.status_code == 200
+    assert message.json()["headers"]["X-Service-Webhook-Id"] == task_id
+    assert task_id in json.dumps(message.json()["body"])
+    other = await create_account(harness.state.db, "other")
+    refused = await harness.client.get(
+        f"/api/v1/webhooks/deliveries/{delivery['id']}/message",
+        headers={"Authorization": f"Bearer {other.api_key}"},
+    )
+    assert refused.status_code == 404
+    client = await signed_in(harness, harness.account.api_key)
+    page = await client.get(f"/console/tasks/{task_id}")
+    assert "X-Service-Webhook-Signature" in page.text and 'class="webhook-body"' in page.text

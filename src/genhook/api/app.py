@@ -21,6 +21,7 @@ from genhook.api.deps import AppState
 from genhook.api.errors import install_error_handlers
 from genhook.api.routes_admin import router as admin_router
 from genhook.api.routes_cancel import router as cancel_router
+from genhook.api.routes_delivery_message import router as delivery_message_router
 from genhook.api.routes_keys import router as keys_router
 from genhook.api.routes_models import install_models
 from genhook.api.routes_tasks import router as tasks_router
@@ -114,6 +115,7 @@ def create_app(
     app.include_router(upstream_router)
     app.include_router(keys_router)
     app.include_router(admin_router)
+    app.include_router(delivery_message_router)
     if state.settings.console_enabled:
         install_console(app, state)
 

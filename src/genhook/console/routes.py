@@ -467,6 +467,13 @@ async def task_page(request: Request, task_id: str) -> Response:
         request, "GET", "/api/v1/webhooks/deliveries", key, params={"session_id": task_id}
     )
     usage = await _usage_lines(request, key, task_id)
+    sent = deliveries.json()["data"] if deliveries.status_code == 200 else []
+    for delivery in sent:
+        message = await _api(
+            request, "GET", f"/api/v1/webhooks/deliveries/{delivery['id']}/message", key
+        )
+        if message.status_code == 200:
+            delivery["message"] = message.json()
     kind = (await _model(request, key, task["model"]) or {}).get("kind", "")
     return _page(
         request,
@@ -474,7 +481,7 @@ async def task_page(request: Request, task_id: str) -> Response:
         key,
         task=task,
         kind=kind,
-        deliveries=deliveries.json()["data"] if deliveries.status_code == 200 else [],
+        deliveries=sent,
         usage=usage,
         terminal=task["status"] in {"completed", "failed", "canceled"},
     )
