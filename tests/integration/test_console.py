@@ -227,3 +227,30 @@ async def test_a_delivery_message_shows_the_body_and_headers_to_its_account_only
     client = await signed_in(harness, harness.account.api_key)
     page = await client.get(f"/console/tasks/{task_id}")
     assert "X-Service-Webhook-Signature" in page.text and 'class="webhook-body"' in page.text
+
+
+async def test_the_timeline_counts_runs_and_shows_on_the_task_page(harness: Harness) -> None:
+    body = {"model": "test/fake-edit", "prompt": "edit", "images": [data_url()]}
+    task_id = (await harness.submit(body)).json()["id"]
+    waiting = await harness.client.get(
+        f"/api/v1/model/result/{task_id}/timeline", headers=harness.headers
+    )
+    assert waiting.json()["started_at"] is None and waiting.json()["attempts"] == 0
+    await harness.run_all()
+    ended = (
+        await harness.client.get(
+            f"/api/v1/model/result/{task_id}/timeline", headers=harness.headers
+        )
+    ).json()
+    assert ended["status"] == "completed" and ended["attempts"] == 1
+    assert ended["lease_losses"] == 0 and ended["ended_at"] >= ended["started_at"]
+    other = await create_account(harness.state.db, "other")
+    refused = await harness.client.get(
+        f"/api/v1/model/result/{task_id}/timeline",
+        headers={"Authorization": f"Bearer {other.api_key}"},
+    )
+    assert refused.status_code == 404
+    client = await signed_in(harness, harness.account.api_key)
+    page = (await client.get(f"/console/tasks/{task_id}")).text
+    assert f"Started {ended['started_at']} (run 1)" in page
+    assert f"Ended (completed) {ended['ended_at']}" in page

@@ -25,6 +25,7 @@ from genhook.api.routes_delivery_message import router as delivery_message_route
 from genhook.api.routes_keys import router as keys_router
 from genhook.api.routes_models import install_models
 from genhook.api.routes_tasks import router as tasks_router
+from genhook.api.routes_timeline import router as timeline_router
 from genhook.api.routes_upstream import router as upstream_router
 from genhook.api.routes_watch import router as watch_router
 from genhook.api.routes_webhooks import router as webhooks_router
@@ -116,6 +117,7 @@ def create_app(
     app.include_router(keys_router)
     app.include_router(admin_router)
     app.include_router(delivery_message_router)
+    app.include_router(timeline_router)
     if state.settings.console_enabled:
         install_console(app, state)
 

@@ -467,6 +467,7 @@ async def task_page(request: Request, task_id: str) -> Response:
         request, "GET", "/api/v1/webhooks/deliveries", key, params={"session_id": task_id}
     )
     usage = await _usage_lines(request, key, task_id)
+    timeline = (await _api(request, "GET", f"/api/v1/model/result/{task_id}/timeline", key)).json()
     sent = deliveries.json()["data"] if deliveries.status_code == 200 else []
     for delivery in sent:
         message = await _api(
@@ -482,6 +483,7 @@ async def task_page(request: Request, task_id: str) -> Response:
         task=task,
         kind=kind,
         deliveries=sent,
+        timeline=timeline,
         usage=usage,
         terminal=task["status"] in {"completed", "failed", "canceled"},
     )
