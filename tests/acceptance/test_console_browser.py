@@ -185,6 +185,10 @@ def test_playground_operator_view_and_sign_out(
     size = image.evaluate("img => [img.naturalWidth, img.naturalHeight]")
     assert size == [1024, 1024]
     assert page.locator("ol.plan li").count() >= 1
+    # Beside the input this tab uploaded.
+    upload = page.locator("img.input").first
+    upload.wait_for()
+    assert upload.evaluate("img => [img.naturalWidth, img.naturalHeight]") == [64, 48]
     page.screenshot(path=shots / "task-image-edit.png", full_page=True)
 
     # The exact request as curl and Python.
@@ -205,6 +209,21 @@ def test_playground_operator_view_and_sign_out(
     page.wait_for_function("() => document.querySelector('audio.output').currentTime > 0")
     assert audio.evaluate("a => a.duration") > 0.3
     page.screenshot(path=shots / "task-tts.png", full_page=True)
+
+    # Speech to text on that speech: the transcript's words light up as the input plays.
+    speech = workdir / "speech.mp3"
+    speech.write_bytes(page.request.get(audio.get_attribute("src") or "").body())
+    page.goto("/console/play/genhook/speech-to-text")
+    page.set_input_files("#f-audio", str(speech))
+    page.get_by_role("button", name="Submit").click()
+    page.wait_for_url("**/console/tasks/*")
+    wait_status(page, "completed")
+    words = page.locator("#transcript span[data-start]")
+    words.first.wait_for()
+    assert "hello" in page.locator("#transcript").inner_text().lower()
+    page.evaluate("() => document.querySelector('audio.input').play()")
+    page.wait_for_function("() => document.querySelector('#transcript span.now') !== null")
+    page.screenshot(path=shots / "task-stt.png", full_page=True)
 
     # Cancel a running task from its page.
     page.goto("/console/play/test/fake-edit")
@@ -267,7 +286,7 @@ def test_playground_operator_view_and_sign_out(
     page.goto("/console/tasks?status=canceled")
     assert page.locator("#task-table tbody tr").count() == 1
     page.goto("/console/tasks")
-    assert page.locator("#task-table tbody tr").count() == 4
+    assert page.locator("#task-table tbody tr").count() == 5
     page.screenshot(path=shots / "tasks.png", full_page=True)
     page.goto("/console/usage")
     assert page.locator("svg.chart rect").count() >= 2

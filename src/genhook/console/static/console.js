@@ -112,7 +112,75 @@ function transcript() {
   });
 }
 
+// The person's own uploads, kept in this tab only, so a finished task can show its outputs
+// beside them (the service deletes inputs when a task ends) and play the audio it transcribed.
+const PENDING = "genhook-console-pending-inputs";
+
+function readAsDataURL(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+function rememberInputs() {
+  const form = document.getElementById("play-form");
+  if (!form) return;
+  form.addEventListener("submit", async (event) => {
+    if (form.dataset.remembered === "yes" || event.submitter?.value === "preview") return;
+    const files = [...form.querySelectorAll("input[type=file]")].flatMap((input) => [...input.files]);
+    if (!files.length) return;
+    event.preventDefault();
+    try {
+      const items = [];
+      for (const file of files) items.push({ name: file.name, type: file.type, url: await readAsDataURL(file) });
+      sessionStorage.setItem(PENDING, JSON.stringify({ model: form.dataset.model, items }));
+    } catch {
+      sessionStorage.removeItem(PENDING);
+    }
+    form.dataset.remembered = "yes";
+    form.requestSubmit(event.submitter);
+  });
+}
+
+function showInputs() {
+  const live = document.getElementById("live");
+  const place = document.getElementById("inputs");
+  if (!live || !place) return;
+  const key = `genhook-console-inputs:${live.dataset.task}`;
+  let saved = sessionStorage.getItem(key);
+  const pending = sessionStorage.getItem(PENDING);
+  if (!saved && pending && JSON.parse(pending).model === live.dataset.model) {
+    saved = pending;
+    try { sessionStorage.setItem(key, pending); } catch { /* full: show it this once */ }
+    sessionStorage.removeItem(PENDING);
+  }
+  if (!saved) return;
+  for (const item of JSON.parse(saved).items) {
+    const figure = document.createElement("figure");
+    let media;
+    if (item.type.startsWith("image/")) {
+      media = document.createElement("img");
+      media.alt = `Input ${item.name}`;
+    } else if (item.type.startsWith("audio/")) {
+      media = document.createElement("audio");
+      media.controls = true;
+    } else continue;
+    media.className = "input";
+    media.src = item.url;
+    const caption = document.createElement("figcaption");
+    caption.textContent = `Input: ${item.name}`;
+    figure.append(media, caption);
+    place.append(figure);
+  }
+  place.hidden = false;
+}
+
 document.documentElement.dataset.enhanced = "yes";
+rememberInputs();
+showInputs();
 liveTask();
 dropZones();
 sliders();
