@@ -134,6 +134,18 @@ def wait_status(page: Page, status: str) -> None:
     )
 
 
+def snap(page: Page, shots: Path, name: str) -> None:
+    """Screenshot the page after checking it fits a phone's width and labels every control."""
+    unlabelled = page.evaluate(
+        """() => [...document.querySelectorAll('input:not([type=hidden]), select, textarea')]
+                 .filter(el => el.labels.length === 0).map(el => el.name || el.id)"""
+    )
+    assert unlabelled == [], (name, unlabelled)
+    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 0, (name, overflow)
+    page.screenshot(path=shots / f"{name}.png", full_page=True)
+
+
 def png(width: int, height: int) -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", (width, height), (30, 120, 200)).save(buffer, "PNG")
@@ -158,7 +170,7 @@ def test_csp_is_sent_and_no_inline_script_runs(context: BrowserContext, shots: P
     )
     assert ran is False
     assert any("Content Security Policy" in text for text in violations), violations
-    page.screenshot(path=shots / "login.png", full_page=True)
+    snap(page, shots, "login")
 
 
 def test_playground_operator_view_and_sign_out(
@@ -166,7 +178,7 @@ def test_playground_operator_view_and_sign_out(
 ) -> None:
     page = context.new_page()
     sign_in(page, service.api_key)
-    page.screenshot(path=shots / "models.png", full_page=True)
+    snap(page, shots, "models")
 
     # An edit from an uploaded file: it completes and the output renders at its size.
     page.goto("/console/play/genhook/image-edit")
@@ -175,7 +187,7 @@ def test_playground_operator_view_and_sign_out(
     page.set_input_files("#f-images", str(picture))
     page.locator("#f-prompt").fill("black and white")
     page.locator("#f-size").fill("1024*1024")
-    page.screenshot(path=shots / "play-image-edit.png", full_page=True)
+    snap(page, shots, "play-image-edit")
     page.get_by_role("button", name="Submit").click()
     page.wait_for_url("**/console/tasks/*")
     wait_status(page, "completed")
@@ -189,7 +201,7 @@ def test_playground_operator_view_and_sign_out(
     upload = page.locator("img.input").first
     upload.wait_for()
     assert upload.evaluate("img => [img.naturalWidth, img.naturalHeight]") == [64, 48]
-    page.screenshot(path=shots / "task-image-edit.png", full_page=True)
+    snap(page, shots, "task-image-edit")
 
     # The exact request as curl and Python.
     page.goto("/console/play/genhook/text-to-speech")
@@ -208,7 +220,7 @@ def test_playground_operator_view_and_sign_out(
     page.evaluate("() => document.querySelector('audio.output').play()")
     page.wait_for_function("() => document.querySelector('audio.output').currentTime > 0")
     assert audio.evaluate("a => a.duration") > 0.3
-    page.screenshot(path=shots / "task-tts.png", full_page=True)
+    snap(page, shots, "task-tts")
 
     # Speech to text on that speech: the transcript's words light up as the input plays.
     speech = workdir / "speech.mp3"
@@ -223,7 +235,7 @@ def test_playground_operator_view_and_sign_out(
     assert "hello" in page.locator("#transcript").inner_text().lower()
     page.evaluate("() => document.querySelector('audio.input').play()")
     page.wait_for_function("() => document.querySelector('#transcript span.now') !== null")
-    page.screenshot(path=shots / "task-stt.png", full_page=True)
+    snap(page, shots, "task-stt")
 
     # Cancel a running task from its page.
     page.goto("/console/play/test/fake-edit")
@@ -235,7 +247,7 @@ def test_playground_operator_view_and_sign_out(
     wait_status(page, "processing")
     page.get_by_role("button", name="Cancel task").click()
     wait_status(page, "canceled")
-    page.screenshot(path=shots / "task-canceled.png", full_page=True)
+    snap(page, shots, "task-canceled")
 
     # A webhook that fails, then a redelivery from the deliveries page.
     receiver = FailingReceiver()
@@ -257,7 +269,7 @@ def test_playground_operator_view_and_sign_out(
         delivery = page.locator(".host .delivery").filter(has_text=task_id)
         assert "undeliverable" in delivery.inner_text()
         assert "127.0.0.1" in page.locator(".host h3").first.inner_text()
-        page.screenshot(path=shots / "deliveries.png", full_page=True)
+        snap(page, shots, "deliveries")
         first = len(receiver.bodies)
         assert first == 1
         delivery.get_by_role("button", name="Redeliver").click()
@@ -278,7 +290,7 @@ def test_playground_operator_view_and_sign_out(
         assert page.locator("table.attempts tbody tr").count() == 2
         assert task_id in page.locator("pre.webhook-body").inner_text()
         assert "X-Service-Webhook-Signature" in page.locator("table.headers").inner_text()
-        page.screenshot(path=shots / "task-webhook.png", full_page=True)
+        snap(page, shots, "task-webhook")
     finally:
         receiver.close()
 
@@ -287,15 +299,15 @@ def test_playground_operator_view_and_sign_out(
     assert page.locator("#task-table tbody tr").count() == 1
     page.goto("/console/tasks")
     assert page.locator("#task-table tbody tr").count() == 5
-    page.screenshot(path=shots / "tasks.png", full_page=True)
+    snap(page, shots, "tasks")
     page.goto("/console/usage")
     assert page.locator("svg.chart rect").count() >= 2
-    page.screenshot(path=shots / "usage.png", full_page=True)
+    snap(page, shots, "usage")
     page.goto("/console/keys")
     page.locator("#key-name").fill("ci")
     page.get_by_role("button", name="Create a key").click()
     assert page.locator("#new-key").inner_text().startswith("ghk_")
-    page.screenshot(path=shots / "keys.png", full_page=True)
+    snap(page, shots, "keys")
 
     # Sign out: the cookie is gone and the console asks to sign in again.
     page.get_by_role("button", name="Sign out").click()
@@ -322,7 +334,7 @@ def test_a_second_account_sees_none_of_the_first_accounts_tasks(
     sign_in(page, other)
     page.goto("/console/tasks")
     assert page.locator("#task-table tbody a").count() == 0
-    page.screenshot(path=shots / "tasks-second-account.png", full_page=True)
+    snap(page, shots, "tasks-second-account")
     response = page.goto(f"/console/tasks/{mine[0]}")
     assert response is not None and response.status == 404
     page.goto("/console/deliveries")
