@@ -291,6 +291,23 @@ def test_playground_operator_view_and_sign_out(
         assert task_id in page.locator("pre.webhook-body").inner_text()
         assert "X-Service-Webhook-Signature" in page.locator("table.headers").inner_text()
         snap(page, shots, "task-webhook")
+
+        # Failed again: redeliver everything failed since a time.
+        for _ in range(50):
+            page.goto("/console/deliveries")
+            failed = page.locator(".host .delivery").filter(has_text=task_id)
+            if "undeliverable, 2 attempt(s)" in failed.inner_text():
+                break
+            page.wait_for_timeout(200)
+        page.get_by_label("Redeliver all failed since").fill("2000-01-01T00:00:00")
+        page.get_by_role("button", name="Redeliver all").click()
+        page.wait_for_url("**/console/deliveries?notice=*")
+        assert page.locator("#notice").inner_text() == "1 redelivery queued, 0 refused."
+        for _ in range(100):
+            if len(receiver.bodies) > 2:
+                break
+            page.wait_for_timeout(100)
+        assert len(receiver.bodies) == 3
     finally:
         receiver.close()
 

@@ -604,6 +604,7 @@ async def redeliver_failed(request: Request) -> Response:
         notice = "since: enter a date and time such as 2026-01-31T12:00"
         return RedirectResponse(f"/console/deliveries?{_notice(notice)}", status_code=303)
     done = failed = 0
+    seen: set[str] = set()  # one just redelivered is pending now; not twice
     for status in ("undeliverable", "pending"):
         before: str | None = None
         while True:
@@ -619,8 +620,9 @@ async def redeliver_failed(request: Request) -> Response:
                 if created < since:
                     older = True
                     break
-                if status == "pending" and not delivery["attempts"]:
+                if delivery["id"] in seen or (status == "pending" and not delivery["attempts"]):
                     continue
+                seen.add(delivery["id"])
                 path = f"/api/v1/webhooks/deliveries/{delivery['id']}/redeliver"
                 if (await _api(request, "POST", path, key)).status_code == 200:
                     done += 1
