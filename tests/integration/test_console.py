@@ -16,6 +16,7 @@ from genhook.console.routes import build_body, form_fields, snippets
 from genhook.console.session import COOKIE, SessionSigner
 from genhook.engines.audio._requests import TextToSpeechRequest
 from genhook.engines.edit_request import EditRequest
+from genhook.webhooks.keys import ensure_signing_key, rotate_signing_key
 from tests.conftest import Harness, make_harness, make_settings
 from tests.support.images import data_url
 
@@ -254,3 +255,25 @@ async def test_the_timeline_counts_runs_and_shows_on_the_task_page(harness: Harn
     page = (await client.get(f"/console/tasks/{task_id}")).text
     assert f"Started {ended['started_at']} (run 1)" in page
     assert f"Ended (completed) {ended['ended_at']}" in page
+
+
+async def test_the_signing_key_rotation_state_is_listed_and_shown(harness: Harness) -> None:
+    settings, db = harness.state.settings, harness.state.db
+    await ensure_signing_key(db, settings)
+    first = await harness.client.get("/api/v1/webhooks/signing-keys", headers=harness.headers)
+    assert first.status_code == 200
+    [old] = first.json()["keys"]
+    assert (old["status"], old["published"], old["retire_at"]) == ("active", True, None)
+    new_kid = await rotate_signing_key(db, settings)
+    state = (
+        await harness.client.get("/api/v1/webhooks/signing-keys", headers=harness.headers)
+    ).json()
+    assert state["mode"] == settings.webhook_signing
+    by_kid = {k["kid"]: k for k in state["keys"]}
+    assert by_kid[new_kid]["status"] == "active"
+    assert by_kid[old["kid"]]["status"] == "rotated" and by_kid[old["kid"]]["published"]
+    assert by_kid[old["kid"]]["retire_at"] is not None
+    assert "private" not in json.dumps(state)
+    client = await signed_in(harness, harness.account.api_key)
+    page = (await client.get("/console/keys")).text
+    assert new_kid in page and old["kid"] in page and "rotated" in page

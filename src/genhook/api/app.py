@@ -24,6 +24,7 @@ from genhook.api.routes_cancel import router as cancel_router
 from genhook.api.routes_delivery_message import router as delivery_message_router
 from genhook.api.routes_keys import router as keys_router
 from genhook.api.routes_models import install_models
+from genhook.api.routes_signing_keys import router as signing_keys_router
 from genhook.api.routes_tasks import router as tasks_router
 from genhook.api.routes_timeline import router as timeline_router
 from genhook.api.routes_upstream import router as upstream_router
@@ -118,6 +119,7 @@ def create_app(
     app.include_router(admin_router)
     app.include_router(delivery_message_router)
     app.include_router(timeline_router)
+    app.include_router(signing_keys_router)
     if state.settings.console_enabled:
         install_console(app, state)
 

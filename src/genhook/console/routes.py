@@ -657,9 +657,15 @@ async def keys(request: Request) -> Response:
         key,
         keys=listed.json()["keys"],
         jwks=jwks.json().get("keys", []) if jwks.status_code == 200 else [],
-        signing=_console(request).state.settings.webhook_signing,
+        signing=await _signing(request, key),
         new_key=None,
     )
+
+
+async def _signing(request: Request, key: str) -> dict[str, Any]:
+    response = await _api(request, "GET", "/api/v1/webhooks/signing-keys", key)
+    signing: dict[str, Any] = response.json() if response.status_code == 200 else {}
+    return signing
 
 
 @router.post("/keys")
@@ -683,7 +689,7 @@ async def create_key(request: Request) -> Response:
         key,
         keys=listed.json()["keys"],
         jwks=jwks.json().get("keys", []),
-        signing=_console(request).state.settings.webhook_signing,
+        signing=await _signing(request, key),
         new_key=created.json(),
     )
 
