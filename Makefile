@@ -50,6 +50,7 @@ bench: install-dev
 	$(BIN)/python benchmarks/watch.py
 	$(BIN)/python benchmarks/video.py
 	$(BIN)/python benchmarks/upstream.py
+	$(BIN)/python benchmarks/console.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
