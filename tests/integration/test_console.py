@@ -277,3 +277,20 @@ async def test_the_signing_key_rotation_state_is_listed_and_shown(harness: Harne
     client = await signed_in(harness, harness.account.api_key)
     page = (await client.get("/console/keys")).text
     assert new_kid in page and old["kid"] in page and "rotated" in page
+
+
+async def test_a_key_created_in_the_console_can_be_revoked_there(harness: Harness) -> None:
+    client = await signed_in(harness, harness.account.api_key)
+    token = csrf_of((await client.get("/console/keys")).text)
+    created = await client.post("/console/keys", data={"name": "ci", "csrf": token})
+    new_key = re.search(r'<pre id="new-key">(ghk_[^<]+)</pre>', created.text)
+    assert new_key is not None
+    auth = {"Authorization": f"Bearer {new_key.group(1)}"}
+    assert (await harness.client.get("/api/v1/keys", headers=auth)).status_code == 200
+    listed = (await harness.client.get("/api/v1/keys", headers=harness.headers)).json()["keys"]
+    key_id = next(k["id"] for k in listed if k["name"] == "ci")
+    revoked = await client.post(f"/console/keys/{key_id}/revoke", data={"csrf": token})
+    assert revoked.status_code == 303
+    assert (await harness.client.get("/api/v1/keys", headers=auth)).status_code == 401
+    page = (await client.get("/console/keys")).text
+    assert page.count("/revoke") == 1  # only the signed-in key is left to revoke
