@@ -16,6 +16,7 @@ install: $(VENV)/.installed-server
 
 install-dev: $(VENV)/.installed-dev
 	bash scripts/ensure-postgres.sh
+	bash scripts/ensure-chromium.sh
 
 $(VENV)/.installed-server: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[server]'
@@ -54,6 +55,7 @@ bench: install-dev
 	$(BIN)/python benchmarks/task_api.py
 	$(BIN)/python benchmarks/webhook_fairness.py
 	$(BIN)/python benchmarks/nsfw_threshold.py
+	$(BIN)/python benchmarks/console.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -176,6 +176,13 @@ class Settings(BaseSettings):
 
     log_level: str = "INFO"
 
+    # Web console (/console): signs its session cookies; unset, a per-process secret (set it
+    # when several API processes serve the console, so a session works on all of them).
+    console_secret: str | None = None
+    console_enabled: bool = True
+    # Accounts whose keys see every account's tasks and deliveries (/api/v1/admin/...).
+    admin_accounts: list[str] = Field(default_factory=list)
+
     @field_validator("output_retention", mode="before")
     @classmethod
     def _seconds_or_iso(cls, value: object) -> object:

@@ -38,6 +38,10 @@ class Unauthorized(GenhookError):
     status_code = 401
 
 
+class Forbidden(GenhookError):
+    status_code = 403
+
+
 class NotFound(GenhookError):
     status_code = 404
 

@@ -18,14 +18,20 @@ from fastapi.responses import JSONResponse
 from genhook import __version__
 from genhook.api.deps import AppState
 from genhook.api.errors import install_error_handlers
+from genhook.api.routes_admin import router as admin_router
 from genhook.api.routes_cancel import router as cancel_router
+from genhook.api.routes_delivery_message import router as delivery_message_router
+from genhook.api.routes_keys import router as keys_router
 from genhook.api.routes_models import install_models
+from genhook.api.routes_signing_keys import router as signing_keys_router
 from genhook.api.routes_tasks import router as tasks_router
+from genhook.api.routes_timeline import router as timeline_router
 from genhook.api.routes_upstream import router as upstream_router
 from genhook.api.routes_watch import router as watch_router
 from genhook.api.routes_webhooks import router as webhooks_router
 from genhook.api.shedding import LoadShedding, ready_problems
 from genhook.config import Settings
+from genhook.console import install_console
 from genhook.db import Database
 from genhook.engines.registry import Registry, build_registry
 from genhook.faults import RETRY_AFTER_SECONDS
@@ -115,6 +121,13 @@ def create_app(
     app.include_router(watch_router)
     install_models(app, state.registry)
     app.include_router(upstream_router)
+    app.include_router(keys_router)
+    app.include_router(admin_router)
+    app.include_router(delivery_message_router)
+    app.include_router(timeline_router)
+    app.include_router(signing_keys_router)
+    if state.settings.console_enabled:
+        install_console(app, state)
 
     @app.get("/healthz", tags=["operations"], summary="Liveness: the process answers")
     async def healthz() -> dict[str, str]:

@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy import and_, or_, select
+from starlette.datastructures import QueryParams
 
 from genhook.api.deps import AppState, current_account, get_state
 from genhook.api.errors import ERROR_RESPONSES
@@ -244,8 +245,16 @@ def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any
 async def list_results(request: Request) -> JSONResponse:
     state = await get_state(request)
     account = await current_account(request, state)
-    query = request.query_params
-    stmt = select(Task).where(Task.account_id == account.id)
+    return await task_listing(state, request.query_params, account.id)
+
+
+async def task_listing(state: AppState, query: QueryParams, account_id: str | None) -> JSONResponse:
+    """A page of tasks, newest first; ``account_id=None`` lists every account's (admins)."""
+    stmt = select(Task)
+    if account_id is not None:
+        stmt = stmt.where(Task.account_id == account_id)
+    elif query.get("account"):
+        stmt = stmt.where(Task.account_id == query["account"])
     status = query.get("status")
     if status:
         stored: list[str] = []
@@ -277,6 +286,9 @@ async def list_results(request: Request) -> JSONResponse:
     more = len(tasks) > limit
     tasks = tasks[:limit]
     items = [await prediction_view(task, state.settings, state.storage) for task in tasks]
+    if account_id is None:
+        for item, task in zip(items, tasks, strict=True):
+            item["account_id"] = task.account_id
     return JSONResponse(
         {"items": items, "next_cursor": _encode_cursor(tasks[-1]) if more and tasks else None}
     )
