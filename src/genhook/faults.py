@@ -27,7 +27,25 @@ RETRY_AFTER_SECONDS = 1
 
 
 def is_infrastructure_error(error: BaseException) -> bool:
-    """True for storage and database failures that a retry later can cure."""
+    """True for storage and database failures that a retry later can cure.
+
+    The driver's own error may sit a few links down the chain: SQLAlchemy wraps the asyncpg
+    dialect's adapter error, which wraps asyncpg's (``CannotConnectNowError`` while
+    PostgreSQL shuts down or starts), so every cause is looked at.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen and len(seen) < 8:
+        seen.add(id(current))
+        if _is_transient(current):
+            return True
+        orig = getattr(current, "orig", None)
+        nested = orig if isinstance(orig, BaseException) else None
+        current = nested or current.__cause__
+    return False
+
+
+def _is_transient(error: BaseException) -> bool:
     if isinstance(error, sa_exc.TimeoutError):  # no pool slot within the pool timeout
         return True
     if isinstance(error, sa_exc.PendingRollbackError | sa_exc.DisconnectionError):
@@ -37,7 +55,6 @@ def is_infrastructure_error(error: BaseException) -> bool:
             return True
         if isinstance(error, sa_exc.OperationalError | sa_exc.InterfaceError):
             return True
-        error = error.orig if error.orig is not None else error
     if isinstance(error, OSError | ConnectionError | asyncio.TimeoutError):
         return True
     # asyncpg's connection-level errors, without importing asyncpg on SQLite-only installs.

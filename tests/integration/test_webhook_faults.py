@@ -12,8 +12,10 @@ from sqlalchemy import select
 
 from genhook.db import Database, WebhookAttempt, WebhookDelivery
 from genhook.webhooks.dispatcher import Dispatcher
+from genhook.webhooks.fairness import Rooms
 from genhook.webhooks.feed import Attempt, AttemptFeed, Outcome
 from genhook.webhooks.keys import KeyRing, ensure_signing_key
+from genhook.webhooks.queue import UNLIMITED
 from genhook.webhooks.service import WebhookService
 from tests.support.webhook_receiver import (
     Receiver,
@@ -37,11 +39,17 @@ class DiskFullOnce:
     async def start(self) -> None:
         await self.feed.start()
 
-    async def exchange(self, outcomes: Sequence[Outcome], limit: int) -> list[Attempt]:
+    async def exchange(
+        self,
+        outcomes: Sequence[Outcome],
+        limit: int,
+        rooms: Rooms = UNLIMITED,
+        returned: Sequence[tuple[str, int]] = (),
+    ) -> list[Attempt]:
         if outcomes and not self.failed:
             self.failed += 1
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return await self.feed.exchange(outcomes, limit)
+        return await self.feed.exchange(outcomes, limit, rooms, returned)
 
     async def close(self) -> None:
         await self.feed.close()
