@@ -217,7 +217,7 @@ def test_playground_operator_view_and_sign_out(
     wait_status(page, "completed")
     audio = page.locator("audio.output").first
     audio.wait_for()
-    page.evaluate("() => document.querySelector('audio.output').play()")
+    audio.evaluate("a => a.play()")
     page.wait_for_function("() => document.querySelector('audio.output').currentTime > 0")
     assert audio.evaluate("a => a.duration") > 0.3
     snap(page, shots, "task-tts")
@@ -233,7 +233,10 @@ def test_playground_operator_view_and_sign_out(
     words = page.locator("#transcript span[data-start]")
     words.first.wait_for()
     assert "hello" in page.locator("#transcript").inner_text().lower()
-    page.evaluate("() => document.querySelector('audio.input').play()")
+    # The input player is filled from this tab's own copy of the upload, after the page.
+    player = page.locator("audio.input").first
+    player.wait_for()
+    player.evaluate("a => a.play()")
     page.wait_for_function("() => document.querySelector('#transcript span.now') !== null")
     snap(page, shots, "task-stt")
 
@@ -261,7 +264,7 @@ def test_playground_operator_view_and_sign_out(
         page.wait_for_url("**/console/tasks/*")
         wait_status(page, "completed")
         task_id = page.url.rsplit("/", 1)[-1]
-        for _ in range(100):
+        for _ in range(400):
             page.goto("/console/deliveries")
             if page.locator(f"a[href='/console/tasks/{task_id}']").count():
                 break
@@ -275,14 +278,14 @@ def test_playground_operator_view_and_sign_out(
         delivery.get_by_role("button", name="Redeliver").click()
         page.wait_for_url("**/console/deliveries?notice=*")
         assert page.locator("#notice").inner_text() == "Redelivery queued."
-        for _ in range(100):
+        for _ in range(400):
             if len(receiver.bodies) > first:
                 break
             page.wait_for_timeout(100)
         assert len(receiver.bodies) == 2
         assert task_id.encode() in receiver.bodies[1]
         # The task page shows the webhook and both attempts.
-        for _ in range(50):
+        for _ in range(200):
             page.goto(f"/console/tasks/{task_id}")
             if page.locator("table.attempts tbody tr").count() == 2:
                 break
@@ -293,7 +296,7 @@ def test_playground_operator_view_and_sign_out(
         snap(page, shots, "task-webhook")
 
         # Failed again: redeliver everything failed since a time.
-        for _ in range(50):
+        for _ in range(200):
             page.goto("/console/deliveries")
             failed = page.locator(".host .delivery").filter(has_text=task_id)
             if "undeliverable, 2 attempt(s)" in failed.inner_text():
@@ -303,7 +306,7 @@ def test_playground_operator_view_and_sign_out(
         page.get_by_role("button", name="Redeliver all").click()
         page.wait_for_url("**/console/deliveries?notice=*")
         assert page.locator("#notice").inner_text() == "1 redelivery queued, 0 refused."
-        for _ in range(100):
+        for _ in range(400):
             if len(receiver.bodies) > 2:
                 break
             page.wait_for_timeout(100)
