@@ -1,12 +1,22 @@
-"""Shared pieces of the benchmarks: free ports, waiting for a server, percentiles."""
+"""Shared pieces of the benchmarks: free ports, waiting for a server, a running service,
+percentiles."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import socket
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
@@ -37,3 +47,42 @@ def percentile(values: list[float], pct: float) -> float:
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+@contextlib.contextmanager
+def running_service(
+    data_dir: str, database_url: str | None, **settings: str
+) -> Iterator[tuple[str, str]]:
+    """``genhook serve`` with the test suite's engines, as (base URL, API key); it is stopped,
+    children and all, on the way out."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "GENHOOK_DATA_DIR": data_dir,
+        "GENHOOK_PORT": str(port),
+        "GENHOOK_EXTRA_ENGINES": '["tests.support.engines:register"]',
+        "GENHOOK_WORKER_POLL_SECONDS": "0.02",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        "GENHOOK_LOG_LEVEL": "WARNING",
+        **{f"GENHOOK_{name.upper()}": value for name, value in settings.items()},
+    }
+    if database_url:
+        env["GENHOOK_DATABASE_URL"] = database_url
+    server = subprocess.Popen(
+        [sys.executable, "-m", "genhook.cli", "serve"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_ready(base + "/readyz")
+        key = json.loads((Path(data_dir) / "credentials.json").read_text())["api_key"]
+        yield base, key
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()

@@ -14,10 +14,7 @@ from __future__ import annotations
 import argparse
 import base64
 import io
-import json
-import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +26,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import free_port, median, percentile, wait_ready  # noqa: E402
+from benchmarks._harness import median, percentile, running_service  # noqa: E402
 
 
 def image_url() -> str:
@@ -84,38 +81,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--database-url", default=None)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        port = free_port()
-        env = {
-            **os.environ,
-            "GENHOOK_DATA_DIR": tmp,
-            "GENHOOK_PORT": str(port),
-            "GENHOOK_WORKERS": "1",
-            "GENHOOK_EXTRA_ENGINES": '["tests.support.engines:register"]',
-            "GENHOOK_WORKER_POLL_SECONDS": "0.02",
-            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
-            "GENHOOK_LOG_LEVEL": "WARNING",
-        }
-        if args.database_url:
-            env["GENHOOK_DATABASE_URL"] = args.database_url
-        server = subprocess.Popen(
-            [sys.executable, "-m", "genhook.cli", "serve"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            base = f"http://127.0.0.1:{port}"
-            wait_ready(base + "/readyz")
-            key = json.loads((Path(tmp) / "credentials.json").read_text())["api_key"]
-            run(base, key, args.tasks, args.rounds)
-        finally:
-            server.terminate()
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        running_service(tmp, args.database_url, workers="1") as (base, key),
+    ):
+        run(base, key, args.tasks, args.rounds)
 
 
 if __name__ == "__main__":
