@@ -6,10 +6,12 @@ The root app registers them with ``register(app)``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
@@ -102,6 +104,17 @@ def resolve_api_key(api_key: str | None, base_url: str | None) -> str | None:
     data, path = found
     err_console.print(f"[dim]using the API key from {escape(str(path))}[/dim]", soft_wrap=True)
     return str(data["api_key"])
+
+
+@contextlib.contextmanager
+def open_client(api_key: str | None, base_url: str | None) -> Iterator[Client]:
+    """The SDK client of one command, with the key ``resolve_api_key`` finds; an API error
+    inside the block is printed with its field errors and ends the command with exit 3."""
+    with Client(resolve_api_key(api_key, base_url), base_url=base_url) as client:
+        try:
+            yield client
+        except GenhookError as exc:
+            raise _fail_request(exc) from None
 
 
 def _fail_request(exc: GenhookError) -> typer.Exit:
@@ -223,23 +236,20 @@ def submit(
     if webhook_url is not None:
         fields["webhook_url"] = webhook_url
     fields.update(_parse_field(item) for item in field)
-    with Client(resolve_api_key(api_key, base_url), base_url=base_url) as client:
-        try:
-            created = client.submit(
-                model,
-                kind=cast(Kind, kind),
-                idempotency_key=idempotency_key,
-                start_deadline=start_deadline,
-                **fields,
-            )
-            if not wait_for_it:
-                print_prediction(created, as_json)
-                return
-            if not as_json:
-                console.print(f"submitted [bold]{created.id}[/bold]")
-            final = _wait_with_progress(client, created.id, timeout, as_json)
-        except GenhookError as exc:
-            raise _fail_request(exc) from None
+    with open_client(api_key, base_url) as client:
+        created = client.submit(
+            model,
+            kind=cast(Kind, kind),
+            idempotency_key=idempotency_key,
+            start_deadline=start_deadline,
+            **fields,
+        )
+        if not wait_for_it:
+            print_prediction(created, as_json)
+            return
+        if not as_json:
+            console.print(f"submitted [bold]{created.id}[/bold]")
+        final = _wait_with_progress(client, created.id, timeout, as_json)
     print_prediction(final, as_json)
     _exit_for(final)
 
@@ -251,11 +261,8 @@ def result(
     as_json: bool = AS_JSON,
 ) -> None:
     """Print a task's current state."""
-    with Client(resolve_api_key(api_key, base_url), base_url=base_url) as client:
-        try:
-            prediction = client.result(task_id)
-        except GenhookError as exc:
-            raise _fail_request(exc) from None
+    with open_client(api_key, base_url) as client:
+        prediction = client.result(task_id)
     print_prediction(prediction, as_json)
 
 
@@ -267,11 +274,8 @@ def wait(
     as_json: bool = AS_JSON,
 ) -> None:
     """Poll a task with backoff until it ends; exit 1 if it failed, 2 if still running."""
-    with Client(resolve_api_key(api_key, base_url), base_url=base_url) as client:
-        try:
-            prediction = _wait_with_progress(client, task_id, timeout, as_json)
-        except GenhookError as exc:
-            raise _fail_request(exc) from None
+    with open_client(api_key, base_url) as client:
+        prediction = _wait_with_progress(client, task_id, timeout, as_json)
     print_prediction(prediction, as_json)
     _exit_for(prediction)
 
@@ -283,11 +287,8 @@ def models(
     as_json: bool = AS_JSON,
 ) -> None:
     """List the service's models: kind, submit path, price and deadline."""
-    with Client(resolve_api_key(api_key, base_url), base_url=base_url) as client:
-        try:
-            found = [client.model(model_id)] if model_id else client.models()
-        except GenhookError as exc:
-            raise _fail_request(exc) from None
+    with open_client(api_key, base_url) as client:
+        found = [client.model(model_id)] if model_id else client.models()
     if as_json:
         raw = [m.raw for m in found]
         console.print_json(json.dumps(raw[0] if model_id else {"models": raw}))

@@ -13,11 +13,10 @@ from genhook.cli.client_cmds import (
     API_KEY,
     AS_JSON,
     BASE_URL,
-    _fail_request,
+    open_client,
     print_prediction,
-    resolve_api_key,
 )
-from genhook.client import Client, GenhookError
+from genhook.client import GenhookError
 
 console = Console(highlight=False)
 
@@ -34,11 +33,8 @@ def cancel(
     as_json: bool = AS_JSON,
 ) -> None:
     """Cancel a task that has not ended; exit 3 if it already had (HTTP 409) or is unknown."""
-    with Client(resolve_api_key(api_key, base_url), base_url=base_url) as client:
-        try:
-            prediction = client.cancel(task_id)
-        except GenhookError as exc:
-            raise _fail_request(exc) from None
+    with open_client(api_key, base_url) as client:
+        prediction = client.cancel(task_id)
     print_prediction(prediction, as_json)
 
 

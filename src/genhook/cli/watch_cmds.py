@@ -19,13 +19,12 @@ from genhook.cli.client_cmds import (
     AS_JSON,
     BASE_URL,
     EXIT_TASK_FAILED,
-    _fail_request,
     _status_style,
     console,
+    open_client,
     print_prediction,
-    resolve_api_key,
 )
-from genhook.client import Client, GenhookError, LogLine, Prediction
+from genhook.client import LogLine, Prediction
 
 
 def register(app: typer.Typer) -> None:
@@ -53,14 +52,11 @@ def tasks(
     table.add_column("id", no_wrap=True, min_width=32)
     for name in ("model", "status", "created_at", "completed_at"):
         table.add_column(name, overflow="fold")
-    with Client(resolve_api_key(api_key, base_url), base_url=base_url) as client:
+    with open_client(api_key, base_url) as client:
         while True:
-            try:
-                page = client.tasks(
-                    status=status or None, model=model, since=since, limit=limit, cursor=cursor
-                )
-            except GenhookError as exc:
-                raise _fail_request(exc) from None
+            page = client.tasks(
+                status=status or None, model=model, since=since, limit=limit, cursor=cursor
+            )
             if as_json:
                 console.print_json(json.dumps(page.raw))
             for item in page.items:
@@ -118,22 +114,19 @@ def watch(
     started = time.monotonic()
     logs: list[LogLine] = []
     final: Prediction | None = None
-    with Client(resolve_api_key(api_key, base_url), base_url=base_url) as client:
-        try:
-            if as_json:
+    with open_client(api_key, base_url) as client:
+        if as_json:
+            for event in client.events(task_id):
+                typer.echo(
+                    json.dumps({"id": event.id, "event": event.event, **event.prediction.raw})
+                )
+                final = event.prediction
+        else:
+            with Live(console=console, refresh_per_second=8, transient=True) as live:
                 for event in client.events(task_id):
-                    typer.echo(
-                        json.dumps({"id": event.id, "event": event.event, **event.prediction.raw})
-                    )
+                    logs += event.prediction.logs
                     final = event.prediction
-            else:
-                with Live(console=console, refresh_per_second=8, transient=True) as live:
-                    for event in client.events(task_id):
-                        logs += event.prediction.logs
-                        final = event.prediction
-                        live.update(render(final, logs, time.monotonic() - started))
-        except GenhookError as exc:
-            raise _fail_request(exc) from None
+                    live.update(render(final, logs, time.monotonic() - started))
     if final is None:
         return
     if not as_json:
