@@ -25,7 +25,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from genhook.webhooks import WebhookVerifier
+from genhook.receiver import WebhookVerifier
 
 
 def b64url(data: bytes) -> str:

@@ -35,10 +35,10 @@ from sqlalchemy import insert, update
 
 from genhook.config import Settings
 from genhook.db import Account, Base, Database, Task, WebhookDelivery, now_ms
-from genhook.webhooks import outbox
-from genhook.webhooks.fairness import destination_of
-from genhook.webhooks.outbox import build_body, enqueue_delivery
-from genhook.webhooks.service import WebhookService
+from genhook.sender import outbox
+from genhook.sender.fairness import destination_of
+from genhook.sender.outbox import build_body, enqueue_delivery
+from genhook.sender.service import WebhookService
 
 CONCURRENCY = 128
 # CPU microseconds per delivery, per measurement: the process and, for the service, its

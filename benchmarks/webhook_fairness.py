@@ -42,10 +42,10 @@ from genhook.db import (
     WebhookDelivery,
     now_ms,
 )
-from genhook.webhooks.destinations import list_destinations
-from genhook.webhooks.fairness import destination_of
-from genhook.webhooks.outbox import build_body, enqueue_delivery
-from genhook.webhooks.service import WebhookService
+from genhook.sender.destinations import list_destinations
+from genhook.sender.fairness import destination_of
+from genhook.sender.outbox import build_body, enqueue_delivery
+from genhook.sender.service import WebhookService
 
 HANG_SECONDS = 5.0
 

@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
-from genhook.webhooks import SQLiteDedupStore, WebhookEvent, WebhookVerifier, webhook_dependency
+from genhook.receiver import SQLiteDedupStore, WebhookEvent, WebhookVerifier, webhook_dependency
 
 log = logging.getLogger("receiver")
 

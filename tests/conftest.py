@@ -23,8 +23,8 @@ from genhook.config import Settings
 from genhook.db import Database
 from genhook.db.migrate import upgrade_in_thread
 from genhook.engines.registry import build_registry
+from genhook.sender.keys import load_encryption_key
 from genhook.tasks import Worker
-from genhook.webhooks.keys import load_encryption_key
 from tests.support import netguard
 from tests.support.postgres import PostgresServer, free_port, running_postgres
 

@@ -56,7 +56,7 @@ async def create_account(
     secret = new_signing_secret()
     stored = secret
     if encryption_key is not None:
-        from genhook.webhooks.secret_box import seal_secret
+        from genhook.sender.secret_box import seal_secret
 
         stored = seal_secret(secret, account_id, encryption_key)
     api_key = _new_key()

@@ -48,8 +48,8 @@ async def bootstrap(settings: Settings) -> dict[str, str] | None:
 
     from genhook.accounts import create_account
     from genhook.db import Account, Database
-    from genhook.webhooks.keys import load_encryption_key
-    from genhook.webhooks.secret_box import seal_plaintext_secrets
+    from genhook.sender.keys import load_encryption_key
+    from genhook.sender.secret_box import seal_plaintext_secrets
 
     db = Database(settings.resolved_database_url)
     encryption_key = load_encryption_key(settings)

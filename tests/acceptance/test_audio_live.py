@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from genhook.client import Client, SttResult
-from genhook.webhooks import WebhookVerifier
+from genhook.receiver import WebhookVerifier
 from tests.acceptance.test_client_live import Inbox
 from tests.conftest import NETGUARD, ROOT, LiveService, start_service, stop_service
 from tests.support.speech import word_error_rate

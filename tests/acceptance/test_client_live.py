@@ -29,7 +29,7 @@ from genhook.client import (
     Unauthorized,
 )
 from genhook.client._listen import Delivery, Listener
-from genhook.webhooks import VerificationFailure, WebhookVerificationError, WebhookVerifier
+from genhook.receiver import VerificationFailure, WebhookVerificationError, WebhookVerifier
 from tests.conftest import LiveService, start_service, stop_service
 
 MODEL = "test/fake-edit"

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from genhook.client import Client, Conflict, Prediction, TooManyRequests
-from genhook.webhooks import WebhookVerifier
+from genhook.receiver import WebhookVerifier
 from tests.acceptance.test_client_live import Inbox
 from tests.conftest import LiveService, start_service, stop_service
 

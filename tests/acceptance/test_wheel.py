@@ -72,7 +72,7 @@ def test_wheel_installs_and_imports_in_a_clean_venv(tmp_path: Path) -> None:
     site = next((venv / "lib").glob("python3*/site-packages"))
     (site / "sdk-deps.pth").write_text(str(tmp_path / "deps") + "\n")
     probe = (
-        "import sys, genhook.client as c, genhook.webhooks\n"
+        "import sys, genhook.client as c, genhook.receiver\n"
         "assert c.__file__.startswith(sys.prefix), c.__file__\n"
         f"loaded = [m for m in {SERVER_ONLY!r} if m in sys.modules]\n"
         "assert not loaded, loaded\n"

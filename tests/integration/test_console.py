@@ -16,7 +16,7 @@ from genhook.console.routes import build_body, form_fields, snippets
 from genhook.console.session import COOKIE, SessionSigner
 from genhook.engines.audio._requests import TextToSpeechRequest
 from genhook.engines.edit_request import EditRequest
-from genhook.webhooks.keys import ensure_signing_key, rotate_signing_key
+from genhook.sender.keys import ensure_signing_key, rotate_signing_key
 from tests.conftest import Harness, make_harness, make_settings
 from tests.support.images import data_url
 

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from genhook.client._listen import Delivery, Listener
-from genhook.webhooks import VerificationFailure, WebhookVerifier
+from genhook.receiver import VerificationFailure, WebhookVerifier
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = Ed25519PrivateKey.generate()

@@ -12,8 +12,8 @@ from sqlalchemy import select
 from genhook.accounts import create_account
 from genhook.config import Settings
 from genhook.db import Account, Database
-from genhook.webhooks.keys import SigningKeyError, load_encryption_key, new_encryption_key
-from genhook.webhooks.secret_box import (
+from genhook.sender.keys import SigningKeyError, load_encryption_key, new_encryption_key
+from genhook.sender.secret_box import (
     SecretOpener,
     is_sealed,
     open_secret,

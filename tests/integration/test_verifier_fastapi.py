@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from genhook.webhooks import (
+from genhook.receiver import (
     MemoryDedupStore,
     WebhookEvent,
     WebhookVerificationError,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from genhook.webhooks import VerificationFailure, WebhookVerificationError, WebhookVerifier
+from genhook.receiver import VerificationFailure, WebhookVerificationError, WebhookVerifier
 from tests.support.jwk import b64url, jwk
 
 

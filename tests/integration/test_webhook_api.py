@@ -17,12 +17,12 @@ from sqlalchemy import update
 
 from genhook.accounts import NewAccount, create_account
 from genhook.api import AppState, build_state, create_app
-from genhook.client._signature import b64url_decode, hmac_hex
 from genhook.db import Database, WebhookDelivery
 from genhook.engines.registry import build_registry
+from genhook.sender.keys import ensure_signing_key, load_encryption_key
+from genhook.sender.service import WebhookService
+from genhook.signature import b64url_decode, hmac_hex
 from genhook.tasks import Worker
-from genhook.webhooks.keys import ensure_signing_key, load_encryption_key
-from genhook.webhooks.service import WebhookService
 from tests.support.images import data_url
 from tests.support.webhook_receiver import (
     Receiver,

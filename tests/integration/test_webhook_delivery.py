@@ -16,12 +16,12 @@ from aiohttp import web
 from nacl.signing import VerifyKey
 from sqlalchemy import select
 
-from genhook.client._signature import b64url_decode
 from genhook.config import Settings
 from genhook.db import Database, WebhookAttempt, WebhookDelivery
 from genhook.net import AddressPolicy
-from genhook.webhooks.keys import ensure_signing_key, jwks, rotate_signing_key
-from genhook.webhooks.service import WebhookService
+from genhook.sender.keys import ensure_signing_key, jwks, rotate_signing_key
+from genhook.sender.service import WebhookService
+from genhook.signature import b64url_decode
 from tests.support.webhook_receiver import (
     MapResolver,
     Receiver,

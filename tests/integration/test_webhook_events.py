@@ -18,9 +18,9 @@ from genhook.accounts import NewAccount, create_account
 from genhook.api import AppState, build_state, create_app
 from genhook.db import Database
 from genhook.engines.registry import build_registry
+from genhook.sender.keys import ensure_signing_key
+from genhook.sender.service import WebhookService
 from genhook.tasks import Worker
-from genhook.webhooks.keys import ensure_signing_key
-from genhook.webhooks.service import WebhookService
 from tests.support.images import data_url
 from tests.support.webhook_receiver import Receiver, create_schema, status, webhook_settings
 

@@ -13,9 +13,9 @@ from sqlalchemy import select
 
 from genhook.config import Settings
 from genhook.db import Database, WebhookAttempt, WebhookDelivery
-from genhook.webhooks.destinations import list_destinations
-from genhook.webhooks.fairness import destination_of
-from genhook.webhooks.service import WebhookService
+from genhook.sender.destinations import list_destinations
+from genhook.sender.fairness import destination_of
+from genhook.sender.service import WebhookService
 from tests.support.webhook_receiver import (
     Receiver,
     add_account,

@@ -11,12 +11,12 @@ from pathlib import Path
 from sqlalchemy import select
 
 from genhook.db import Database, WebhookAttempt, WebhookDelivery
-from genhook.webhooks.dispatcher import Dispatcher
-from genhook.webhooks.fairness import Rooms
-from genhook.webhooks.feed import Attempt, AttemptFeed, Outcome
-from genhook.webhooks.keys import KeyRing, ensure_signing_key
-from genhook.webhooks.queue import UNLIMITED
-from genhook.webhooks.service import WebhookService
+from genhook.sender.dispatcher import Dispatcher
+from genhook.sender.fairness import Rooms
+from genhook.sender.feed import Attempt, AttemptFeed, Outcome
+from genhook.sender.keys import KeyRing, ensure_signing_key
+from genhook.sender.queue import UNLIMITED
+from genhook.sender.service import WebhookService
 from tests.support.webhook_receiver import (
     Receiver,
     add_account,

@@ -15,10 +15,9 @@ import pytest
 from nacl.signing import VerifyKey
 from sqlalchemy import select
 
-from genhook.client._signature import b64url_decode
 from genhook.config import Settings
 from genhook.db import Database, WebhookAttempt, WebhookDelivery, now_ms
-from genhook.webhooks.feed import (
+from genhook.sender.feed import (
     Attempt,
     AttemptFeed,
     FeedError,
@@ -26,7 +25,8 @@ from genhook.webhooks.feed import (
     Outcome,
     ProcessFeed,
 )
-from genhook.webhooks.keys import KeyRing, ensure_signing_key, jwks
+from genhook.sender.keys import KeyRing, ensure_signing_key, jwks
+from genhook.signature import b64url_decode
 from tests.integration.test_webhook_queue import ODD_BODY, add_deliveries
 from tests.support.webhook_receiver import add_account, create_schema, webhook_settings
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from genhook.config import Settings
 from genhook.db import Account, Database, SigningKey
 from genhook.errors import Conflict
-from genhook.webhooks.keys import (
+from genhook.sender.keys import (
     DAY_MS,
     KEY_FILE_NAME,
     SigningKeyError,
@@ -27,7 +27,7 @@ from genhook.webhooks.keys import (
     retire_signing_key,
     rotate_signing_key,
 )
-from genhook.webhooks.secret_box import is_sealed, open_secret
+from genhook.sender.secret_box import is_sealed, open_secret
 from tests.support.webhook_receiver import add_account, create_schema, webhook_settings
 
 

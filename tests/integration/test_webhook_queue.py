@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import insert, select, update
 
 from genhook.db import Database, Task, WebhookAttempt, WebhookDelivery, now_ms
-from genhook.webhooks.queue import Claimed, DeliveryQueue, Recorded, delivery_queue
+from genhook.sender.queue import Claimed, DeliveryQueue, Recorded, delivery_queue
 from tests.support.webhook_receiver import add_account, create_schema, terminal_task
 
 # Bytes a JSON-in-SQL round trip could corrupt: NUL, invalid UTF-8, quotes, non-ASCII.

@@ -17,12 +17,12 @@ from sqlalchemy import insert, select, text
 
 from genhook.config import Settings
 from genhook.db import Database, WebhookAttempt, WebhookDelivery, now_ms
-from genhook.webhooks import queue
-from genhook.webhooks.dispatcher import Dispatcher
-from genhook.webhooks.feed import ProcessFeed
-from genhook.webhooks.keys import KeyRing, ensure_signing_key
-from genhook.webhooks.reconcile import Reconciler
-from genhook.webhooks.service import WebhookService
+from genhook.sender import queue
+from genhook.sender.dispatcher import Dispatcher
+from genhook.sender.feed import ProcessFeed
+from genhook.sender.keys import KeyRing, ensure_signing_key
+from genhook.sender.reconcile import Reconciler
+from genhook.sender.service import WebhookService
 from tests.support.webhook_receiver import (
     Receiver,
     add_account,
@@ -39,7 +39,7 @@ SENDER = """
 import asyncio
 from genhook.config import Settings
 from genhook.db import Database
-from genhook.webhooks.service import WebhookService
+from genhook.sender.service import WebhookService
 
 async def main() -> None:
     settings = Settings()

@@ -14,11 +14,11 @@ from sqlalchemy import update
 from standardwebhooks import Webhook
 
 from genhook.client import standard_secret
-from genhook.client._signature import b64url_decode, hmac_hex
 from genhook.config import Settings
 from genhook.db import Account, Database, WebhookDelivery
-from genhook.webhooks.keys import ensure_signing_key, jwks
-from genhook.webhooks.service import WebhookService
+from genhook.sender.keys import ensure_signing_key, jwks
+from genhook.sender.service import WebhookService
+from genhook.signature import b64url_decode, hmac_hex
 from tests.support.webhook_receiver import (
     Receiver,
     add_account,

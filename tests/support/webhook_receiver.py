@@ -18,7 +18,7 @@ from aiohttp import web
 
 from genhook.config import Settings
 from genhook.db import Account, Base, Database, Task, now_ms
-from genhook.webhooks.outbox import enqueue_delivery
+from genhook.sender.outbox import enqueue_delivery
 
 Behaviour = Callable[[web.Request, int], Awaitable[web.StreamResponse]]
 

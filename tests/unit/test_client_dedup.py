@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from genhook.webhooks import DedupStore, MemoryDedupStore, SQLiteDedupStore
+from genhook.receiver import DedupStore, MemoryDedupStore, SQLiteDedupStore
 
 
 @pytest.fixture(params=["memory", "sqlite"])

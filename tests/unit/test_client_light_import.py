@@ -1,7 +1,7 @@
 """``pip install genhook`` (no ``server`` extra) must give a working SDK and receiver.
 
 A subprocess installs a meta-path blocker that makes every server dependency unimportable,
-then imports and exercises ``genhook.client`` and ``genhook.webhooks``.
+then imports and exercises ``genhook.client`` and ``genhook.receiver``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ EXERCISE = textwrap.dedent(
         raise SystemExit("the blocker does not work")
 
     import genhook.client as sdk
-    import genhook.webhooks as hooks
+    import genhook.receiver as hooks
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 

@@ -13,10 +13,10 @@ import pytest
 from genhook.config import Settings
 from genhook.db import Database
 from genhook.net import AddressPolicy
-from genhook.webhooks.dispatcher import Dispatcher
-from genhook.webhooks.fairness import Rooms
-from genhook.webhooks.feed import Attempt, Outcome
-from genhook.webhooks.queue import UNLIMITED
+from genhook.sender.dispatcher import Dispatcher
+from genhook.sender.fairness import Rooms
+from genhook.sender.feed import Attempt, Outcome
+from genhook.sender.queue import UNLIMITED
 from tests.support.webhook_receiver import create_schema
 
 

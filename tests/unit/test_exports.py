@@ -55,7 +55,7 @@ EXPORTS: dict[str, list[str]] = {
         "verify_request",
         "webhook_dependency",
     ],
-    "genhook.webhooks": [
+    "genhook.receiver": [
         "DedupStore",
         "MemoryDedupStore",
         "SQLiteDedupStore",
@@ -66,6 +66,19 @@ EXPORTS: dict[str, list[str]] = {
         "parse_jwks",
         "verify_request",
         "webhook_dependency",
+    ],
+    "genhook.signature": [
+        "STANDARD_HEADERS",
+        "USER_AGENT_TEMPLATE",
+        "b64url_decode",
+        "b64url_encode",
+        "ed25519_message",
+        "header_names",
+        "hmac_hex",
+        "standard_message",
+        "standard_secret",
+        "standard_secret_key",
+        "standard_v1",
     ],
     "genhook.net": [
         "AddressPolicy",

@@ -19,10 +19,10 @@ from standardwebhooks import WebhookVerificationError as StandardError
 
 from genhook.accounts import new_signing_secret
 from genhook.client import standard_secret
-from genhook.client._signature import b64url_decode
-from genhook.webhooks import VerificationFailure, WebhookVerificationError, WebhookVerifier
-from genhook.webhooks.keys import ActiveKey, public_x
-from genhook.webhooks.signing import HeaderSigner
+from genhook.receiver import VerificationFailure, WebhookVerificationError, WebhookVerifier
+from genhook.sender.keys import ActiveKey, public_x
+from genhook.sender.signing import HeaderSigner
+from genhook.signature import b64url_decode
 from tests.support.jwk import jwk
 
 NOW = 1_760_000_000

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from genhook.webhooks import (
+from genhook.receiver import (
     VerificationFailure,
     WebhookVerificationError,
     WebhookVerifier,

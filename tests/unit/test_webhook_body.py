@@ -12,16 +12,16 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from nacl.signing import VerifyKey
 
-from genhook.client._signature import b64url_decode
-from genhook.webhooks.keys import (
+from genhook.sender.keys import (
     ActiveKey,
     SigningKeyError,
     decrypt_private_key,
     encrypt_private_key,
     public_x,
 )
-from genhook.webhooks.outbox import TIMEOUT_ERROR, build_body, event_type_for
-from genhook.webhooks.signing import HeaderSigner
+from genhook.sender.outbox import TIMEOUT_ERROR, build_body, event_type_for
+from genhook.sender.signing import HeaderSigner
+from genhook.signature import b64url_decode
 from tests.support.webhook_receiver import payload_for, terminal_task
 
 

@@ -1,4 +1,4 @@
-"""Admission control and destination health (``genhook.webhooks.fairness``), on a fake clock."""
+"""Admission control and destination health (``genhook.sender.fairness``), on a fake clock."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from genhook.config import Settings
-from genhook.webhooks.fairness import Fairness, destination_of, is_health_failure
+from genhook.sender.fairness import Fairness, destination_of, is_health_failure
 
 A = "https://a.example:443"
 B = "https://b.example:443"

@@ -36,9 +36,9 @@ from genhook.db import Database
 from genhook.engines.registry import Registry, build_registry
 from genhook.faults import RETRY_AFTER_SECONDS
 from genhook.net import AddressPolicy, Resolver
+from genhook.sender.service import WebhookService
 from genhook.storage import open_blob_store
 from genhook.tasks.lifecycle import Lifecycle
-from genhook.webhooks.service import WebhookService
 
 log = logging.getLogger(__name__)
 

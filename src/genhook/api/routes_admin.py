@@ -16,7 +16,7 @@ from genhook.api.errors import ERROR_RESPONSES
 from genhook.api.routes_watch import task_listing
 from genhook.db import Account
 from genhook.errors import Forbidden
-from genhook.webhooks.deliveries import MAX_PAGE, DeliveryPage, list_deliveries
+from genhook.sender.deliveries import MAX_PAGE, DeliveryPage, list_deliveries
 
 router = APIRouter(tags=["admin"])
 

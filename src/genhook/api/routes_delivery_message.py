@@ -15,9 +15,9 @@ from pydantic import BaseModel, Field
 
 from genhook.api.deps import AccountDep, StateDep
 from genhook.api.errors import ERROR_RESPONSES
-from genhook.client._signature import USER_AGENT_TEMPLATE, header_names
 from genhook.db import WebhookDelivery
 from genhook.errors import NotFound
+from genhook.signature import USER_AGENT_TEMPLATE, header_names
 
 router = APIRouter(tags=["webhooks"])
 

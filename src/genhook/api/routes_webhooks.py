@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from genhook.api.deps import AccountDep, StateDep
 from genhook.api.errors import ERROR_RESPONSES, ErrorResponse
-from genhook.webhooks.deliveries import (
+from genhook.sender.deliveries import (
     MAX_PAGE,
     BulkRedelivery,
     BulkRedeliveryResult,
@@ -19,8 +19,8 @@ from genhook.webhooks.deliveries import (
     redeliver,
     redeliver_many,
 )
-from genhook.webhooks.destinations import DestinationList, list_destinations
-from genhook.webhooks.keys import jwks
+from genhook.sender.destinations import DestinationList, list_destinations
+from genhook.sender.keys import jwks
 
 router = APIRouter(tags=["webhooks"])
 

@@ -101,8 +101,8 @@ def worker() -> None:
 def db_upgrade() -> None:
     """Migrate the database schema to the newest version."""
     from genhook.db.migrate import upgrade
-    from genhook.webhooks.keys import load_encryption_key
-    from genhook.webhooks.secret_box import seal_plaintext_secrets
+    from genhook.sender.keys import load_encryption_key
+    from genhook.sender.secret_box import seal_plaintext_secrets
 
     settings = _settings()
     upgrade(settings.resolved_database_url)
@@ -119,7 +119,7 @@ def accounts_create(
 ) -> None:
     """Create an account; prints its id, API key and webhook signing secret once."""
     from genhook.accounts import create_account
-    from genhook.webhooks.keys import load_encryption_key
+    from genhook.sender.keys import load_encryption_key
 
     settings = _settings()
     key = load_encryption_key(settings)

@@ -54,7 +54,7 @@ def _iso(value: int | None) -> str:
 @signing_keys_app.command("rotate")
 def rotate_keys() -> None:
     """Create a new active key; the previous one stays published for the overlap period."""
-    from genhook.webhooks.keys import ensure_signing_key, rotate_signing_key
+    from genhook.sender.keys import ensure_signing_key, rotate_signing_key
 
     async def go(settings: Any, db: Any) -> str:
         await ensure_signing_key(db, settings)
@@ -67,7 +67,7 @@ def rotate_keys() -> None:
 @signing_keys_app.command("list")
 def list_keys(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """All signing keys, with their status and whether the JWKS publishes them."""
-    from genhook.webhooks.keys import list_signing_keys
+    from genhook.sender.keys import list_signing_keys
 
     async def go(_: Any, db: Any) -> list[Any]:
         return await list_signing_keys(db)
@@ -104,7 +104,7 @@ def list_keys(as_json: bool = typer.Option(False, "--json", help="Print JSON."))
 @signing_keys_app.command("retire")
 def retire_key(kid: str = typer.Argument(..., help="A rotated key's id.")) -> None:
     """Stop publishing a rotated key now (e.g. a compromised one), before its overlap ends."""
-    from genhook.webhooks.keys import retire_signing_key
+    from genhook.sender.keys import retire_signing_key
 
     async def go(_: Any, db: Any) -> None:
         await retire_signing_key(db, kid)
@@ -122,7 +122,7 @@ def list_deliveries_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON, attempt log included."),
 ) -> None:
     """Deliveries, newest first."""
-    from genhook.webhooks.deliveries import DeliveryPage, list_deliveries
+    from genhook.sender.deliveries import DeliveryPage, list_deliveries
 
     async def go(_: Any, db: Any) -> DeliveryPage:
         return await list_deliveries(
@@ -146,7 +146,7 @@ def redeliver_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Send a delivery again now with a fresh retry budget (numbering continues)."""
-    from genhook.webhooks.deliveries import DeliveryView, redeliver
+    from genhook.sender.deliveries import DeliveryView, redeliver
 
     async def go(_: Any, db: Any) -> DeliveryView:
         return await redeliver(db, delivery_id, account_id=None)
@@ -170,7 +170,7 @@ def redeliver_all_cmd(
     """Redeliver matching deliveries, oldest first (bounded; repeating it is harmless)."""
     from pydantic import ValidationError
 
-    from genhook.webhooks.deliveries import (
+    from genhook.sender.deliveries import (
         BulkRedelivery,
         BulkRedeliveryResult,
         redeliver_many,
@@ -239,8 +239,8 @@ def rotate_secret(
     secret = new_signing_secret()
 
     async def go(settings: Any, db: Any) -> None:
-        from genhook.webhooks.keys import load_encryption_key
-        from genhook.webhooks.secret_box import seal_secret
+        from genhook.sender.keys import load_encryption_key
+        from genhook.sender.secret_box import seal_secret
 
         sealed = seal_secret(secret, account, load_encryption_key(settings))
         async with db.write() as session:

@@ -1,6 +1,6 @@
 """The genhook SDK: the API client and the webhook receiver toolkit.
 
-Needs only httpx and cryptography; ``genhook.webhooks`` re-exports the receiver half.
+Needs only httpx and cryptography; ``genhook.receiver`` re-exports the receiver half.
 """
 
 from genhook.client._client import DEFAULT_BASE_URL, EDIT_MODEL, AsyncClient, Client
@@ -26,7 +26,6 @@ from genhook.client._models import (
     Usage,
     UsageItem,
 )
-from genhook.client._signature import standard_secret
 from genhook.client._sse import SSEDecoder
 from genhook.client._starlette import verify_request, webhook_dependency
 from genhook.client._verifier import WebhookVerifier
@@ -41,6 +40,7 @@ from genhook.errors import (
     TooManyRequests,
     Unauthorized,
 )
+from genhook.signature import standard_secret
 
 __all__ = [
     "DEFAULT_BASE_URL",

@@ -18,7 +18,7 @@ import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from genhook.client._event import VerificationFailure, WebhookVerificationError
-from genhook.client._signature import b64url_decode
+from genhook.signature import b64url_decode
 
 Keys = dict[str, Ed25519PublicKey]
 

@@ -26,7 +26,7 @@ from genhook.client._event import (
     WebhookVerificationError,
 )
 from genhook.client._jwks import RemoteKeys, StaticKeys
-from genhook.client._signature import (
+from genhook.signature import (
     ed25519_message,
     header_names,
     hmac_hex,

@@ -21,6 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from genhook.config import Settings
 from genhook.db import Blob, Database, Task, UsageLine, now_ms
 from genhook.errors import ErrorCode
+from genhook.sender.events import enqueue_processing
+from genhook.sender.outbox import enqueue_delivery, event_type_for
 from genhook.storage import BlobStore
 from genhook.task_states import (
     ACTIVE,
@@ -31,8 +33,6 @@ from genhook.task_states import (
     TERMINAL,
 )
 from genhook.tasks.views import TIMEOUT_MESSAGE, prediction_view
-from genhook.webhooks.events import enqueue_processing
-from genhook.webhooks.outbox import enqueue_delivery, event_type_for
 
 log = logging.getLogger(__name__)
 

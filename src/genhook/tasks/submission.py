@@ -23,10 +23,10 @@ from genhook.engines.registry import PATH_KINDS, Registry, submit_paths
 from genhook.errors import FieldError, InvalidRequest
 from genhook.media import CONTENT_TYPES
 from genhook.net import AddressPolicy
+from genhook.sender.events import take_webhook_events
 from genhook.storage import BlobStore
 from genhook.tasks.admission import Admission, request_hash
 from genhook.validation import describe
-from genhook.webhooks.events import take_webhook_events
 
 
 class GroupInserter:

@@ -67,7 +67,7 @@ def upgrade() -> None:
 
 def _backfill_destinations() -> None:
     """Pending deliveries get their destination, so claims and workers agree on lanes."""
-    from genhook.webhooks.fairness import destination_of
+    from genhook.sender.fairness import destination_of
 
     bind = op.get_bind()
     rows = bind.execute(

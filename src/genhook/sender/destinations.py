@@ -1,6 +1,6 @@
 """Destination health as the API shows it: each worker's circuit changes, persisted.
 
-Delivery workers keep their circuit breakers in memory (``genhook.webhooks.fairness``) and
+Delivery workers keep their circuit breakers in memory (``genhook.sender.fairness``) and
 write every change here, off the send path, so ``GET /api/v1/webhooks/destinations`` shows
 what the workers see. With several workers the newest change wins.
 """
@@ -13,8 +13,8 @@ from pydantic import BaseModel, Field
 from sqlalchemy import ColumnElement, case, func, or_, select, update
 
 from genhook.db import Database, WebhookDelivery, WebhookDestination, now_ms
+from genhook.sender.fairness import Transition
 from genhook.tasks.views import iso_ms
-from genhook.webhooks.fairness import Transition
 
 # Destinations with a delivery this recent (or one still pending) are listed.
 WINDOW_MS = 24 * 3600 * 1000

@@ -1,6 +1,6 @@
 """Delivery workers: send signed attempts and report how they ended.
 
-The dispatcher is the sending half. Its attempt feed (``genhook.webhooks.feed``) is the
+The dispatcher is the sending half. Its attempt feed (``genhook.sender.feed``) is the
 other: it records outcomes, claims due deliveries under a lease and signs them, one write
 transaction per batch, so any number of processes can dispatch from one database. Signed
 attempts wait in a ready queue for a pool of sender tasks, and the next batch is asked for
@@ -38,11 +38,11 @@ from genhook.net import (
 )
 from genhook.net import parse_target as _parse_target
 from genhook.retry import backoff_delay, parse_retry_after
-from genhook.webhooks.destinations import record_transitions
-from genhook.webhooks.fairness import Fairness, Rooms, is_health_failure
-from genhook.webhooks.feed import Attempt, Outcome, attempt_feed
-from genhook.webhooks.keys import KeyRing
-from genhook.webhooks.queue import UNLIMITED
+from genhook.sender.destinations import record_transitions
+from genhook.sender.fairness import Fairness, Rooms, is_health_failure
+from genhook.sender.feed import Attempt, Outcome, attempt_feed
+from genhook.sender.keys import KeyRing
+from genhook.sender.queue import UNLIMITED
 
 log = logging.getLogger(__name__)
 

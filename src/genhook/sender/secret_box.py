@@ -1,5 +1,5 @@
 """Accounts' HMAC signing secrets, encrypted at rest with the key-encryption key that also
-protects the Ed25519 private keys (``genhook.webhooks.keys``).
+protects the Ed25519 private keys (``genhook.sender.keys``).
 
 Unlike API keys, a signing secret cannot be stored hashed: the service needs it to sign.
 It is stored as ``sealed:v1:<base64url(nonce | AES-256-GCM ciphertext)>``, with the account
@@ -16,9 +16,9 @@ import secrets
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from sqlalchemy import select, update
 
-from genhook.client._signature import b64url_decode, b64url_encode
 from genhook.db import Account, Database
-from genhook.webhooks.keys import SigningKeyError
+from genhook.sender.keys import SigningKeyError
+from genhook.signature import b64url_decode, b64url_encode
 
 SEALED_PREFIX = "sealed:v1:"
 _CACHE_LIMIT = 10_000

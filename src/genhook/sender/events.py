@@ -26,8 +26,8 @@ from sqlalchemy.orm import aliased
 
 from genhook.db import Task, WebhookDelivery
 from genhook.errors import FieldError, InvalidRequest
-from genhook.webhooks.fairness import destination_of
-from genhook.webhooks.outbox import add_after_commit_wake, new_delivery_id
+from genhook.sender.fairness import destination_of
+from genhook.sender.outbox import add_after_commit_wake, new_delivery_id
 
 EVENTS = ("processing", "terminal")
 SUPERSEDED = "superseded by the terminal event"

@@ -2,7 +2,7 @@
 
 ``migration`` (default) sends the HMAC in ``X-<Brand>-Webhook-Signature`` and the Ed25519
 signature in ``...-Signature-Ed25519``; ``ed25519`` retires HMAC and sends the Ed25519
-signature in both headers. What is signed lives in ``genhook.client._signature``, shared
+signature in both headers. What is signed lives in ``genhook.signature``, shared
 with the SDK verifier.
 
 With Standard Webhooks on (per account, or ``webhook_standard_headers``), ``webhook-id``
@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from typing import Literal, Protocol
 
-from genhook.client._signature import (
+from genhook.sender.keys import ActiveKey
+from genhook.signature import (
     USER_AGENT_TEMPLATE,
     b64url_encode,
     ed25519_message,
@@ -30,7 +31,6 @@ from genhook.client._signature import (
     standard_secret_key,
     standard_v1,
 )
-from genhook.webhooks.keys import ActiveKey
 
 SigningMode = Literal["migration", "ed25519"]
 

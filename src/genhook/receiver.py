@@ -1,8 +1,8 @@
 """The receiver side of genhook webhooks: verify, deduplicate, plug into a web framework.
 
 Everything here comes from the light ``genhook.client`` modules, so a receiver needs only
-``pip install genhook``. The service's sending side lives in this package's other modules
-and is never imported from here.
+the bare install. The service's sending side is ``genhook.sender`` and is never imported
+from here; both sides read the wire format from ``genhook.signature``.
 """
 
 from genhook.client import (

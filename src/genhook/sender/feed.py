@@ -3,7 +3,7 @@
 The dispatcher's senders hand in finished attempts (``Outcome``) and ask for more; the feed
 records the outcomes, claims the next due deliveries under a lease and signs them, all in
 one exchange. ``LocalFeed`` does this in the dispatcher's own process. ``ProcessFeed`` runs
-a ``LocalFeed`` in a helper process (``genhook.webhooks.feed_child``) and talks to it over a
+a ``LocalFeed`` in a helper process (``genhook.sender.feed_child``) and talks to it over a
 pipe: the sending process then spends its event loop on HTTP alone, and the feed's database
 and signing work runs on another core without waiting for that loop's GIL.
 """
@@ -26,11 +26,11 @@ from typing import Any, NamedTuple, Protocol
 from genhook.config import Settings
 from genhook.db import Database, now_ms
 from genhook.retry import backoff_delay, clamp
-from genhook.webhooks.fairness import Rooms, destination_of
-from genhook.webhooks.keys import KeyRing, load_encryption_key
-from genhook.webhooks.queue import UNLIMITED, Claimed, Recorded, delivery_queue
-from genhook.webhooks.secret_box import SecretOpener
-from genhook.webhooks.signing import HeaderSigner
+from genhook.sender.fairness import Rooms, destination_of
+from genhook.sender.keys import KeyRing, load_encryption_key
+from genhook.sender.queue import UNLIMITED, Claimed, Recorded, delivery_queue
+from genhook.sender.secret_box import SecretOpener
+from genhook.sender.signing import HeaderSigner
 
 log = logging.getLogger(__name__)
 
@@ -361,7 +361,7 @@ class ProcessFeed:
             # Dies with this process even while it is still starting up.
             "genhook.lifeline",
             str(os.getpid()),
-            "genhook.webhooks.feed_child",
+            "genhook.sender.feed_child",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             limit=2**26,

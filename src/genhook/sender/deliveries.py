@@ -19,9 +19,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.db import Database, WebhookAttempt, WebhookDelivery, WebhookReplay, now_ms
 from genhook.errors import Conflict, FieldError, InvalidRequest, NotFound
+from genhook.sender.fairness import destination_of
+from genhook.sender.outbox import wake_dispatchers
 from genhook.tasks.views import iso_ms
-from genhook.webhooks.fairness import destination_of
-from genhook.webhooks.outbox import wake_dispatchers
 
 DELIVERY_STATUSES = ("pending", "delivered", "undeliverable")
 MAX_PAGE = 200

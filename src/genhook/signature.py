@@ -1,6 +1,8 @@
-"""What is signed, and how, in one place for the sender and the verifier.
+"""The webhook signature wire format, one public module for the sender and the verifier.
 
-Imports only the standard library so the SDK stays light.
+``genhook.sender`` signs with it and ``genhook.receiver`` (through ``genhook.client``) checks
+with it, so the two can never disagree on what is signed. Imports only the standard library
+so the SDK stays light.
 """
 
 from __future__ import annotations
@@ -8,6 +10,20 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+
+__all__ = [
+    "STANDARD_HEADERS",
+    "USER_AGENT_TEMPLATE",
+    "b64url_decode",
+    "b64url_encode",
+    "ed25519_message",
+    "header_names",
+    "hmac_hex",
+    "standard_message",
+    "standard_secret",
+    "standard_secret_key",
+    "standard_v1",
+]
 
 
 def b64url_encode(data: bytes) -> str:

@@ -15,8 +15,8 @@ from sqlalchemy import event, insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.db import Task, WebhookDelivery
+from genhook.sender.fairness import destination_of
 from genhook.task_states import TERMINAL
-from genhook.webhooks.fairness import destination_of
 
 # A timeout carries a generic message; it does not vary with the task.
 TIMEOUT_ERROR = "The task did not finish before its deadline."
@@ -110,7 +110,7 @@ async def enqueue_delivery(
         )
     )
     # Opt-in progress events: a processing event still pending gives way to this one.
-    from genhook.webhooks.events import supersede_progress
+    from genhook.sender.events import supersede_progress
 
     await supersede_progress(session, task, now)
     add_after_commit_wake(session)

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from genhook.db import Database
 from genhook.db.database import open_sqlite
-from genhook.webhooks.fairness import Rooms
+from genhook.sender.fairness import Rooms
 
 # A claim looks at this many due rows per row it may take (lanes without room excluded
 # first), so its cost follows the claim's size, not the backlog's.
@@ -185,7 +185,7 @@ UPDATE webhook_deliveries
 # time makes it atomic. The windows number each destination's and each account's due rows
 # so that a claim takes no more than their rooms (fairness.Rooms); a delivery whose task has
 # another event in flight waits for it, and a progress event is never sent once its task's
-# terminal event exists (genhook.webhooks.events).
+# terminal event exists (genhook.sender.events).
 _SQLITE_CLAIM = """
 WITH candidates AS (
   SELECT d.id, d.next_attempt_at, coalesce(d.destination, d.url) AS lane_d, d.account_id,

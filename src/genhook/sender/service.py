@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 from genhook.config import Settings
 from genhook.db import Database
 from genhook.net import AddressPolicy, Resolver
+from genhook.sender.dispatcher import LEASE_MARGIN_SECONDS, Dispatcher
+from genhook.sender.keys import KeyRing, ensure_signing_key
+from genhook.sender.outbox import add_wake_listener, remove_wake_listener
+from genhook.sender.reconcile import Reconciler
 from genhook.storage import open_blob_store
-from genhook.webhooks.dispatcher import LEASE_MARGIN_SECONDS, Dispatcher
-from genhook.webhooks.keys import KeyRing, ensure_signing_key
-from genhook.webhooks.outbox import add_wake_listener, remove_wake_listener
-from genhook.webhooks.reconcile import Reconciler
 
 if TYPE_CHECKING:
     from genhook.tasks.retention import Retention

@@ -19,10 +19,10 @@ from sqlalchemy.exc import IntegrityError
 
 from genhook.config import Settings
 from genhook.db import Database, Task, WebhookDelivery, now_ms
+from genhook.sender.events import supersede_stale_progress
+from genhook.sender.keys import retire_expired_keys
+from genhook.sender.outbox import TERMINAL_STATUSES
 from genhook.storage import open_blob_store
-from genhook.webhooks.events import supersede_stale_progress
-from genhook.webhooks.keys import retire_expired_keys
-from genhook.webhooks.outbox import TERMINAL_STATUSES
 
 log = logging.getLogger(__name__)
 

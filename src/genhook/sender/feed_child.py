@@ -1,4 +1,4 @@
-"""The helper process behind ``ProcessFeed``: ``python -m genhook.webhooks.feed_child``.
+"""The helper process behind ``ProcessFeed``: ``python -m genhook.sender.feed_child``.
 
 It reads its settings, database URL, lease owner and lease length from the first frame on
 stdin, answers ``("ready",)``, then serves exchanges in order until stdin closes. Frames go
@@ -17,11 +17,11 @@ import sys
 from genhook.config import Settings
 from genhook.db import Database
 from genhook.lifeline import outlive_parent
-from genhook.webhooks.fairness import Rooms
-from genhook.webhooks.feed import LocalFeed, Outcome, encode_frame, read_frame
-from genhook.webhooks.keys import KeyRing
+from genhook.sender.fairness import Rooms
+from genhook.sender.feed import LocalFeed, Outcome, encode_frame, read_frame
+from genhook.sender.keys import KeyRing
 
-log = logging.getLogger("genhook.webhooks.feed")
+log = logging.getLogger("genhook.sender.feed")
 
 
 async def serve(pipe_in: int, pipe_out: int) -> None:

@@ -32,11 +32,11 @@ from cryptography.hazmat.primitives.serialization import (
 from sqlalchemy import or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from genhook.client._signature import b64url_decode, b64url_encode
 from genhook.config import Settings
 from genhook.db import Database, SigningKey, now_ms
 from genhook.errors import Conflict, NotFound
 from genhook.files import private_dir
+from genhook.signature import b64url_decode, b64url_encode
 
 KEY_FILE_NAME = "webhook-encryption.key"
 _CIPHER_VERSION = b"\x01"
