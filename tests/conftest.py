@@ -27,6 +27,7 @@ from genhook.sender.keys import load_encryption_key
 from genhook.tasks import Worker
 from tests.support import netguard
 from tests.support.postgres import PostgresServer, free_port, running_postgres
+from tests.support.s3 import S3Server, running_s3
 
 ROOT = Path(__file__).resolve().parent.parent
 NETGUARD = ROOT / "tests" / "support" / "netguard"
@@ -41,6 +42,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PostgresServer]:
     with running_postgres() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """moto's S3 server on loopback, for the bucket blob store (tests/support/s3.py)."""
+    with running_s3() as server:
         yield server
 
 

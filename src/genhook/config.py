@@ -11,6 +11,7 @@ from decimal import Decimal
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -45,6 +46,16 @@ class Settings(BaseSettings):
 
     # Storage of inputs and outputs.
     storage: Literal["file", "database"] = "file"
+    # Where ``file`` storage keeps blobs: a directory (default ``<data_dir>/blobs``) or an
+    # S3-compatible bucket, ``s3://bucket/prefix`` (docs/operations.md#blob-storage).
+    blob_store: str | None = None
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    s3_addressing_style: Literal["auto", "path", "virtual"] = "auto"
+    # Outputs in a bucket are streamed through the API, or answered with a redirect to a
+    # presigned URL that lives this long.
+    output_delivery: Literal["stream", "redirect"] = "stream"
+    output_presign_seconds: int = Field(default=300, ge=1, le=7 * 24 * 3600)
 
     # Billing, in USD. Money is Decimal in code and integer micro-dollars in the database.
     price_tier_1_5k_usd: Decimal = Decimal("0.027")
@@ -191,6 +202,16 @@ class Settings(BaseSettings):
             with contextlib.suppress(ValueError):
                 return timedelta(seconds=float(value))
         return value
+
+    @field_validator("blob_store")
+    @classmethod
+    def _blob_store(cls, value: str | None) -> str | None:
+        """A bucket URL names its bucket: a typo fails at start, not at the first upload."""
+        if value and value.startswith("s3:"):
+            parts = urlsplit(value)
+            if not parts.netloc or parts.query or parts.fragment:
+                raise ValueError(f"expected s3://bucket/prefix, got {value!r}")
+        return value or None
 
     @cached_property
     def resolved_database_url(self) -> str:

@@ -26,6 +26,11 @@ T = TypeVar("T")
 RETRY_AFTER_SECONDS = 1
 
 
+class StorageUnavailable(ConnectionError):
+    """A blob store that cannot serve the service right now (a bucket unreachable, timing
+    out, failing or refusing its credentials): the service's fault, cured by a retry."""
+
+
 def is_infrastructure_error(error: BaseException) -> bool:
     """True for storage and database failures that a retry later can cure.
 

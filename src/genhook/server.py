@@ -100,6 +100,7 @@ def worker_main(settings: Settings, index: int, parent: int | None = None) -> No
 async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
     from genhook.api.app import build_state
     from genhook.lifeline import ORPHAN_SIGNAL
+    from genhook.storage.blobs import close_blob_store
     from genhook.tasks.worker import Worker
 
     stop = asyncio.Event()
@@ -125,6 +126,7 @@ async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
         await worker.run(stop)
     finally:
         orphan_watch.cancel()
+        await close_blob_store(state.storage)
         await state.db.dispose()
     return worker.tainted
 

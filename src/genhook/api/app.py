@@ -38,6 +38,7 @@ from genhook.faults import RETRY_AFTER_SECONDS
 from genhook.net import AddressPolicy, Resolver
 from genhook.sender.service import WebhookService
 from genhook.storage import open_blob_store
+from genhook.storage.blobs import close_blob_store
 from genhook.tasks.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ def create_app(
             for job in jobs:
                 with contextlib.suppress(Exception):
                     await job
+            await close_blob_store(state.storage)
             await state.db.dispose()
 
     app = FastAPI(

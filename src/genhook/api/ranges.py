@@ -38,6 +38,17 @@ def byte_range(header: str | None, size: int) -> tuple[int, int] | bool | None:
     return first, min(last, size - 1)
 
 
+def unsatisfiable(size: int) -> Response:
+    """416 with the JSON error shape, for a range past the output's end."""
+    body = error_body(416, f"the range is outside the output's {size} bytes")
+    return Response(
+        json.dumps(body),
+        status_code=416,
+        media_type="application/json",
+        headers={"Content-Range": f"bytes */{size}", "Accept-Ranges": "bytes"},
+    )
+
+
 def ranged_response(
     data: bytes, content_type: str, range_header: str | None, headers: dict[str, str]
 ) -> Response:
@@ -48,13 +59,7 @@ def ranged_response(
     if chosen is None:
         return Response(data, media_type=content_type, headers=headers)
     if chosen is False:
-        body = error_body(416, f"the range is outside the output's {size} bytes")
-        return Response(
-            json.dumps(body),
-            status_code=416,
-            media_type="application/json",
-            headers={"Content-Range": f"bytes */{size}", "Accept-Ranges": "bytes"},
-        )
+        return unsatisfiable(size)
     assert isinstance(chosen, tuple)
     first, last = chosen
     headers["Content-Range"] = f"bytes {first}-{last}/{size}"

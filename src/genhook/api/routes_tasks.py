@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from genhook.api.bodies import BodyLimits, large_body_slot, read_json_body
 from genhook.api.deps import AccountDep, AppState, StateDep, current_account, get_state
 from genhook.api.errors import ERROR_RESPONSES, SUBMIT_ERROR_RESPONSES, ErrorResponse
+from genhook.api.outputs import bucket_output
 from genhook.api.ranges import ranged_response
 from genhook.api.routes_watch import prefer_wait, result_response
 from genhook.api.schemas import PredictionResponse, UsageResponse
@@ -20,6 +21,7 @@ from genhook.db import Account, Task, UsageLine
 from genhook.engines.edit_request import EditRequest
 from genhook.errors import NotFound
 from genhook.storage.blobs import valid_key
+from genhook.storage.s3 import S3BlobStore
 from genhook.tasks.admission import (
     IDEMPOTENCY_HEADER,
     START_DEADLINE_HEADER,
@@ -130,6 +132,7 @@ async def get_result(request_id: str, request: Request) -> Any:
     summary="Download an output (the unguessable URL is the credential)",
     responses={
         200: {"content": {"image/jpeg": {}, "image/png": {}, "video/mp4": {}}},
+        307: {"description": "A presigned URL of the output's bucket (redirect delivery)."},
         206: {"description": "One byte range of the output (HTTP Range requests)"},
         404: ERROR_RESPONSES[404],
         410: {"model": ErrorResponse, "description": "Deleted at the end of its retention."},
@@ -139,6 +142,8 @@ async def get_result(request_id: str, request: Request) -> Any:
 async def get_output(key: str, state: StateDep, request: Request) -> Response:
     if not key.startswith("outputs/") or not valid_key(key):
         raise NotFound("no such output")
+    if isinstance(state.storage, S3BlobStore):
+        return await bucket_output(state.storage, state.settings, state.db, key, request)
     blob = await state.storage.get(key)
     if blob is None:
         await raise_if_expired(state.db, key)

@@ -144,7 +144,20 @@ class DatabaseBlobStore:
             await session.execute(delete(Blob).where(Blob.key == key))
 
 
+async def close_blob_store(store: BlobStore) -> None:
+    """Close what a store holds on the loop (a bucket client's connection pool)."""
+    close = getattr(store, "aclose", None)
+    if close is not None:
+        await close()
+
+
 def open_blob_store(settings: Settings, db: Database) -> BlobStore:
+    """``GENHOOK_STORAGE=database``, else ``GENHOOK_BLOB_STORE``: a bucket or a directory."""
     if settings.storage == "database":
         return DatabaseBlobStore(db)
-    return FileBlobStore(settings.data_dir / "blobs")
+    target = settings.blob_store
+    if target and target.startswith("s3:"):
+        from genhook.storage.s3 import S3BlobStore, parse_s3_url  # aiobotocore only if used
+
+        return S3BlobStore(settings, parse_s3_url(target))
+    return FileBlobStore(Path(target) if target else settings.data_dir / "blobs")

@@ -37,6 +37,7 @@ from genhook.db import (
 )
 from genhook.errors import Gone
 from genhook.storage import BlobStore
+from genhook.storage.inputs import keeps_inputs
 from genhook.task_states import TERMINAL
 from genhook.tasks.views import iso_ms
 
@@ -183,6 +184,9 @@ class Retention:
             for tombstone in tombstones:
                 await self.storage.delete(tombstone["key"])
             input_keys = [item["blob"] for _, _, inputs in due for item in inputs if "blob" in item]
+            if keeps_inputs(self.storage):
+                for key in input_keys:
+                    await self.storage.delete(key)
             async with self.db.write() as session:
                 if input_keys:
                     await session.execute(delete(Blob).where(Blob.key.in_(input_keys)))

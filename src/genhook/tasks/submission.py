@@ -25,6 +25,7 @@ from genhook.media import CONTENT_TYPES
 from genhook.net import AddressPolicy
 from genhook.sender.events import take_webhook_events
 from genhook.storage import BlobStore
+from genhook.storage.inputs import discard_blobs, stage_inputs
 from genhook.tasks.admission import Admission, request_hash
 from genhook.validation import describe
 
@@ -185,10 +186,21 @@ class Submitter:
         if start_deadline is not None:
             task.start_deadline_at = now + int(start_deadline * 1000)
         limits = await self.admission.limits(account_id)
-        if idempotency_key is not None or limits.active:
-            return await self.admission.insert(task, blobs, limits, idempotency_key, digest, now)
-        await self._inserter.insert(task, blobs)
-        return task
+        staged = await stage_inputs(self.storage, blobs)
+        try:
+            created = task
+            if idempotency_key is not None or limits.active:
+                created = await self.admission.insert(
+                    task, [] if staged else blobs, limits, idempotency_key, digest, now
+                )
+            else:
+                await self._inserter.insert(task, [] if staged else blobs)
+        except BaseException:
+            await discard_blobs(self.storage, staged)
+            raise
+        if created is not task:
+            await discard_blobs(self.storage, staged)
+        return created
 
     def _validate(self, path_kind: ModelKind, body: Any, context: dict[str, Any]) -> BaseModel:
         if not isinstance(body, dict):
@@ -226,7 +238,7 @@ def input_rows(
 
     Input images go into the database with the task row, in one transaction: nothing is
     left behind when a submit fails, and the worker on any machine can read them. They are
-    deleted when the task ends.
+    deleted when the task ends. A bucket blob store keeps them instead (storage/inputs.py).
     """
     inputs: list[dict[str, Any]] = []
     blobs: list[dict[str, Any]] = []

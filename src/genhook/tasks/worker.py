@@ -31,6 +31,7 @@ from genhook.net import AddressPolicy, client_ssl_context, fetch_input_image
 from genhook.retry import backoff_delay
 from genhook.storage import BlobStore, DatabaseBlobStore
 from genhook.storage.blobs import extension_of, new_blob_key
+from genhook.storage.inputs import keeps_inputs
 from genhook.tasks.concurrent import run_concurrent
 from genhook.tasks.group_complete import GroupCompleter
 from genhook.tasks.lifecycle import Completion, Lifecycle
@@ -66,8 +67,9 @@ class Worker:
         self._engines: dict[str, Engine] = {}
         self._models = [spec.id for spec in self.registry]
         self._engine_busy = threading.Event()
-        # Input images live in the database with their task (see submission.input_rows).
-        self._inputs = DatabaseBlobStore(self.db)
+        # Input images live in the database with their task (see submission.input_rows),
+        # or in the bucket of a blob store that keeps them.
+        self._inputs = self.storage if keeps_inputs(self.storage) else DatabaseBlobStore(self.db)
         self._ssl_context = client_ssl_context(self.settings.webhook_ca_file)
         # Set when an abandoned engine call is still computing: the process should be replaced.
         self.tainted = False
