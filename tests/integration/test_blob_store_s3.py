@@ -149,7 +149,8 @@ async def test_a_task_with_an_input_runs_on_the_bucket(
     (url,) = result["outputs"]
     path = url.removeprefix("http://testserver")
     key = path.removeprefix("/api/v1/outputs/")
-    assert f"genhook/{key}" in s3_server.keys(bucket)
+    # The worker deleted the input once the task ended; the output stays for retention.
+    assert s3_server.keys(bucket) == [f"genhook/{key}"]
     stored = await h.state.storage.get(key)
     assert stored is not None and stored[1] == "image/jpeg"
     data = stored[0]
@@ -187,6 +188,19 @@ async def test_a_task_with_an_input_runs_on_the_bucket(
     assert s3_server.keys(bucket) == []
     gone = await h.client.get(path)
     assert gone.status_code == 410, gone.text
+
+
+async def test_cancel_deletes_the_input_from_the_bucket(
+    bucket_harness: Harness, s3_server: S3Server
+) -> None:
+    h = bucket_harness
+    assert isinstance(h.state.storage, S3BlobStore)
+    task_id = await submit(h)
+    assert s3_server.keys(h.state.storage.location.bucket) == [f"genhook/inputs/{task_id}_0.png"]
+    canceled = await h.client.post(f"/api/v1/model/result/{task_id}/cancel", headers=h.headers)
+    assert canceled.status_code == 200 and canceled.json()["status"] == "canceled"
+    assert s3_server.keys(h.state.storage.location.bucket) == []
+    assert await h.run_all() == 0
 
 
 async def test_a_base64_result_reads_the_bucket(bucket_harness: Harness) -> None:

@@ -11,6 +11,7 @@ from genhook.api.deps import AccountDep, StateDep
 from genhook.api.errors import ERROR_RESPONSES, ErrorResponse
 from genhook.api.schemas import PredictionResponse
 from genhook.errors import Conflict, FieldError, NotFound
+from genhook.storage.inputs import discard_inputs
 from genhook.tasks.lifecycle import Lifecycle
 from genhook.tasks.views import prediction_view
 
@@ -40,4 +41,5 @@ async def cancel_task(request_id: str, state: StateDep, account: AccountDep) -> 
             "or processing can be canceled",
             [FieldError("status", task.status)],
         )
+    await discard_inputs(state.storage, task.inputs)
     return JSONResponse(await prediction_view(task, state.settings, state.storage))

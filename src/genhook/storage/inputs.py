@@ -3,7 +3,8 @@ transaction, nothing left behind by a failed submit), or in the bucket when the 
 is one, so the database does not carry image bytes and no two machines share a disk.
 
 Bucket inputs are written before the task row and removed again when the row is not
-written; they are deleted with the task's outputs at the end of retention.
+written. They are deleted when a worker ends the task or a client cancels it, and in any
+case (a crash in between, a deadline) with the task's outputs at the end of retention.
 """
 
 from __future__ import annotations
@@ -39,3 +40,10 @@ async def discard_blobs(store: BlobStore, keys: list[str]) -> None:
     for key in keys:
         with contextlib.suppress(Exception):
             await store.delete(key)
+
+
+async def discard_inputs(store: BlobStore, inputs: list[dict[str, Any]]) -> None:
+    """Delete an ended task's inputs from a store that keeps them (the database's go with
+    the task's terminal transition)."""
+    if keeps_inputs(store):
+        await discard_blobs(store, [item["blob"] for item in inputs if "blob" in item])

@@ -31,7 +31,7 @@ from genhook.net import AddressPolicy, client_ssl_context, fetch_input_image
 from genhook.retry import backoff_delay
 from genhook.storage import BlobStore, DatabaseBlobStore
 from genhook.storage.blobs import extension_of, new_blob_key
-from genhook.storage.inputs import keeps_inputs
+from genhook.storage.inputs import discard_inputs, keeps_inputs
 from genhook.tasks.concurrent import run_concurrent
 from genhook.tasks.group_complete import GroupCompleter
 from genhook.tasks.lifecycle import Completion, Lifecycle
@@ -305,6 +305,8 @@ class Worker:
             flags = [output.nsfw for output in result.outputs]
             item = Completion(task.id, keys, flags, result.info, cost)
             done = await self._completer.complete(item)
+            if done:
+                await discard_inputs(self.storage, task.inputs)
         else:
             done = await self._end(
                 task,
@@ -334,6 +336,8 @@ class Worker:
                 raise
             log.error("task %s: could not record its outcome (%s); its lease will", task.id, error)
             return False
+        if done:
+            await discard_inputs(self.storage, task.inputs)
         return done
 
     async def _outputs_recorded(self, task_id: str, keys: list[str]) -> bool:
