@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,36 +32,40 @@ S3_ENV = {
 }
 
 
-@dataclass
-class S3Server:
-    port: int
-    process: subprocess.Popen[bytes]
+def s3_client(endpoint_url: str) -> Any:
+    """A plain (blocking) botocore client, for setting up and checking buckets."""
+    import botocore.session
 
-    @property
-    def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    return botocore.session.get_session().create_client(
+        "s3",
+        endpoint_url=endpoint_url,
+        region_name=S3_ENV["AWS_DEFAULT_REGION"],
+        aws_access_key_id=S3_ENV["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=S3_ENV["AWS_SECRET_ACCESS_KEY"],
+    )
 
-    def client(self) -> Any:
-        """A plain (blocking) botocore client, for setting up and checking buckets."""
-        import botocore.session
 
-        return botocore.session.get_session().create_client(
-            "s3",
-            endpoint_url=self.endpoint_url,
-            region_name=S3_ENV["AWS_DEFAULT_REGION"],
-            aws_access_key_id=S3_ENV["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=S3_ENV["AWS_SECRET_ACCESS_KEY"],
-        )
+class Buckets:
+    endpoint_url: str
 
     def new_bucket(self) -> str:
         """A fresh, empty bucket for one test."""
         name = "genhook-" + uuid.uuid4().hex[:16]
-        self.client().create_bucket(Bucket=name)
+        s3_client(self.endpoint_url).create_bucket(Bucket=name)
         return name
 
     def keys(self, bucket: str) -> list[str]:
-        listing = self.client().list_objects_v2(Bucket=bucket)
+        listing = s3_client(self.endpoint_url).list_objects_v2(Bucket=bucket)
         return sorted(item["Key"] for item in listing.get("Contents", []))
+
+
+@dataclass
+class S3Server(Buckets):
+    port: int
+    process: subprocess.Popen[bytes]
+
+    def __post_init__(self) -> None:
+        self.endpoint_url = f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
         """Stop the server and anything it started (its whole process group)."""
@@ -112,3 +118,67 @@ def running_s3() -> Iterator[S3Server]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+class Partition(Buckets):
+    """A TCP relay in front of the S3 server, on its own loopback port, that can cut the
+    network: ``cut()`` drops every open connection and refuses new ones, ``heal()`` listens
+    again on the same port. The server behind keeps its objects, as in a real outage."""
+
+    def __init__(self, target: S3Server) -> None:
+        self.target = target
+        self.port = free_port()
+        self.endpoint_url = f"http://127.0.0.1:{self.port}"
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._listener: socket.socket | None = None
+        self.heal()
+
+    def heal(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+            sockets, self._open = self._open, set()
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # cut
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target.port))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._listener is not listener:
+                    client.close()
+                    upstream.close()
+                    return
+                self._open.update((client, upstream))
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
