@@ -27,7 +27,7 @@ from genhook.sender.keys import load_encryption_key
 from genhook.tasks import Worker
 from tests.support import netguard
 from tests.support.postgres import PostgresServer, free_port, running_postgres
-from tests.support.s3 import S3Server, running_s3
+from tests.support.s3 import Partition, S3Server, running_s3
 
 ROOT = Path(__file__).resolve().parent.parent
 NETGUARD = ROOT / "tests" / "support" / "netguard"
@@ -50,6 +50,14 @@ def s3_server() -> Iterator[S3Server]:
     """moto's S3 server on loopback, for the bucket blob store (tests/support/s3.py)."""
     with running_s3() as server:
         yield server
+
+
+@pytest.fixture
+def partition(s3_server: S3Server) -> Iterator[Partition]:
+    """The S3 server behind a relay whose network a test can cut and heal."""
+    relay = Partition(s3_server)
+    yield relay
+    relay.cut()
 
 
 @pytest.fixture

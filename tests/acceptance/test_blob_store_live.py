@@ -5,7 +5,6 @@ delivery modes, and the bucket going away and coming back while a task runs."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,13 +103,6 @@ def test_a_task_with_an_input_image_runs_on_the_bucket(
 def s3_client_bytes(server: S3Server, bucket: str, name: str) -> bytes:
     data: bytes = s3_client(server.endpoint_url).get_object(Bucket=bucket, Key=name)["Body"].read()
     return data
-
-
-@pytest.fixture
-def partition(s3_server: S3Server) -> Iterator[Partition]:
-    relay = Partition(s3_server)
-    yield relay
-    relay.cut()
 
 
 @pytest.mark.parametrize("db", DATABASES)

@@ -11,7 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import func, select
+from aiohttp import web
+from sqlalchemy import func, select, update
 
 from genhook.db import Blob, Task, now_ms
 from genhook.faults import StorageUnavailable, is_infrastructure_error
@@ -21,12 +22,14 @@ from genhook.storage.s3 import S3BlobStore
 from genhook.tasks.retention import Retention
 from tests.conftest import Harness, make_harness, make_settings
 from tests.support.images import data_url
-from tests.support.s3 import S3Server, start_s3
+from tests.support.s3 import Partition, S3Server, s3_client
 
 MODEL = "test/fake-edit"
 
 
-def bucket_settings(tmp_path: Path, database_url: str, server: S3Server, **extra: Any) -> Any:
+def bucket_settings(
+    tmp_path: Path, database_url: str, server: S3Server | Partition, **extra: Any
+) -> Any:
     bucket = server.new_bucket()
     return make_settings(
         tmp_path,
@@ -77,16 +80,16 @@ async def test_bad_keys_and_types_are_refused(store: S3BlobStore) -> None:
         await store.put("outputs/../x.png", b"x", "image/png")
 
 
-async def test_an_unreachable_bucket_is_an_infrastructure_fault(tmp_path: Path) -> None:
-    server = start_s3()
-    try:
-        settings = bucket_settings(tmp_path, "sqlite+aiosqlite:///unused.db", server)
-    finally:
-        server.stop()
+async def test_an_unreachable_bucket_is_an_infrastructure_fault(
+    tmp_path: Path, partition: Partition
+) -> None:
+    settings = bucket_settings(tmp_path, "sqlite+aiosqlite:///unused.db", partition)
+    partition.cut()
     blobs = open_blob_store(settings, db=None)  # type: ignore[arg-type]
     with pytest.raises(StorageUnavailable) as caught:
         await blobs.put("outputs/a.png", b"png", "image/png")
     assert is_infrastructure_error(caught.value)
+    assert "Could not connect" in str(caught.value)
     with pytest.raises(StorageUnavailable):
         await blobs.get("outputs/a.png")
     await close_blob_store(blobs)
@@ -120,6 +123,13 @@ async def bucket_harness(
     await h.client.aclose()
     await close_blob_store(h.state.storage)
     await h.state.db.dispose()
+
+
+async def row(h: Harness, task_id: str) -> Task:
+    async with h.state.db.read() as session:
+        task = await session.get(Task, task_id)
+    assert task is not None
+    return task
 
 
 async def submit(h: Harness) -> str:
@@ -220,40 +230,92 @@ async def test_a_base64_result_reads_the_bucket(bucket_harness: Harness) -> None
 
 
 async def test_the_bucket_going_away_answers_503_and_requeues(
-    tmp_path: Path, database_url: str
+    tmp_path: Path, database_url: str, partition: Partition
 ) -> None:
-    server = start_s3()
+    settings = bucket_settings(tmp_path, database_url, partition, fault_retry_seconds=0.3)
+    h = await make_harness(settings)
     try:
-        settings = bucket_settings(tmp_path, database_url, server, fault_retry_seconds=0.3)
-        h = await make_harness(settings)
-        try:
-            done = await submit(h)
-            assert await h.run_all() == 1
-            path = (await h.result(done))["outputs"][0].removeprefix("http://testserver")
-            waiting = await submit(h)
-            server.stop()
+        done = await submit(h)
+        assert await h.run_all() == 1
+        path = (await h.result(done))["outputs"][0].removeprefix("http://testserver")
+        waiting = await submit(h)
+        partition.cut()
 
-            # Requests that need the bucket: 503 with Retry-After, in the service's shape.
-            for response in (
-                await h.client.get(path),
-                await h.submit({"model": MODEL, "prompt": "edit", "images": [data_url()]}),
-            ):
-                assert response.status_code == 503, response.text
-                assert response.headers["retry-after"] == "1"
-                assert response.json()["code"] == 503
-            async with h.state.db.read() as session:
-                assert await session.scalar(select(func.count()).select_from(Task)) == 2
+        # Requests that need the bucket: 503 with Retry-After, in the service's shape.
+        for response in (
+            await h.client.get(path),
+            await h.submit({"model": MODEL, "prompt": "edit", "images": [data_url()]}),
+        ):
+            assert response.status_code == 503, response.text
+            assert response.headers["retry-after"] == "1"
+            assert response.json()["code"] == 503
+        async with h.state.db.read() as session:
+            assert await session.scalar(select(func.count()).select_from(Task)) == 2
 
-            # The worker cannot read the input: the task goes back to the queue, unharmed.
-            assert await h.worker.run_once()
-            async with h.state.db.read() as session:
-                task = await session.get(Task, waiting)
-            assert task is not None
-            assert (task.status, task.error_code, task.lease_losses) == ("created", None, 0)
-            assert task.available_at > now_ms()
-        finally:
-            await h.client.aclose()
-            await close_blob_store(h.state.storage)
-            await h.state.db.dispose()
+        # The worker cannot read the input: the task goes back to the queue, unharmed.
+        assert await h.worker.run_once()
+        task = await row(h, waiting)
+        assert (task.status, task.error_code, task.lease_losses) == ("created", None, 0)
+        assert task.available_at > now_ms()
+
+        # Back again, the requeued task runs, and the earlier output is served.
+        partition.heal()
+        async with h.state.db.write() as session:
+            await session.execute(update(Task).where(Task.id == waiting).values(available_at=0))
+        assert await h.worker.run_once()
+        assert (await h.result(waiting))["status"] == "completed"
+        assert (await h.client.get(path)).status_code in (200, 307)
     finally:
-        server.stop()
+        await h.client.aclose()
+        await close_blob_store(h.state.storage)
+        await h.state.db.dispose()
+
+
+async def test_a_missing_input_object_fails_its_task_clearly(
+    bucket_harness: Harness, s3_server: S3Server
+) -> None:
+    h = bucket_harness
+    assert isinstance(h.state.storage, S3BlobStore)
+    task_id = await submit(h)
+    s3_client(s3_server.endpoint_url).delete_object(
+        Bucket=h.state.storage.location.bucket, Key=f"genhook/inputs/{task_id}_0.png"
+    )
+    assert await h.run_all() == 1
+    result = await h.result(task_id)
+    assert (result["status"], result["error_code"]) == ("failed", 4003), result
+    assert "input image 0 is missing" in result["error"]
+
+
+async def test_a_failing_bucket_is_an_infrastructure_fault(tmp_path: Path) -> None:
+    """An S3 endpoint that answers 503 SlowDown (the outside world, faked on loopback)."""
+    calls = 0
+
+    async def slow_down(request: web.Request) -> web.Response:
+        nonlocal calls
+        calls += 1
+        body = "<Error><Code>SlowDown</Code><Message>Reduce your request rate.</Message></Error>"
+        return web.Response(status=503, text=body, content_type="application/xml")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", slow_down)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    settings = make_settings(
+        tmp_path,
+        "sqlite+aiosqlite:///unused.db",
+        blob_store="s3://bucket/p",
+        s3_endpoint_url=f"http://127.0.0.1:{port}",
+        s3_region="us-east-1",
+    )
+    blobs = open_blob_store(settings, db=None)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(StorageUnavailable, match=r"SlowDown \(HTTP 503\)") as caught:
+            await blobs.put("outputs/a.png", b"png", "image/png")
+        assert is_infrastructure_error(caught.value)
+        assert calls >= 1
+    finally:
+        await close_blob_store(blobs)
+        await runner.cleanup()
