@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -205,8 +205,10 @@ class Settings(BaseSettings):
 
     @field_validator("blob_store")
     @classmethod
-    def _blob_store(cls, value: str | None) -> str | None:
+    def _blob_store(cls, value: str | None, info: ValidationInfo) -> str | None:
         """A bucket URL names its bucket: a typo fails at start, not at the first upload."""
+        if value and info.data.get("storage") == "database":
+            raise ValueError("GENHOOK_BLOB_STORE cannot be combined with GENHOOK_STORAGE=database")
         if value and value.startswith("s3:"):
             parts = urlsplit(value)
             if not parts.netloc or parts.query or parts.fragment:

@@ -16,7 +16,7 @@ from sqlalchemy import func, select, update
 
 from genhook.db import Blob, Task, now_ms
 from genhook.faults import StorageUnavailable, is_infrastructure_error
-from genhook.storage import open_blob_store
+from genhook.storage import FileBlobStore, open_blob_store
 from genhook.storage.blobs import close_blob_store
 from genhook.storage.s3 import S3BlobStore
 from genhook.tasks.retention import Retention
@@ -108,9 +108,16 @@ async def test_a_missing_bucket_is_named(tmp_path: Path, s3_server: S3Server) ->
     await close_blob_store(blobs)
 
 
-def test_a_malformed_bucket_url_fails_at_start(tmp_path: Path) -> None:
+def test_a_malformed_or_conflicting_blob_store_fails_at_start(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"s3://bucket/prefix"):
         make_settings(tmp_path, "sqlite+aiosqlite:///x.db", blob_store="s3:///prefix-only")
+    with pytest.raises(ValueError, match=r"GENHOOK_STORAGE=database"):
+        make_settings(
+            tmp_path, "sqlite+aiosqlite:///x.db", storage="database", blob_store="s3://b/p"
+        )
+    directory = make_settings(tmp_path, "sqlite+aiosqlite:///x.db", blob_store=str(tmp_path / "b"))
+    store = open_blob_store(directory, db=None)  # type: ignore[arg-type]
+    assert isinstance(store, FileBlobStore) and store.root == (tmp_path / "b").resolve()
 
 
 @pytest.fixture(params=["stream", "redirect"])
