@@ -14,14 +14,14 @@ from genhook.api.ranges import byte_range, unsatisfiable
 from genhook.config import Settings
 from genhook.db import Database
 from genhook.errors import NotFound
-from genhook.storage.s3 import S3BlobStore
+from genhook.storage.blobs import BucketBlobStore
 from genhook.tasks.retention import raise_if_expired
 
 CACHE_HEADERS = {"Cache-Control": "private, max-age=31536000, immutable"}
 
 
 async def bucket_output(
-    store: S3BlobStore, settings: Settings, db: Database, key: str, request: Request
+    store: BucketBlobStore, settings: Settings, db: Database, key: str, request: Request
 ) -> Response:
     info = await store.info(key)
     if info is None:

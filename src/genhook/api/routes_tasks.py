@@ -20,8 +20,7 @@ from genhook.api.schemas import PredictionResponse, UsageResponse
 from genhook.db import Account, Task, UsageLine
 from genhook.engines.edit_request import EditRequest
 from genhook.errors import NotFound
-from genhook.storage.blobs import valid_key
-from genhook.storage.s3 import S3BlobStore
+from genhook.storage.blobs import BucketBlobStore, valid_key
 from genhook.tasks.admission import (
     IDEMPOTENCY_HEADER,
     START_DEADLINE_HEADER,
@@ -132,8 +131,8 @@ async def get_result(request_id: str, request: Request) -> Any:
     summary="Download an output (the unguessable URL is the credential)",
     responses={
         200: {"content": {"image/jpeg": {}, "image/png": {}, "video/mp4": {}}},
-        307: {"description": "A presigned URL of the output's bucket (redirect delivery)."},
         206: {"description": "One byte range of the output (HTTP Range requests)"},
+        307: {"description": "A presigned URL of the output's bucket (redirect delivery)."},
         404: ERROR_RESPONSES[404],
         410: {"model": ErrorResponse, "description": "Deleted at the end of its retention."},
         416: {"model": ErrorResponse, "description": "The byte range is past the output's end."},
@@ -142,7 +141,7 @@ async def get_result(request_id: str, request: Request) -> Any:
 async def get_output(key: str, state: StateDep, request: Request) -> Response:
     if not key.startswith("outputs/") or not valid_key(key):
         raise NotFound("no such output")
-    if isinstance(state.storage, S3BlobStore):
+    if isinstance(state.storage, BucketBlobStore):
         return await bucket_output(state.storage, state.settings, state.db, key, request)
     blob = await state.storage.get(key)
     if blob is None:

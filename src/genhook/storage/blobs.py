@@ -4,8 +4,10 @@ import asyncio
 import contextlib
 import re
 import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -33,6 +35,24 @@ class BlobStore(Protocol):
     async def get(self, key: str) -> tuple[bytes, str] | None: ...
 
     async def delete(self, key: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BlobInfo:
+    size: int
+    content_type: str
+
+
+@runtime_checkable
+class BucketBlobStore(BlobStore, Protocol):
+    """A store that serves part of a blob without reading it whole, and can hand out a
+    short-lived URL of it (``storage/s3.py``); outputs in one are never held in memory."""
+
+    async def info(self, key: str) -> BlobInfo | None: ...
+
+    async def open_range(self, key: str, first: int, last: int) -> AsyncIterator[bytes]: ...
+
+    async def presigned_url(self, key: str) -> str: ...
 
 
 CONTENT_TYPE_BY_EXTENSION = {

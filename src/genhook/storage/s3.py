@@ -26,7 +26,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from genhook.config import Settings
 from genhook.faults import StorageUnavailable
-from genhook.storage.blobs import content_type_of, valid_key
+from genhook.storage.blobs import BlobInfo, content_type_of, valid_key
 
 # Bytes read from the bucket per chunk of a streamed output.
 STREAM_CHUNK_BYTES = 256 * 1024
@@ -48,12 +48,6 @@ def parse_s3_url(url: str) -> S3Location:
     if parts.scheme != "s3" or not parts.netloc or parts.query or parts.fragment:
         raise ValueError(f"expected s3://bucket/prefix, got {url!r}")
     return S3Location(parts.netloc, parts.path.strip("/"))
-
-
-@dataclass(frozen=True, slots=True)
-class BlobInfo:
-    size: int
-    content_type: str
 
 
 def _missing(error: ClientError) -> bool:
