@@ -181,6 +181,9 @@ async def test_a_task_with_an_input_runs_on_the_bucket(
         async with httpx.AsyncClient() as client:
             fetched = await client.get(location, headers={"Range": "bytes=0-9"})
         assert fetched.status_code == 206 and fetched.content == data[:10]
+        # The console's players (same origin, under a CSP of 'self') are streamed to.
+        console = await h.client.get(path, headers={"Sec-Fetch-Site": "same-origin"})
+        assert console.status_code == 200 and console.content == data
     else:
         assert response.status_code == 200
         assert response.content == data

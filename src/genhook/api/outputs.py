@@ -27,7 +27,10 @@ async def bucket_output(
     if info is None:
         await raise_if_expired(db, key)
         raise NotFound("no such output")
-    if settings.output_delivery == "redirect":
+    # The console's own pages (same origin) are streamed to: their Content-Security-Policy
+    # admits this origin only, and a redirect to the bucket would break their players.
+    same_origin = request.headers.get("sec-fetch-site") == "same-origin"
+    if settings.output_delivery == "redirect" and not same_origin:
         # The URL expires, so neither the redirect nor its target may be cached for long.
         headers = {"Cache-Control": "private, no-store"}
         return RedirectResponse(await store.presigned_url(key), 307, headers=headers)
