@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import insert
 
+from genhook import metrics
 from genhook.config import Settings
 from genhook.db import Blob, Database, IdempotencyKey, Task, now_ms
 from genhook.engines.base import ModelKind
@@ -186,9 +187,13 @@ class Submitter:
             task.start_deadline_at = now + int(start_deadline * 1000)
         limits = await self.admission.limits(account_id)
         if idempotency_key is not None or limits.active:
-            return await self.admission.insert(task, blobs, limits, idempotency_key, digest, now)
-        await self._inserter.insert(task, blobs)
-        return task
+            created = await self.admission.insert(task, blobs, limits, idempotency_key, digest, now)
+        else:
+            await self._inserter.insert(task, blobs)
+            created = task
+        if created is task:
+            metrics.task_submitted(task.model)
+        return created
 
     def _validate(self, path_kind: ModelKind, body: Any, context: dict[str, Any]) -> BaseModel:
         if not isinstance(body, dict):
