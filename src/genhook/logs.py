@@ -121,6 +121,7 @@ def configure_logging(settings: Settings, role: str = "serve") -> None:
         old.close()
     root.addHandler(handler)
     root.setLevel(settings.log_level.upper())
+    logging.captureWarnings(True)  # a library's warning is a log line too
     # uvicorn installs handlers of its own unless started with ``log_config=None``; either
     # way its records reach this one.
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):

@@ -22,7 +22,7 @@ import socket
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -166,7 +166,8 @@ class DatabaseGauges(Collector):
         self.up: bool | None = None
         self.refreshed_at = 0.0  # monotonic
         self.measured_at = 0  # epoch ms
-        self._lock = asyncio.Lock()
+        self._source: Database | None = None
+        self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
 
     def collect(self) -> Iterator[Metric]:
         if self.up is None:
@@ -208,9 +209,13 @@ class DatabaseGauges(Collector):
         yield age
 
     async def refresh(self, db: Database, *, timeout: float, max_age: float) -> None:
-        async with self._lock:  # concurrent scrapes share one read
-            if time.monotonic() - self.refreshed_at < max_age:
+        loop = asyncio.get_running_loop()
+        if loop not in self._locks:
+            self._locks = {loop: asyncio.Lock()}
+        async with self._locks[loop]:  # concurrent scrapes share one read
+            if db is self._source and time.monotonic() - self.refreshed_at < max_age:
                 return
+            self._source = db
             try:
                 await asyncio.wait_for(self._read(db), timeout)
                 self.up = True
@@ -306,26 +311,16 @@ def use_directory(path: Path, clean: bool) -> None:
     if clean and path.exists():
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if os.environ.get(_CLIENT_DIR_VARIABLE) == str(path) and _counting_to_files():
-        return
     os.environ[_CLIENT_DIR_VARIABLE] = str(path)
     values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]
+    # prometheus-client picks a value's storage when the value is made: labelled children
+    # made so far (none, before anything is counted) are dropped, unlabelled values remade.
     for metric in DEFINED:
-        _recreate(metric)
-
-
-def _counting_to_files() -> bool:
-    return bool(getattr(values.ValueClass, "_multiprocess", False))
-
-
-def _recreate(metric: Any) -> None:
-    # prometheus-client picks a value's storage when the value is created: the labelled
-    # children made so far (none, before anything is counted) are dropped, and an
-    # unlabelled metric's own values are made again.
-    if metric._labelnames:
-        metric.clear()
-    else:
-        metric._metric_init()
+        if metric._labelnames:
+            with metric._lock:
+                metric._metrics = {}
+        else:
+            metric._metric_init()
 
 
 def metric_names() -> list[str]:
