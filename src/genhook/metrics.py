@@ -22,7 +22,7 @@ import socket
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -103,24 +103,36 @@ DEFINED = (
 # -- events ---------------------------------------------------------------------------------
 
 
+# Labelled children by (metric name, labels): ``labels()`` takes a lock and checks its
+# arguments each call, several times a task's own hooks cost.
+_children: dict[tuple[str, ...], Any] = {}
+
+
+def _child(metric: Any, *labels: str) -> Any:
+    child = _children.get((metric._name, *labels))
+    if child is None:
+        child = _children[(metric._name, *labels)] = metric.labels(*labels)
+    return child
+
+
 def task_submitted(model: str) -> None:
-    TASKS_SUBMITTED.labels(model).inc()
+    _child(TASKS_SUBMITTED, model).inc()
 
 
 def task_started(task: Task) -> None:
-    TASKS_STARTED.labels(task.model).inc()
+    _child(TASKS_STARTED, task.model).inc()
 
 
 def tasks_started(tasks: Iterable[Task]) -> None:
     for task in tasks:
-        TASKS_STARTED.labels(task.model).inc()
+        _child(TASKS_STARTED, task.model).inc()
 
 
 def task_finished(task: Task) -> None:
-    TASKS_FINISHED.labels(task.model, task.status).inc()
-    if task.started_at is not None and task.finished_at is not None:
-        seconds = max(0, task.finished_at - task.started_at) / 1000
-        TASK_RUN_SECONDS.labels(task.model, task.status).observe(seconds)
+    model, status, started, finished = task.model, task.status, task.started_at, task.finished_at
+    _child(TASKS_FINISHED, model, status).inc()
+    if started is not None and finished is not None:
+        _child(TASK_RUN_SECONDS, model, status).observe(max(0, finished - started) / 1000)
 
 
 def tasks_finished(tasks: Iterable[Task]) -> None:
@@ -129,13 +141,11 @@ def tasks_finished(tasks: Iterable[Task]) -> None:
 
 
 def lease_lost(*, failed: bool) -> None:
-    LEASE_LOSSES.labels("failed" if failed else "requeued").inc()
+    _child(LEASE_LOSSES, "failed" if failed else "requeued").inc()
 
 
 def webhook_attempted(attempt: Attempt, outcome: Outcome, settings: Settings) -> None:
     """Count one attempt as the sender saw it; ``attempt`` is its number in the round."""
-    from genhook.sender.feed import gives_up
-
     number = outcome.attempts + 1 - outcome.round_start
     if outcome.acknowledged:
         state = "delivered"
@@ -143,11 +153,19 @@ def webhook_attempted(attempt: Attempt, outcome: Outcome, settings: Settings) ->
             received = outcome.started_at + outcome.duration_ms
             lag = max(0, received - attempt.terminal_at) / 1000
             WEBHOOK_LAG_SECONDS.observe(lag)
-    elif gives_up(settings, outcome, number):
+    elif _gives_up(settings, outcome, number):
         state = "undeliverable"
     else:
         state = "retry"
-    WEBHOOK_ATTEMPTS.labels(state, str(number)).inc()
+    _child(WEBHOOK_ATTEMPTS, state, str(number)).inc()
+
+
+def _gives_up(settings: Settings, outcome: Outcome, in_round: int) -> bool:
+    from genhook.sender.feed import gives_up  # the feed's own rule; imported on first use
+
+    global _gives_up
+    _gives_up = gives_up
+    return gives_up(settings, outcome, in_round)
 
 
 # -- database facts -------------------------------------------------------------------------
@@ -315,6 +333,7 @@ def use_directory(path: Path, clean: bool) -> None:
     values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]
     # prometheus-client picks a value's storage when the value is made: labelled children
     # made so far (none, before anything is counted) are dropped, unlabelled values remade.
+    _children.clear()
     for metric in DEFINED:
         if metric._labelnames:
             with metric._lock:
