@@ -20,7 +20,16 @@ from genhook.errors import Unauthorized
 router = APIRouter()
 
 
-@router.get("/metrics", tags=["operations"], summary="Prometheus metrics of this machine")
+@router.get(
+    "/metrics",
+    tags=["operations"],
+    summary="Prometheus metrics of this machine",
+    response_class=Response,
+    responses={
+        200: {"content": {"text/plain": {}}, "description": "Prometheus text exposition"},
+        401: {"description": "GENHOOK_METRICS_TOKEN is set and the request does not carry it"},
+    },
+)
 async def get_metrics(request: Request) -> Response:
     state: AppState = request.app.state.genhook
     token = state.settings.metrics_token
