@@ -54,6 +54,7 @@ class Claimed:
     destination: str | None = None
     # The account's Standard Webhooks choice; None follows the global setting.
     standard: bool | None = None
+    # When the outbox row was written: a terminal event's task ended then (for metrics).
     created_at: int | None = None
 
 
