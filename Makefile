@@ -57,6 +57,7 @@ bench: install-dev
 	$(BIN)/python benchmarks/nsfw_threshold.py
 	$(BIN)/python benchmarks/console.py
 	$(BIN)/python benchmarks/blob_store.py
+	$(BIN)/python benchmarks/metrics.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

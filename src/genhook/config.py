@@ -186,6 +186,15 @@ class Settings(BaseSettings):
     max_decode_chunks: int = Field(default=10_000, ge=1)
 
     log_level: str = "INFO"
+    # ``json``: one JSON object per line, with the task and delivery ids (docs/operations.md).
+    log_format: Literal["text", "json"] = "text"
+    # Metrics (docs/operations.md#metrics): where every process of a machine writes its
+    # counts (``genhook serve`` uses one under the data directory when unset), a bearer
+    # token ``/metrics`` asks for (unset: open, for a private network), and how long a
+    # scrape waits for the database's queue and outbox figures.
+    metrics_dir: Path | None = None
+    metrics_token: str | None = None
+    metrics_database_timeout_seconds: float = Field(default=2.0, gt=0)
 
     # Web console (/console): signs its session cookies; unset, a per-process secret (set it
     # when several API processes serve the console, so a session works on all of them).

@@ -34,11 +34,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("genhook")
 
 
-def configure_logging(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s",
-    )
+def configure_logging(settings: Settings, role: str = "serve") -> None:
+    from genhook.logs import configure_logging as configure
+
+    configure(settings, role)
 
 
 async def bootstrap(settings: Settings) -> dict[str, str] | None:
@@ -90,7 +89,7 @@ def worker_main(settings: Settings, index: int, parent: int | None = None) -> No
     import multiprocessing
 
     multiprocessing.current_process().name = f"worker-{index}"  # named so in the logs
-    configure_logging(settings)
+    configure_logging(settings, "worker")
     if asyncio.run(_worker(settings, index, parent)):
         # An abandoned engine thread is still computing; leave without waiting for it.
         logging.shutdown()
@@ -260,6 +259,7 @@ def serve(settings: Settings) -> None:
 
     _Server = _server_class()
 
+    from genhook import metrics
     from genhook.api.app import build_state, create_app
     from genhook.db.migrate import upgrade
 
@@ -267,6 +267,7 @@ def serve(settings: Settings) -> None:
     # Everything the service creates (database, WAL, blobs, key file) is its user's alone.
     os.umask(0o077)
     private_dir(settings.data_dir)
+    metrics.use_directory(*metrics.serve_directory(settings))  # workers count there too
     upgrade(settings.resolved_database_url)
     credentials = asyncio.run(bootstrap(settings))
     if credentials:
@@ -295,6 +296,7 @@ def serve(settings: Settings) -> None:
             host=settings.host,
             port=settings.port,
             log_level=settings.log_level.lower(),
+            log_config=None,  # our handler (genhook.logs) formats uvicorn's lines too
             access_log=False,
             timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) or None,
             **connection_limits(settings),

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from genhook.config import Settings
 from genhook.errors import ERROR_CODE_DESCRIPTIONS, ErrorCode
+from genhook.metrics import metric_names
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -21,3 +22,9 @@ def test_every_setting_is_documented() -> None:
     configuration = (DOCS / "configuration.md").read_text()
     for name in Settings.model_fields:
         assert f"`GENHOOK_{name.upper()}`" in configuration, name
+
+
+def test_every_metric_is_documented() -> None:
+    operations = (DOCS / "operations.md").read_text()
+    for name in metric_names():
+        assert f"| `{name}` |" in operations, name

@@ -22,6 +22,7 @@ from genhook.api.routes_admin import router as admin_router
 from genhook.api.routes_cancel import router as cancel_router
 from genhook.api.routes_delivery_message import router as delivery_message_router
 from genhook.api.routes_keys import router as keys_router
+from genhook.api.routes_metrics import router as metrics_router
 from genhook.api.routes_models import install_models
 from genhook.api.routes_signing_keys import router as signing_keys_router
 from genhook.api.routes_tasks import router as tasks_router
@@ -128,6 +129,7 @@ def create_app(
     app.include_router(delivery_message_router)
     app.include_router(timeline_router)
     app.include_router(signing_keys_router)
+    app.include_router(metrics_router)
     if state.settings.console_enabled:
         install_console(app, state)
 

@@ -25,8 +25,10 @@ import aiohttp
 from sqlalchemy import update
 from yarl import URL
 
+from genhook import metrics
 from genhook.config import Settings
 from genhook.db import Database, WebhookDelivery, now_ms
+from genhook.logs import bind_delivery, unbind
 from genhook.net import (
     AddressPolicy,
     AddressRefused,
@@ -339,7 +341,9 @@ class Dispatcher:
         for attempt in attempts:
             checked = self._check(attempt)
             if isinstance(checked, str):
-                self._finished(_outcome(attempt, now_ms(), 0, None, checked, signed=False))
+                refused = _outcome(attempt, now_ms(), 0, None, checked, signed=False)
+                metrics.webhook_attempted(attempt, refused, self.settings)
+                self._finished(refused)
             else:
                 job = _Ready(attempt, *checked)
                 if self.fairness.admit(job, attempt.destination, attempt.account_id):
@@ -389,6 +393,7 @@ class Dispatcher:
                 continue
             job = ready.popleft()
             self._busy += 1
+            context = bind_delivery(job.attempt)
             try:
                 outcome = await self.send(job.attempt, job.url, job.session)
             except Exception as exc:  # never lose the lease silently on an unexpected error
@@ -396,6 +401,8 @@ class Dispatcher:
                 outcome = _outcome(job.attempt, now_ms(), 0, None, f"internal error: {exc}")
             finally:
                 self._busy -= 1
+                unbind(context)
+            metrics.webhook_attempted(job.attempt, outcome, self.settings)
             self._finished(self._released(job, outcome))
 
     def _released(self, job: _Ready, outcome: Outcome) -> Outcome:

@@ -60,6 +60,8 @@ class Attempt(NamedTuple):
     account_id: str = ""
     # ``scheme://host:port``, the unit of fairness and destination health.
     destination: str = ""
+    # When the task ended, for a terminal event (the delivery's creation); for metrics.
+    terminal_at: int | None = None
 
 
 class Outcome(NamedTuple):
@@ -193,6 +195,7 @@ class LocalFeed:
                 key.kid,
                 c.account_id,
                 c.destination or destination_of(c.url),
+                c.created_at if c.event_type.endswith(".task.terminal") else None,
             )
             for c, headers in zip(claimed, signed, strict=True)
         ]
@@ -227,7 +230,7 @@ class LocalFeed:
         settings = self.settings
         if outcome.acknowledged:
             return "delivered", None, now
-        if outcome.status_code == 410 or in_round >= settings.webhook_retry_max_attempts:
+        if gives_up(settings, outcome, in_round):
             return "undeliverable", None, None
         cap = settings.webhook_retry_cap_seconds
         if outcome.retry_after is not None:
@@ -235,6 +238,11 @@ class LocalFeed:
         else:
             delay = backoff_delay(in_round, settings.webhook_retry_base_seconds, cap)
         return "pending", now + int(delay * 1000), None
+
+
+def gives_up(settings: Settings, outcome: Outcome, in_round: int) -> bool:
+    """Whether a failed attempt, number ``in_round`` of its round, ends its delivery."""
+    return outcome.status_code == 410 or in_round >= settings.webhook_retry_max_attempts
 
 
 # -- in a helper process ------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -17,6 +18,7 @@ import sys
 from genhook.config import Settings
 from genhook.db import Database
 from genhook.lifeline import outlive_parent
+from genhook.logs import configure_logging
 from genhook.sender.fairness import Rooms
 from genhook.sender.feed import LocalFeed, Outcome, encode_frame, read_frame
 from genhook.sender.keys import KeyRing
@@ -40,10 +42,8 @@ async def serve(pipe_in: int, pipe_out: int) -> None:
         return
     try:
         settings = Settings.model_validate_json(settings_json)
-        logging.basicConfig(
-            level=settings.log_level.upper(),
-            format="%(asctime)s %(levelname)s webhook-feed %(name)s: %(message)s",
-        )
+        multiprocessing.current_process().name = "webhook-feed"  # named so in the logs
+        configure_logging(settings, "webhook-feed")
         db = Database(database_url)
         # The loop here has nothing else to do: sign inline, no thread to hand over to.
         feed = LocalFeed(

@@ -54,6 +54,8 @@ class Claimed:
     destination: str | None = None
     # The account's Standard Webhooks choice; None follows the global setting.
     standard: bool | None = None
+    # When the outbox row was written: a terminal event's task ended then (for metrics).
+    created_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +227,8 @@ UPDATE webhook_deliveries
 _SQLITE_CLAIMED = """
 SELECT json_group_array(json_array(
            d.id, d.task_id, d.account_id, d.url, d.event_type, hex(d.body), d.attempts,
-           d.round_start, a.signing_secret, d.destination, a.standard_webhooks))
+           d.round_start, a.signing_secret, d.destination, a.standard_webhooks,
+           d.created_at))
   FROM webhook_deliveries AS d LEFT JOIN accounts AS a ON a.id = d.account_id
  WHERE d.status = 'pending' AND d.next_attempt_at = :expires AND d.lease_owner = :owner
 """
@@ -387,6 +390,7 @@ def _claimed_from_json(row: list[Any]) -> Claimed:
         secret,
         destination,
         standard,
+        created_at,
     ) = row
     return Claimed(
         delivery_id,
@@ -400,6 +404,7 @@ def _claimed_from_json(row: list[Any]) -> Claimed:
         secret,
         destination,
         None if standard is None else bool(standard),
+        created_at,
     )
 
 
@@ -447,7 +452,8 @@ RETURNING id, task_id, account_id, url, event_type, body, attempts, round_start,
             WHERE accounts.id = webhook_deliveries.account_id),
           destination,
           (SELECT standard_webhooks FROM accounts
-            WHERE accounts.id = webhook_deliveries.account_id)
+            WHERE accounts.id = webhook_deliveries.account_id),
+          created_at
 """
 
 _PG_POSTPONE = """

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from genhook import metrics
 from genhook.config import Settings
 from genhook.db import Blob, Database, Task, UsageLine, now_ms
 from genhook.errors import ErrorCode
@@ -89,7 +90,9 @@ class Lifecycle:
             task = (await session.execute(stmt)).scalars().first()
             if task is not None and task.webhook_events:
                 await enqueue_processing(session, task, now)  # opt-in progress event
-            return task
+        if task is not None:
+            metrics.task_started(task)
+        return task
 
     async def claim_many(self, worker_id: str, models: Sequence[str], limit: int) -> list[Task]:
         """Take up to ``limit`` of the oldest runnable tasks in one transaction (I/O engines).
@@ -117,7 +120,8 @@ class Lifecycle:
             for task in tasks:
                 if task.webhook_events:
                     await enqueue_processing(session, task, now)  # opt-in progress event
-            return tasks
+        metrics.tasks_started(tasks)
+        return tasks
 
     def _take(self, which: Any, worker_id: str, now: int) -> Any:
         """The UPDATE that puts the ``which`` tasks still waiting under this worker's lease."""
@@ -249,7 +253,7 @@ class Lifecycle:
         """Several completions in one transaction: group commit for I/O-bound engines,
         whose many tasks in flight would otherwise each pay for a commit."""
         async with self.db.write() as session:
-            return [
+            ended = [
                 await self._end_in(
                     session,
                     _held_by(item.task_id, worker_id),
@@ -261,9 +265,10 @@ class Lifecycle:
                     ),
                     item.upstream_cost_micros,
                 )
-                is not None
                 for item in items
             ]
+        metrics.tasks_finished(task for task in ended if task is not None)
+        return [task is not None for task in ended]
 
     async def _finish(
         self,
@@ -280,7 +285,10 @@ class Lifecycle:
         self, conditions: list[Any], values: dict[str, Any], upstream_cost_micros: int | None = None
     ) -> Task | None:
         async with self.db.write() as session:
-            return await self._end_in(session, conditions, values, upstream_cost_micros)
+            task = await self._end_in(session, conditions, values, upstream_cost_micros)
+        if task is not None:
+            metrics.task_finished(task)
+        return task
 
     async def _end_in(
         self,
@@ -400,6 +408,7 @@ class Lifecycle:
                 for task in tasks:
                     if task.webhook_url:
                         await enqueue_callback(session, task, self.settings, self.storage, now)
+            metrics.tasks_finished(tasks)
             if tasks:
                 log.info("%d task(s) timed out: %s", len(tasks), message)
             changed += len(tasks)
@@ -440,7 +449,7 @@ class Lifecycle:
             message = (
                 f"the worker running this task stopped responding {losses + 1} time(s); giving up"
             )
-            return await self._finish(
+            failed = await self._finish(
                 task_id,
                 owner,
                 dict(
@@ -450,6 +459,9 @@ class Lifecycle:
                     lease_losses=losses + 1,
                 ),
             )
+            if failed:
+                metrics.lease_lost(failed=True)
+            return failed
         conditions = [Task.id == task_id, Task.status == "processing", Task.lease_owner == owner]
         if expired:
             conditions.append(Task.lease_expires_at < now)
@@ -469,6 +481,7 @@ class Lifecycle:
             )
         if result.rowcount:  # type: ignore[attr-defined]
             log.warning("task %s lost its lease (worker %s); requeued", task_id, owner)
+            metrics.lease_lost(failed=False)
             return True
         return False
 

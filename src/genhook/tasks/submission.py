@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import insert
 
+from genhook import metrics
 from genhook.config import Settings
 from genhook.db import Blob, Database, IdempotencyKey, Task, now_ms
 from genhook.engines.base import ModelKind
@@ -200,6 +201,8 @@ class Submitter:
             raise
         if created is not task:
             await discard_blobs(self.storage, staged)
+        else:
+            metrics.task_submitted(task.model)
         return created
 
     def _validate(self, path_kind: ModelKind, body: Any, context: dict[str, Any]) -> BaseModel:

@@ -27,6 +27,7 @@ from genhook.engines.base import AsyncEngine, Engine, EngineJob, EngineResult
 from genhook.engines.registry import Registry
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.faults import is_infrastructure_error, retry_infrastructure
+from genhook.logs import bind_task, unbind
 from genhook.net import AddressPolicy, client_ssl_context, fetch_input_image
 from genhook.retry import backoff_delay
 from genhook.storage import BlobStore, DatabaseBlobStore
@@ -141,6 +142,13 @@ class Worker:
         }
 
     async def process(self, task: Task, stop: asyncio.Event | None = None) -> None:
+        context = bind_task(task.id, task.account_id)  # every log line about it says so
+        try:
+            await self._process(task, stop)
+        finally:
+            unbind(context)
+
+    async def _process(self, task: Task, stop: asyncio.Event | None) -> None:
         # The job's stop signal (EngineJob.stop), set whenever the task is given up; one per
         # task, since I/O-bound models run several tasks of one process at once.
         job_stop = threading.Event()

@@ -1,0 +1,113 @@
+"""JSON log lines: one object per event, the bound task and delivery ids, tracebacks and
+``extra=`` fields as fields, uvicorn's loggers through the same handler."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from genhook.config import Settings
+from genhook.logs import bind_delivery, bind_task, configure_logging, unbind
+from genhook.sender.feed import Attempt
+
+
+@pytest.fixture
+def captured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    configure_logging(Settings(data_dir=tmp_path, log_format="json"), role="worker")
+    yield stream
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    for handler in saved[0]:
+        root.addHandler(handler)
+    root.setLevel(saved[1])
+    logging.captureWarnings(False)
+
+
+def lines(stream: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_a_task_bound_line_carries_its_ids(captured: io.StringIO) -> None:
+    log = logging.getLogger("genhook.test")
+    log.info("before")
+    token = bind_task("t1", "acct_1")
+    try:
+        log.info("working on %s", "it", extra={"step": 3})
+    finally:
+        unbind(token)
+    log.info("after")
+    before, working, after = lines(captured)
+    assert "task_id" not in before and "task_id" not in after
+    assert working["message"] == "working on it"
+    assert (working["task_id"], working["account_id"], working["step"]) == ("t1", "acct_1", 3)
+    assert (working["role"], working["level"], working["logger"]) == ("worker", "INFO", log.name)
+    assert isinstance(working["pid"], int) and working["time"].endswith("+00:00")
+
+
+async def test_tasks_started_while_bound_inherit_the_ids(captured: io.StringIO) -> None:
+    log = logging.getLogger("genhook.test")
+    attempt = Attempt("whd_1", "t2", "https://x", b"", 0, 0, {}, "kid", "acct_2")
+
+    async def send() -> None:
+        await asyncio.sleep(0)
+        log.warning("sending")
+
+    token = bind_delivery(attempt)
+    try:
+        job = asyncio.create_task(send())
+    finally:
+        unbind(token)
+    await job
+    (line,) = lines(captured)
+    assert (line["delivery_id"], line["task_id"], line["account_id"]) == ("whd_1", "t2", "acct_2")
+
+
+def test_a_traceback_is_one_field_of_one_line(captured: io.StringIO) -> None:
+    try:
+        raise RuntimeError("boom\nsecond line")
+    except RuntimeError:
+        logging.getLogger("genhook.test").exception("it failed")
+    text = captured.getvalue()
+    assert text.count("\n") == 1
+    (line,) = lines(captured)
+    assert "RuntimeError: boom" in line["exc"] and "Traceback" in line["exc"]
+
+
+def test_uvicorn_lines_are_json_too(captured: io.StringIO) -> None:
+    logging.getLogger("uvicorn.error").info("Application startup complete.")
+    (line,) = lines(captured)
+    assert line["logger"] == "uvicorn.error"
+
+
+def test_text_format_appends_the_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        configure_logging(Settings(data_dir=tmp_path), role="serve")
+        token = bind_task("t3")
+        logging.getLogger("genhook.test").info("hello")
+        unbind(token)
+        logging.getLogger("genhook.test").info("plain")
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in saved[0]:
+            root.addHandler(handler)
+        root.setLevel(saved[1])
+        logging.captureWarnings(False)
+    first, second = stream.getvalue().splitlines()
+    assert first.endswith("genhook.test: hello [task_id=t3]")
+    assert second.endswith("genhook.test: plain")
