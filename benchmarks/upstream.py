@@ -131,7 +131,7 @@ async def submit_all(settings: Settings, count: int) -> tuple[Any, list[str], st
 
 
 def make_worker(state: Any) -> Worker:
-    return Worker(state.settings, state.db, state.storage, state.registry, state.policy, "bench")
+    return Worker.sharing(state, worker_id="bench")
 
 
 async def latency(args: argparse.Namespace) -> dict[str, float]:

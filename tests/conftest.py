@@ -141,7 +141,7 @@ async def make_harness(settings: Settings) -> Harness:
     app = create_app(state, background=False)
     account = await create_account(state.db, "test", encryption_key=load_encryption_key(settings))
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver")
-    worker = Worker(state.settings, state.db, state.storage, state.registry, state.policy, "w-test")
+    worker = Worker.sharing(state, worker_id="w-test")
     return Harness(state, client, account, worker, {"Authorization": f"Bearer {account.api_key}"})
 
 

@@ -94,6 +94,21 @@ async def find_account(db: Database, account: str) -> Account:
     return row
 
 
+async def list_accounts(db: Database) -> list[Account]:
+    async with db.read() as session:
+        return list((await session.scalars(select(Account).order_by(Account.created_at))).all())
+
+
+async def update_account(db: Database, account_id: str, **values: object) -> None:
+    """Set columns of one account (``standard_webhooks``, a sealed ``signing_secret``)."""
+    async with db.write() as session:
+        result = await session.execute(
+            update(Account).where(Account.id == account_id).values(**values)
+        )
+        if not result.rowcount:  # type: ignore[attr-defined]
+            raise NotFound(f"no account {account_id}")
+
+
 async def create_key(db: Database, account: str, name: str = "") -> NewKey:
     owner = await find_account(db, account)
     api_key = _new_key()

@@ -24,6 +24,8 @@ TERMINAL: tuple[str, ...] = (COMPLETED, FAILED, TIMEOUT, CANCELED)
 UNSUCCESSFUL: tuple[str, ...] = (FAILED, TIMEOUT, CANCELED)
 
 CANCELED_MESSAGE = "The task was canceled."
+# What a timed-out task says, in polling and in its callback alike.
+TIMEOUT_MESSAGE = "The task did not finish before its deadline."
 NOT_STARTED_MESSAGE = "The task did not start before its start deadline (X-Start-Deadline)."
 
 TERMINAL_STATUSES = frozenset(TERMINAL)

@@ -263,14 +263,7 @@ async def test_engine_loaded_once_per_worker(harness: Harness) -> None:
     before = FakeEditEngine.loads
     for _ in range(3):
         await submit(harness)
-    worker = Worker(
-        harness.state.settings,
-        harness.state.db,
-        harness.state.storage,
-        harness.state.registry,
-        harness.state.policy,
-        "w-once",
-    )
+    worker = Worker.sharing(harness.state, worker_id="w-once")
     while await worker.run_once():
         pass
     assert FakeEditEngine.loads == before + 1

@@ -7,7 +7,8 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 
-from genhook.db import Task, UsageLine, WebhookAttempt, WebhookDelivery, now_ms
+from genhook.db import Task, UsageLine, WebhookAttempt, WebhookDelivery, WebhookReplay, now_ms
+from genhook.sender.deliveries import redeliver
 from genhook.tasks.retention import DAY_MS, Pruner
 from tests.conftest import Harness
 from tests.support.images import data_url
@@ -73,3 +74,22 @@ async def test_old_attempts_and_tasks_are_pruned(harness: Harness) -> None:
     assert await h.state.storage.get(key) is None
     # The billing ledger outlives the task.
     assert await count(h, UsageLine) == 2
+
+
+async def test_a_redelivered_task_is_pruned_with_its_replays(harness: Harness) -> None:
+    h = harness
+    task_id = await submit(h, webhook_url="http://127.0.0.1:9/hook", size="1024*1024")
+    assert await h.run_all() == 1
+    async with h.state.db.read() as session:
+        (delivery_id,) = (await session.scalars(select(WebhookDelivery.id))).all()
+    await redeliver(h.state.db, delivery_id, account_id=None)
+    assert await count(h, WebhookReplay) == 1
+    long_ago = now_ms() - 40 * DAY_MS
+    async with h.state.db.write() as session:
+        await session.execute(update(WebhookDelivery).values(status="delivered"))
+        await session.execute(update(Task).where(Task.id == task_id).values(finished_at=long_ago))
+    pruner = Pruner(h.state.settings, h.state.db, h.state.storage)
+    assert await pruner.prune_tasks(now_ms() - 30 * DAY_MS) == 1
+    assert await count(h, Task) == 0
+    assert await count(h, WebhookDelivery) == 0
+    assert await count(h, WebhookReplay) == 0

@@ -61,7 +61,7 @@ async def app(tmp_path: Path, database_url: str) -> AsyncIterator[App]:
     client = httpx.AsyncClient(
         transport=httpx.ASGITransport(app=asgi), base_url="http://testserver"
     )
-    worker = Worker(settings, db, state.storage, state.registry, state.policy, "w-test")
+    worker = Worker.sharing(state, worker_id="w-test")
     yield App(state, client, account, worker)
     await client.aclose()
     await db.dispose()

@@ -19,9 +19,10 @@ from genhook.sender.keys import (
     encrypt_private_key,
     public_x,
 )
-from genhook.sender.outbox import TIMEOUT_ERROR, build_body, event_type_for
+from genhook.sender.outbox import build_body, event_type_for
 from genhook.sender.signing import HeaderSigner
 from genhook.signature import b64url_decode
+from genhook.task_states import TIMEOUT_MESSAGE
 from tests.support.webhook_receiver import payload_for, terminal_task
 
 
@@ -60,7 +61,7 @@ def test_timeout_body_has_a_generic_message() -> None:
     )
     body = json.loads(build_body(task, "video.task.terminal", payload_for(task)))
     assert body["status"] == "ERROR"
-    assert body["error"] == TIMEOUT_ERROR
+    assert body["error"] == TIMEOUT_MESSAGE
     assert body["payload"]["status"] == "timeout"
     assert body["payload"]["error_code"] == 4002
     assert body["event_type"] == "video.task.terminal"

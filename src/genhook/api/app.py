@@ -34,11 +34,11 @@ from genhook.api.shedding import LoadShedding, ready_problems
 from genhook.config import Settings
 from genhook.console import install_console
 from genhook.db import Database
-from genhook.engines.registry import Registry, build_registry
+from genhook.engines.registry import Registry
 from genhook.faults import RETRY_AFTER_SECONDS
-from genhook.net import AddressPolicy, Resolver
+from genhook.net import Resolver
 from genhook.sender.service import WebhookService
-from genhook.storage import open_blob_store
+from genhook.services import open_services
 from genhook.storage.blobs import close_blob_store
 from genhook.tasks.lifecycle import Lifecycle
 
@@ -52,20 +52,7 @@ def build_state(
     resolver: Resolver | None = None,
     db: Database | None = None,
 ) -> AppState:
-    db = db or Database(
-        settings.resolved_database_url,
-        pool_timeout=settings.db_pool_timeout_seconds,
-        connect_timeout=settings.db_connect_timeout_seconds,
-    )
-    return AppState(
-        settings=settings,
-        db=db,
-        registry=registry or build_registry(settings),
-        storage=open_blob_store(settings, db),
-        policy=AddressPolicy(
-            allow_private=settings.webhook_allow_private_targets, resolver=resolver
-        ),
-    )
+    return AppState.sharing(open_services(settings, registry=registry, resolver=resolver, db=db))
 
 
 async def sweep_forever(lifecycle: Lifecycle, interval: float, stop: asyncio.Event) -> None:

@@ -8,25 +8,16 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from genhook.accounts import AuthCache, authenticate
-from genhook.config import Settings
-from genhook.db import Account, Database
-from genhook.engines.registry import Registry
-from genhook.net import AddressPolicy
-from genhook.storage import BlobStore
+from genhook.db import Account
+from genhook.services import Services
 from genhook.tasks import Submitter
 from genhook.tasks.watch import TaskWatcher
 
 
 @dataclass
-class AppState:
-    settings: Settings
-    db: Database
-    registry: Registry
-    storage: BlobStore
-    policy: AddressPolicy
-
+class AppState(Services):
     def __post_init__(self) -> None:
-        self.submitter = Submitter(self.settings, self.db, self.registry, self.storage, self.policy)
+        self.submitter = Submitter.sharing(self)
         self.auth_cache = AuthCache(self.settings.auth_cache_seconds)
         self.watcher = TaskWatcher(self.db, self.settings.watch_poll_seconds)
 

@@ -15,8 +15,8 @@ from pydantic import BaseModel, Field
 
 from genhook.api.deps import AccountDep, StateDep
 from genhook.api.errors import ERROR_RESPONSES
-from genhook.db import WebhookDelivery
 from genhook.errors import NotFound
+from genhook.sender.deliveries import owned_delivery
 from genhook.signature import USER_AGENT_TEMPLATE, header_names
 
 router = APIRouter(tags=["webhooks"])
@@ -38,9 +38,8 @@ class DeliveryMessage(BaseModel):
     summary="The body and headers a delivery sends",
 )
 async def get_message(state: StateDep, account: AccountDep, delivery_id: str) -> DeliveryMessage:
-    async with state.db.read() as session:
-        row = await session.get(WebhookDelivery, delivery_id) if len(delivery_id) <= 64 else None
-    if row is None or row.account_id != account.id:
+    row = await owned_delivery(state.db, delivery_id, account.id)
+    if row is None:
         raise NotFound(f"no delivery {delivery_id!r}")
     brand = state.settings.webhook_header_brand
     names = header_names(brand)

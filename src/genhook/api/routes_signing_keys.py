@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
-from sqlalchemy import select
 
 from genhook.api.deps import AccountDep, StateDep
 from genhook.api.errors import ERROR_RESPONSES
-from genhook.db import SigningKey, now_ms
+from genhook.sender.keys import list_signing_keys
 from genhook.tasks.views import iso_ms
 
 router = APIRouter(tags=["webhooks"])
@@ -40,24 +39,19 @@ class SigningState(BaseModel):
     summary="The webhook signing keys and their rotation state (public parts only)",
 )
 async def get_signing_keys(state: StateDep, account: AccountDep) -> SigningState:
-    moment = now_ms()
-    async with state.db.read() as session:
-        rows = (
-            await session.scalars(select(SigningKey).order_by(SigningKey.created_at.desc()))
-        ).all()
+    keys = await list_signing_keys(state.db)
     return SigningState(
         mode=state.settings.webhook_signing,
         overlap_days=state.settings.webhook_key_overlap_days,
         keys=[
             SigningKeyView(
-                kid=row.kid,
-                status=row.status,
-                published=row.status == "active"
-                or (row.status == "rotated" and (row.retire_at or 0) > moment),
-                created_at=iso_ms(row.created_at),
-                rotated_at=iso_ms(row.rotated_at) if row.rotated_at is not None else None,
-                retire_at=iso_ms(row.retire_at) if row.retire_at is not None else None,
+                kid=key.kid,
+                status=key.status,
+                published=key.published,
+                created_at=iso_ms(key.created_at),
+                rotated_at=iso_ms(key.rotated_at) if key.rotated_at is not None else None,
+                retire_at=iso_ms(key.retire_at) if key.retire_at is not None else None,
             )
-            for row in rows
+            for key in reversed(keys)
         ],
     )

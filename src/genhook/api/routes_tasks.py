@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from decimal import Decimal
 from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
-from sqlalchemy import func, select
 
 from genhook.api.bodies import BodyLimits, large_body_slot, read_json_body
 from genhook.api.deps import AccountDep, AppState, StateDep, current_account, get_state
@@ -17,7 +15,7 @@ from genhook.api.outputs import bucket_output
 from genhook.api.ranges import ranged_response
 from genhook.api.routes_watch import prefer_wait, result_response
 from genhook.api.schemas import PredictionResponse, UsageResponse
-from genhook.db import Account, Task, UsageLine
+from genhook.db import Account
 from genhook.engines.edit_request import EditRequest
 from genhook.errors import NotFound
 from genhook.storage.blobs import BucketBlobStore, valid_key
@@ -27,11 +25,11 @@ from genhook.tasks.admission import (
     parse_idempotency_key,
     parse_start_deadline,
 )
+from genhook.tasks.reads import owned_task, usage_page
 from genhook.tasks.retention import raise_if_expired
 from genhook.tasks.views import iso_ms, prediction_view
 
 router = APIRouter()
-_TASK_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 _SUBMIT_DOC = {
     "requestBody": {
@@ -117,10 +115,8 @@ _submit_route("generateAudio", "Submit an audio task (text-to-speech, speech-to-
 )
 async def get_result(request_id: str, request: Request) -> Any:
     state, account = await _caller(request)
-    async with state.db.read() as session:
-        # Only an id's spelling reaches the database (PostgreSQL refuses NUL in text).
-        task = await session.get(Task, request_id) if _TASK_ID.fullmatch(request_id) else None
-    if task is None or task.account_id != account.id:
+    task = await owned_task(state.db, account.id, request_id)
+    if task is None:
         raise NotFound(f"no task {request_id!r}")
     return await result_response(state, task, request)
 
@@ -171,30 +167,15 @@ async def get_usage(
         default=None, ge=0, le=2**62, description="next_cursor of the last page"
     ),
 ) -> Any:
-    async with state.db.read() as session:
-        total, count = (
-            await session.execute(
-                select(func.coalesce(func.sum(UsageLine.amount_micros), 0), func.count()).where(
-                    UsageLine.account_id == account.id
-                )
-            )
-        ).one()
-        stmt = (
-            select(UsageLine)
-            .where(UsageLine.account_id == account.id)
-            .order_by(UsageLine.id.desc())
-            .limit(limit + 1)
-        )
-        if cursor is not None:
-            stmt = stmt.where(UsageLine.id < cursor)
-        rows = list((await session.scalars(stmt)).all())
+    page = await usage_page(state.db, account.id, limit + 1, cursor)
+    rows = page.lines
     more = len(rows) > limit
     rows = rows[:limit]
     return {
         "account_id": account.id,
         "currency": "USD",
-        "total_usd": usd(int(total)),
-        "task_count": int(count),
+        "total_usd": usd(page.total_micros),
+        "task_count": page.task_count,
         "items": [
             {
                 "task_id": row.task_id,

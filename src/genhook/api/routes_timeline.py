@@ -11,9 +11,9 @@ from pydantic import BaseModel, Field
 
 from genhook.api.deps import AccountDep, StateDep
 from genhook.api.errors import ERROR_RESPONSES
-from genhook.db import Task
 from genhook.errors import NotFound
 from genhook.task_states import polled_status
+from genhook.tasks.reads import owned_task
 from genhook.tasks.views import iso_ms
 
 router = APIRouter(tags=["tasks"])
@@ -43,9 +43,8 @@ def _iso(value: int | None) -> str | None:
     summary="When the task was created, started and ended, and its lease losses",
 )
 async def get_timeline(request_id: str, state: StateDep, account: AccountDep) -> Timeline:
-    async with state.db.read() as session:
-        task = await session.get(Task, request_id) if len(request_id) <= 64 else None
-    if task is None or task.account_id != account.id:
+    task = await owned_task(state.db, account.id, request_id)
+    if task is None:
         raise NotFound(f"no task {request_id!r}")
     return Timeline(
         id=task.id,

@@ -11,13 +11,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy import update
 
 from genhook.api.bodies import BodyLimits, read_json_body
 from genhook.api.deps import get_state
 from genhook.api.errors import ERROR_RESPONSES
-from genhook.db import now_ms
-from genhook.db.models import UpstreamCallback
+from genhook.engines.upstream import store_callback
 from genhook.errors import FieldError, InvalidRequest, NotFound
 
 router = APIRouter(tags=["upstream"])
@@ -48,17 +46,6 @@ async def upstream_callback(task_id: str, token: str, request: Request) -> Any:
     except ValueError:
         message = "the request body holds NaN or Infinity, which JSON does not allow"
         raise InvalidRequest(message, [FieldError("body", message)]) from None
-    async with state.db.write() as session:
-        result = await session.execute(
-            update(UpstreamCallback)
-            .where(
-                UpstreamCallback.task_id == task_id[:40],
-                UpstreamCallback.token == token[:64],
-                UpstreamCallback.received_at.is_(None),
-            )
-            .values(body=body, received_at=now_ms())
-            .execution_options(synchronize_session=False)
-        )
-    if not result.rowcount:  # type: ignore[attr-defined]
+    if not await store_callback(state.db, task_id, token, body):
         raise NotFound("no upstream job is waiting for this callback")
     return JSONResponse({"received": True})

@@ -18,7 +18,6 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from sqlalchemy import and_, or_, select
 from starlette.datastructures import QueryParams
 
 from genhook.api.deps import AppState, current_account, get_state
@@ -27,8 +26,9 @@ from genhook.api.schemas import TaskListResponse
 from genhook.db import Account, Task
 from genhook.errors import FieldError, InvalidRequest, NotFound
 from genhook.task_states import POLLED_STATUSES, is_terminal, polled_status
+from genhook.tasks.reads import get_task, list_tasks, owned_task
 from genhook.tasks.views import prediction_view
-from genhook.tasks.watch import Signature, last_event_id, log_lines, task_view
+from genhook.tasks.watch import Signature, current_signature, read_task_view, stream_step
 
 router = APIRouter()
 
@@ -72,8 +72,7 @@ async def wait_until_done(state: AppState, task: Task, seconds: float) -> Task:
     """The task once it has ended, or as it is when ``seconds`` run out."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
-    async with state.db.read() as session:
-        seen: Signature = (task.status, await last_event_id(session, task.id))
+    seen: Signature = await current_signature(state.db, task)
     while not is_terminal(seen[0]):
         remaining = deadline - loop.time()
         if remaining <= 0:
@@ -82,9 +81,7 @@ async def wait_until_done(state: AppState, task: Task, seconds: float) -> Task:
         if changed is None:
             break
         seen = changed
-    async with state.db.read() as session:
-        fresh = await session.get(Task, task.id)
-    return fresh or task
+    return await get_task(state.db, task.id) or task
 
 
 async def result_response(state: AppState, task: Task, request: Request) -> JSONResponse:
@@ -96,15 +93,13 @@ async def result_response(state: AppState, task: Task, request: Request) -> JSON
         headers["Preference-Applied"] = f"wait={wait:g}"
         if not is_terminal(task.status):
             task = await wait_until_done(state, task, wait)
-    async with state.db.read() as session:
-        view = await task_view(session, task, state.settings, state.storage, logs=logs)
+    view = await read_task_view(state.db, task, state.settings, state.storage, logs=logs)
     return JSONResponse(view, headers=headers)
 
 
 async def _owned_task(state: AppState, account: Account, request_id: str) -> Task:
-    async with state.db.read() as session:
-        task = await session.get(Task, request_id) if len(request_id) <= 64 else None
-    if task is None or task.account_id != account.id:
+    task = await owned_task(state.db, account.id, request_id)
+    if task is None:
         raise NotFound(f"no task {request_id!r}")
     return task
 
@@ -132,19 +127,14 @@ async def event_stream(
     event with the full result; an event already sent (``last``) is not sent again."""
     sent = last
     while True:
-        async with state.db.read() as session:
-            task = await session.get(Task, task_id)
-            if task is None:
-                return
-            newest = await last_event_id(session, task_id)
+        step = await stream_step(state.db, task_id, sent, state.settings, state.storage)
+        if step is None:
+            return
+        task, newest, view = step
+        if view is not None:
             key = (polled_status(task.status), newest)
-            if key != sent:
-                view = await task_view(session, task, state.settings, state.storage)
-                lines = await log_lines(session, task_id, after=sent[1] if sent else 0)
-                if lines:
-                    view["logs"] = lines
-                yield _sse(f"{key[0]}:{key[1]}", key[0], view)
-                sent = key
+            yield _sse(f"{key[0]}:{key[1]}", key[0], view)
+            sent = key
         if is_terminal(task.status):
             return
         changed = await state.watcher.wait_change(task_id, (task.status, newest), KEEPALIVE_SECONDS)
@@ -250,39 +240,29 @@ async def list_results(request: Request) -> JSONResponse:
 
 async def task_listing(state: AppState, query: QueryParams, account_id: str | None) -> JSONResponse:
     """A page of tasks, newest first; ``account_id=None`` lists every account's (admins)."""
-    stmt = select(Task)
-    if account_id is not None:
-        stmt = stmt.where(Task.account_id == account_id)
-    elif query.get("account"):
-        stmt = stmt.where(Task.account_id == query["account"])
+    stored: list[str] | None = None
     status = query.get("status")
     if status:
-        stored: list[str] = []
+        stored = []
         for name in status.split(","):
             if name.strip() not in POLLED_STATUSES:
                 message = f"status must be one of {', '.join(POLLED_STATUSES)}, got {name!r}"
                 raise InvalidRequest(message, [FieldError("status", message)])
             stored += POLLED_STATUSES[name.strip()]
-        stmt = stmt.where(Task.status.in_(stored))
-    model = query.get("model")
-    if model:
-        stmt = stmt.where(Task.model == model)
     since = query.get("since")
-    if since:
-        stmt = stmt.where(Task.created_at >= _since_ms(since))
+    since_ms = _since_ms(since) if since else None
     limit = _limit(query.get("limit"))
     cursor = query.get("cursor")
-    if cursor:
-        created, task_id = _decode_cursor(cursor)
-        stmt = stmt.where(
-            or_(
-                Task.created_at < created,
-                and_(Task.created_at == created, Task.id < task_id),
-            )
-        )
-    stmt = stmt.order_by(Task.created_at.desc(), Task.id.desc()).limit(limit + 1)
-    async with state.db.read() as session:
-        tasks = list((await session.scalars(stmt)).all())
+    before = _decode_cursor(cursor) if cursor else None
+    tasks = await list_tasks(
+        state.db,
+        account_id=account_id if account_id is not None else query.get("account") or None,
+        statuses=stored,
+        model=query.get("model") or None,
+        since_ms=since_ms,
+        before=before,
+        limit=limit + 1,
+    )
     more = len(tasks) > limit
     tasks = tasks[:limit]
     items = [await prediction_view(task, state.settings, state.storage) for task in tasks]

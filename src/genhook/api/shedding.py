@@ -13,7 +13,6 @@ import json
 import os
 from pathlib import Path
 
-from sqlalchemy import text
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from genhook.api.deps import AppState
@@ -65,7 +64,7 @@ async def ready_problems(state: AppState) -> list[str]:
     """What keeps this process from doing its work: an empty list when it is ready."""
     problems: list[str] = []
     try:
-        await asyncio.wait_for(_database_writable(state), state.settings.db_pool_timeout_seconds)
+        await asyncio.wait_for(state.db.check_writable(), state.settings.db_pool_timeout_seconds)
     except Exception as exc:
         problems.append(f"the database cannot be written ({type(exc).__name__}: {exc})")
     try:
@@ -73,18 +72,6 @@ async def ready_problems(state: AppState) -> list[str]:
     except OSError as exc:
         problems.append(f"the data directory cannot be written ({exc.strerror or exc})")
     return problems
-
-
-async def _database_writable(state: AppState) -> None:
-    db = state.db
-    if db.is_postgres:
-        async with db.read() as session:
-            if (await session.execute(text("SELECT pg_is_in_recovery()"))).scalar_one():
-                raise RuntimeError("the server is a read-only standby")
-        return
-    # SQLite: taking the write lock (BEGIN IMMEDIATE) proves the file can be written to.
-    async with db.write() as session:
-        await session.execute(text("SELECT 1"))
 
 
 _PROBE = b"\0" * 4096

@@ -144,15 +144,9 @@ def accounts_create(
 @accounts_app.command("list")
 def accounts_list(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """List accounts."""
-    from sqlalchemy import select
+    from genhook.accounts import list_accounts
 
-    from genhook.db import Account
-
-    async def _list(db: Any) -> list[Any]:
-        async with db.read() as session:
-            return list((await session.scalars(select(Account).order_by(Account.created_at))).all())
-
-    rows = _run(_with_db(_settings(), _list))
+    rows = _run(_with_db(_settings(), list_accounts))
     if as_json:
         print(json.dumps([{"account_id": r.id, "name": r.name} for r in rows]))
         return

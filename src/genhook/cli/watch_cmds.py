@@ -25,6 +25,7 @@ from genhook.cli.client_cmds import (
     print_prediction,
 )
 from genhook.client import LogLine, Prediction
+from genhook.task_states import FAILED, TIMEOUT
 
 
 def register(app: typer.Typer) -> None:
@@ -132,5 +133,5 @@ def watch(
     if not as_json:
         console.print(render(final, logs, time.monotonic() - started))
         print_prediction(final, False)
-    if final.status in ("failed", "timeout"):
+    if final.status in (FAILED, TIMEOUT):
         raise typer.Exit(EXIT_TASK_FAILED)

@@ -200,10 +200,7 @@ def standard_webhooks(
     mode: str = typer.Argument(..., help="on, off, or default (GENHOOK_WEBHOOK_STANDARD_HEADERS)."),
 ) -> None:
     """Send (or stop sending) Standard Webhooks headers to an account's receivers."""
-    from sqlalchemy import update
-
-    from genhook.db import Account
-    from genhook.errors import NotFound
+    from genhook.accounts import update_account
 
     values = {"on": True, "off": False, "default": None}
     if mode not in values:
@@ -211,12 +208,7 @@ def standard_webhooks(
         raise typer.Exit(code=2)
 
     async def go(_: Any, db: Any) -> None:
-        async with db.write() as session:
-            result = await session.execute(
-                update(Account).where(Account.id == account).values(standard_webhooks=values[mode])
-            )
-            if not result.rowcount:
-                raise NotFound(f"no account {account}")
+        await update_account(db, account, standard_webhooks=values[mode])
 
     _run(go)
     console.print(f"Standard Webhooks headers for {account}: {mode}")
@@ -230,11 +222,7 @@ def rotate_secret(
     HMAC has one signature header, so there is no overlap: receivers that verify HMAC must
     switch to the new secret (or verify Ed25519, which has key overlap) right away.
     """
-    from sqlalchemy import update
-
-    from genhook.accounts import new_signing_secret
-    from genhook.db import Account
-    from genhook.errors import NotFound
+    from genhook.accounts import new_signing_secret, update_account
 
     secret = new_signing_secret()
 
@@ -243,12 +231,7 @@ def rotate_secret(
         from genhook.sender.secret_box import seal_secret
 
         sealed = seal_secret(secret, account, load_encryption_key(settings))
-        async with db.write() as session:
-            result = await session.execute(
-                update(Account).where(Account.id == account).values(signing_secret=sealed)
-            )
-            if not result.rowcount:
-                raise NotFound(f"no account {account}")
+        await update_account(db, account, signing_secret=sealed)
 
     _run(go)
     console.print(f"new signing secret for {account} (shown once): [bold]{secret}[/bold]")

@@ -34,8 +34,9 @@ from genhook.console.session import (
     same_origin,
     set_session,
 )
-from genhook.db import Task
 from genhook.errors import NotFound
+from genhook.task_states import is_terminal
+from genhook.tasks.reads import owned_task
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -485,7 +486,7 @@ async def task_page(request: Request, task_id: str) -> Response:
         deliveries=sent,
         timeline=timeline,
         usage=usage,
-        terminal=task["status"] in {"completed", "failed", "canceled"},
+        terminal=is_terminal(task["status"]),
     )
 
 
@@ -518,9 +519,7 @@ async def task_events(request: Request, task_id: str) -> Response:
         return Response(status_code=401)
     state = _console(request).state
     account = await authenticate(state.db, f"Bearer {key}", state.auth_cache)
-    async with state.db.read() as session:
-        task = await session.get(Task, task_id) if len(task_id) <= 64 else None
-    if task is None or task.account_id != account.id:
+    if await owned_task(state.db, account.id, task_id) is None:
         raise NotFound(f"no task {task_id!r}")
     return StreamingResponse(
         event_stream(state, task_id, None),

@@ -24,7 +24,7 @@ from functools import partial
 from typing import Any
 
 import aiosqlite
-from sqlalchemy import event
+from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -189,6 +189,18 @@ class Database:
     async def read(self) -> AsyncIterator[AsyncSession]:
         async with self._read_sessions() as session, session.begin():
             yield session
+
+    async def check_writable(self) -> None:
+        """Raise unless this database takes writes now (readiness: a standby or a locked or
+        read-only SQLite file is not ready)."""
+        if self.is_postgres:
+            async with self.read() as session:
+                if (await session.execute(text("SELECT pg_is_in_recovery()"))).scalar_one():
+                    raise RuntimeError("the server is a read-only standby")
+            return
+        # SQLite: taking the write lock (BEGIN IMMEDIATE) proves the file can be written to.
+        async with self.write() as session:
+            await session.execute(text("SELECT 1"))
 
     async def dispose(self) -> None:
         if self._checkpointer is not None:

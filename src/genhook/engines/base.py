@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel
 
@@ -25,6 +25,15 @@ class ModelKind(StrEnum):
     IMAGE = "image"
     VIDEO = "video"
     AUDIO = "audio"
+
+
+R = TypeVar("R", bound=BaseModel)
+
+
+def stored_request(schema: type[R], params: Mapping[str, Any]) -> R:
+    """The request a task was submitted with, rebuilt from its stored ``params`` without
+    validating again (submit did); fields a task predates take the schema's defaults."""
+    return schema.model_construct(**params)
 
 
 def _no_report(progress: float | None = None, log: str | None = None) -> None:
@@ -49,11 +58,20 @@ class EngineJob:
     # Set when the worker gives the task up (canceled, deadline, lost lease, shutdown); an
     # engine that can stop early checks it between steps, so its thread is free sooner.
     stop: threading.Event = field(default_factory=threading.Event, compare=False)
+    # The model's ``request_schema`` instance the task was submitted with (see ``request_as``).
+    request: BaseModel | None = None
 
     def stop_if_asked(self) -> None:
         """Raise when the task was given up; its outcome is no longer recorded anyway."""
         if self.stop.is_set():
             raise TaskFailure(ErrorCode.ENGINE_ERROR, "stopped early: the task was given up")
+
+    def request_as(self, schema: type[R]) -> R:
+        """The validated request, typed: the one the worker parsed, or (a job built by hand)
+        one rebuilt from ``params``. Defaults come from the schema alone."""
+        if isinstance(self.request, schema):
+            return self.request
+        return stored_request(schema, self.params)
 
     @property
     def deadline_ms(self) -> int | None:

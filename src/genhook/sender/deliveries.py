@@ -14,13 +14,14 @@ from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
-from sqlalchemy import insert, or_, select, update
+from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.db import Database, WebhookAttempt, WebhookDelivery, WebhookReplay, now_ms
 from genhook.errors import Conflict, FieldError, InvalidRequest, NotFound
 from genhook.sender.fairness import destination_of
 from genhook.sender.outbox import wake_dispatchers
+from genhook.sender.queue import rearm_deliveries, rearm_delivery
 from genhook.tasks.views import iso_ms
 
 DELIVERY_STATUSES = ("pending", "delivered", "undeliverable")
@@ -168,6 +169,15 @@ async def _replays(session: AsyncSession, ids: list[str]) -> dict[str, list[int]
     return found
 
 
+async def owned_delivery(db: Database, delivery_id: str, account_id: str) -> WebhookDelivery | None:
+    """The delivery row, or None when it does not exist or belongs to another account."""
+    if len(delivery_id) > 64 or "\x00" in delivery_id:  # PostgreSQL refuses NUL in text
+        return None
+    async with db.read() as session:
+        row = await session.get(WebhookDelivery, delivery_id)
+    return row if row is not None and row.account_id == account_id else None
+
+
 async def get_delivery(db: Database, delivery_id: str, *, account_id: str | None) -> DeliveryView:
     async with db.read() as session:
         row = await session.get(WebhookDelivery, delivery_id)
@@ -206,36 +216,8 @@ async def redeliver(db: Database, delivery_id: str, *, account_id: str | None) -
                 f"webhook delivery {delivery_id} is a progress event and its task's terminal "
                 "event exists; it is not replayed after it"
             )
-        result = await session.execute(
-            update(WebhookDelivery)
-            .where(
-                WebhookDelivery.id == delivery_id,
-                or_(
-                    WebhookDelivery.lease_expires_at.is_(None),
-                    WebhookDelivery.lease_expires_at < now,
-                ),
-            )
-            .values(
-                status="pending",
-                round_start=WebhookDelivery.attempts,
-                redeliveries=WebhookDelivery.redeliveries + 1,
-                next_attempt_at=now,
-                lease_owner=None,
-                lease_expires_at=None,
-                updated_at=now,
-            )
-            .execution_options(synchronize_session=False)
-        )
-        if not result.rowcount:  # type: ignore[attr-defined]
+        if not await rearm_delivery(session, delivery_id, row.attempts + 1, now):
             raise Conflict(f"webhook delivery {delivery_id} has an attempt in flight; retry later")
-        await session.execute(
-            insert(WebhookReplay).values(
-                delivery_id=delivery_id,
-                first_attempt=row.attempts + 1,
-                bulk=False,
-                requested_at=now,
-            )
-        )
     wake_dispatchers()
     return await get_delivery(db, delivery_id, account_id=account_id)
 
@@ -303,37 +285,7 @@ async def redeliver_many(
         ids = list((await session.scalars(query.limit(request.limit + 1))).all())
         more = len(ids) > request.limit
         ids = ids[: request.limit]
-        rows: list[tuple[str, int]] = []
-        if ids:
-            result = await session.execute(
-                update(WebhookDelivery)
-                .where(WebhookDelivery.id.in_(ids), WebhookDelivery.status == request.status)
-                .values(
-                    status="pending",
-                    round_start=WebhookDelivery.attempts,
-                    redeliveries=WebhookDelivery.redeliveries + 1,
-                    next_attempt_at=now,
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    updated_at=now,
-                )
-                .returning(WebhookDelivery.id, WebhookDelivery.attempts)
-                .execution_options(synchronize_session=False)
-            )
-            rows = [(r[0], r[1]) for r in result.all()]
-        if rows:
-            await session.execute(
-                insert(WebhookReplay),
-                [
-                    {
-                        "delivery_id": delivery_id,
-                        "first_attempt": attempts + 1,
-                        "bulk": True,
-                        "requested_at": now,
-                    }
-                    for delivery_id, attempts in rows
-                ],
-            )
-    if rows:
+        redelivered = await rearm_deliveries(session, ids, request.status, now)
+    if redelivered:
         wake_dispatchers()
-    return BulkRedeliveryResult(redelivered=len(rows), ids=sorted(r[0] for r in rows), more=more)
+    return BulkRedeliveryResult(redelivered=len(redelivered), ids=sorted(redelivered), more=more)

@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
-from sqlalchemy import ColumnElement, case, func, or_, select, update
+from sqlalchemy import ColumnElement, case, func, or_, select
 
 from genhook.db import Database, WebhookDelivery, WebhookDestination, now_ms
 from genhook.sender.fairness import Transition
+from genhook.sender.queue import defer_destination
 from genhook.tasks.views import iso_ms
 
 # Destinations with a delivery this recent (or one still pending) are listed.
@@ -31,17 +32,7 @@ async def record_transitions(db: Database, transitions: Sequence[Transition]) ->
     async with db.write() as session:
         for t in latest.values():
             if t.state == "open" and t.retry_at is not None:
-                await session.execute(
-                    update(WebhookDelivery)
-                    .where(
-                        WebhookDelivery.status == "pending",
-                        WebhookDelivery.destination == t.destination,
-                        WebhookDelivery.lease_owner.is_(None),
-                        WebhookDelivery.next_attempt_at < t.retry_at,
-                    )
-                    .values(next_attempt_at=t.retry_at, updated_at=t.at)
-                    .execution_options(synchronize_session=False)
-                )
+                await defer_destination(session, t.destination, t.retry_at, t.at)
         for t in latest.values():
             row = await session.get(WebhookDestination, t.destination)
             if row is None:

@@ -20,14 +20,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import exists, insert, or_, select, update
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import aliased
 
 from genhook.db import Task, WebhookDelivery
 from genhook.errors import FieldError, InvalidRequest
-from genhook.sender.fairness import destination_of
-from genhook.sender.outbox import add_after_commit_wake, new_delivery_id
+from genhook.sender.outbox import add_after_commit_wake
+from genhook.sender.queue import give_up_progress, insert_delivery
 
 EVENTS = ("processing", "terminal")
 SUPERSEDED = "superseded by the terminal event"
@@ -88,24 +87,8 @@ async def enqueue_processing(session: AsyncSession, task: Task, now: int) -> Non
         "created_at": int(task.created_at),
         "payload": {"id": task.id, "model": task.model, "status": "processing"},
     }
-    await session.execute(
-        insert(WebhookDelivery).values(
-            id=new_delivery_id(),
-            task_id=task.id,
-            account_id=task.account_id,
-            url=task.webhook_url,
-            destination=destination_of(task.webhook_url),
-            event_type=event_type,
-            body=json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8"),
-            status="pending",
-            attempts=0,
-            round_start=0,
-            redeliveries=0,
-            next_attempt_at=now,
-            created_at=now,
-            updated_at=now,
-        )
-    )
+    data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    await insert_delivery(session, task, task.webhook_url, event_type, data, now)
     add_after_commit_wake(session)
 
 
@@ -114,43 +97,10 @@ async def supersede_progress(session: AsyncSession, task: Task, now: int) -> Non
     terminal event is not held back by its retries (see the module's ordering notes)."""
     if not wants(task, "processing"):
         return
-    await session.execute(
-        update(WebhookDelivery)
-        .where(
-            WebhookDelivery.task_id == task.id,
-            WebhookDelivery.status == "pending",
-            WebhookDelivery.event_type.like("%.task.processing"),
-            or_(
-                WebhookDelivery.lease_expires_at.is_(None),
-                WebhookDelivery.lease_expires_at < now,
-            ),
-        )
-        .values(status="undeliverable", last_error=SUPERSEDED, updated_at=now)
-        .execution_options(synchronize_session=False)
-    )
+    await give_up_progress(session, SUPERSEDED, now, task_id=task.id)
 
 
 async def supersede_stale_progress(session: AsyncSession, now: int) -> int:
     """Reconciliation: processing events left pending behind their terminal event (their
     attempt was in flight when the task ended, and failed) are given up."""
-    terminal = aliased(WebhookDelivery)
-    result = await session.execute(
-        update(WebhookDelivery)
-        .where(
-            WebhookDelivery.status == "pending",
-            WebhookDelivery.event_type.like("%.task.processing"),
-            or_(
-                WebhookDelivery.lease_expires_at.is_(None),
-                WebhookDelivery.lease_expires_at < now,
-            ),
-            exists(
-                select(terminal.id).where(
-                    terminal.task_id == WebhookDelivery.task_id,
-                    terminal.event_type.like("%.task.terminal"),
-                )
-            ),
-        )
-        .values(status="undeliverable", last_error=SUPERSEDED, updated_at=now)
-        .execution_options(synchronize_session=False)
-    )
-    return int(result.rowcount)  # type: ignore[attr-defined]
+    return await give_up_progress(session, SUPERSEDED, now)

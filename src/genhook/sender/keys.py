@@ -299,6 +299,3 @@ class KeyRing:
             self._active = ActiveKey(row.kid, private)
             self._checked_at = now
         return self._active
-
-    def invalidate(self) -> None:
-        self._active = None

@@ -7,21 +7,17 @@ these bytes; only the timestamp and signatures change per attempt.
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import event, insert
+from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from genhook.db import Task, WebhookDelivery
-from genhook.sender.fairness import destination_of
-from genhook.task_states import TERMINAL
+from genhook.db import Task
+from genhook.sender.queue import insert_delivery
+from genhook.task_states import COMPLETED, TIMEOUT, TIMEOUT_MESSAGE, is_terminal
 
-# A timeout carries a generic message; it does not vary with the task.
-TIMEOUT_ERROR = "The task did not finish before its deadline."
 FAILED_ERROR = "The task failed."
-TERMINAL_STATUSES = TERMINAL
 
 _wake_listeners: set[Callable[[], None]] = set()
 
@@ -41,10 +37,6 @@ def wake_dispatchers() -> None:
         listener()
 
 
-def new_delivery_id() -> str:
-    return "whd_" + secrets.token_hex(12)
-
-
 def event_type_for(kind: str) -> str:
     """``image.task.terminal`` and so on: from the model's kind, not the submit path."""
     return f"{kind}.task.terminal"
@@ -52,7 +44,7 @@ def event_type_for(kind: str) -> str:
 
 def build_body(task: Task, event_type: str, payload: dict[str, Any]) -> bytes:
     """``payload`` is the prediction response of the terminal task."""
-    if task.status not in TERMINAL_STATUSES:
+    if not is_terminal(task.status):
         raise ValueError(f"task {task.id} is {task.status}, not terminal")
     data = dict(payload)
     data["status"] = task.status
@@ -60,15 +52,16 @@ def build_body(task: Task, event_type: str, payload: dict[str, Any]) -> bytes:
     body: dict[str, Any] = {
         "session_id": task.id,
         "event_type": event_type,
-        "status": "OK" if task.status == "completed" else "ERROR",
+        "status": "OK" if task.status == COMPLETED else "ERROR",
         "created_at": int(task.created_at),
         "payload": data,
     }
-    if task.status != "completed":
+    if task.status != COMPLETED:
         if task.error_code is not None:
             data["error_code"] = int(task.error_code)
-        if task.status == "timeout":
-            body["error"] = TIMEOUT_ERROR
+        if task.status == TIMEOUT:
+            # A timeout carries the generic message; it does not vary with the task.
+            body["error"] = TIMEOUT_MESSAGE
         else:
             body["error"] = task.error_message or FAILED_ERROR
         data.setdefault("error", body["error"])
@@ -90,25 +83,8 @@ async def enqueue_delivery(
     """
     if not task.webhook_url:
         raise ValueError(f"task {task.id} has no webhook_url")
-    delivery_id = new_delivery_id()
-    await session.execute(
-        insert(WebhookDelivery).values(
-            id=delivery_id,
-            task_id=task.id,
-            account_id=task.account_id,
-            url=task.webhook_url,
-            destination=destination_of(task.webhook_url),
-            event_type=event_type,
-            body=build_body(task, event_type, payload),
-            status="pending",
-            attempts=0,
-            round_start=0,
-            redeliveries=0,
-            next_attempt_at=now,
-            created_at=now,
-            updated_at=now,
-        )
-    )
+    body = build_body(task, event_type, payload)
+    delivery_id = await insert_delivery(session, task, task.webhook_url, event_type, body, now)
     # Opt-in progress events: a processing event still pending gives way to this one.
     from genhook.sender.events import supersede_progress
 

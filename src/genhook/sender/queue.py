@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import sqlite3
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,9 +25,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
-from genhook.db import Database
+from sqlalchemy import ColumnElement, delete, exists, insert, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
+
+from genhook.db import Database, Task, WebhookAttempt, WebhookDelivery, WebhookReplay
 from genhook.db.database import open_sqlite
-from genhook.sender.fairness import Rooms
+from genhook.sender.fairness import Rooms, destination_of
 
 # A claim looks at this many due rows per row it may take (lanes without room excluded
 # first), so its cost follows the claim's size, not the backlog's.
@@ -544,3 +549,180 @@ class PostgresDeliveryQueue:
 
     async def close(self) -> None:
         """Nothing to release: each batch borrows a pooled connection."""
+
+
+# The other writes of webhook_deliveries, webhook_attempts and webhook_replays: enqueue,
+# give up superseded progress events, clear leases, defer behind an open circuit, rearm
+# for a redelivery, prune. Each runs in its caller's transaction, so an outbox row still
+# commits with its task's terminal state. The same SQL serves both backends (ORM).
+
+
+def new_delivery_id() -> str:
+    return "whd_" + secrets.token_hex(12)
+
+
+async def insert_delivery(
+    session: AsyncSession, task: Task, url: str, event_type: str, body: bytes, now: int
+) -> str:
+    """A delivery of ``body`` to ``url``, due at once; returns its id."""
+    delivery_id = new_delivery_id()
+    await session.execute(
+        insert(WebhookDelivery).values(
+            id=delivery_id,
+            task_id=task.id,
+            account_id=task.account_id,
+            url=url,
+            destination=destination_of(url),
+            event_type=event_type,
+            body=body,
+            status="pending",
+            attempts=0,
+            round_start=0,
+            redeliveries=0,
+            next_attempt_at=now,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    return delivery_id
+
+
+def _lease_free(now: int) -> ColumnElement[bool]:
+    return or_(WebhookDelivery.lease_expires_at.is_(None), WebhookDelivery.lease_expires_at < now)
+
+
+async def give_up_progress(
+    session: AsyncSession, reason: str, now: int, *, task_id: str | None = None
+) -> int:
+    """Pending progress events not in flight become undeliverable: ``task_id``'s, or, without
+    it, every one whose task's terminal event exists."""
+    which = [
+        WebhookDelivery.status == "pending",
+        WebhookDelivery.event_type.like("%.task.processing"),
+        _lease_free(now),
+    ]
+    if task_id is not None:
+        which.append(WebhookDelivery.task_id == task_id)
+    else:
+        terminal = aliased(WebhookDelivery)
+        which.append(
+            exists(
+                select(terminal.id).where(
+                    terminal.task_id == WebhookDelivery.task_id,
+                    terminal.event_type.like("%.task.terminal"),
+                )
+            )
+        )
+    result = await session.execute(
+        update(WebhookDelivery)
+        .where(*which)
+        .values(status="undeliverable", last_error=reason, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def clear_expired_leases(session: AsyncSession, now: int) -> int:
+    result = await session.execute(
+        update(WebhookDelivery)
+        .where(WebhookDelivery.status == "pending", WebhookDelivery.lease_expires_at < now)
+        .values(lease_owner=None, lease_expires_at=None, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def release_leases(session: AsyncSession, owner: str, now: int) -> None:
+    """Deliveries ``owner`` still holds are due again at once (a sender's graceful stop)."""
+    await session.execute(
+        update(WebhookDelivery)
+        .where(WebhookDelivery.status == "pending", WebhookDelivery.lease_owner == owner)
+        .values(lease_owner=None, lease_expires_at=None, next_attempt_at=now, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+
+
+async def defer_destination(session: AsyncSession, destination: str, until: int, now: int) -> None:
+    """Due, unclaimed deliveries to ``destination`` wait until ``until`` (its circuit opened);
+    no attempt is counted."""
+    await session.execute(
+        update(WebhookDelivery)
+        .where(
+            WebhookDelivery.status == "pending",
+            WebhookDelivery.destination == destination,
+            WebhookDelivery.lease_owner.is_(None),
+            WebhookDelivery.next_attempt_at < until,
+        )
+        .values(next_attempt_at=until, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def _rearmed(now: int) -> dict[str, Any]:
+    """A fresh retry budget, due now."""
+    return {
+        "status": "pending",
+        "round_start": WebhookDelivery.attempts,
+        "redeliveries": WebhookDelivery.redeliveries + 1,
+        "next_attempt_at": now,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "updated_at": now,
+    }
+
+
+async def rearm_delivery(
+    session: AsyncSession, delivery_id: str, first_attempt: int, now: int
+) -> bool:
+    """Redeliver one delivery unless an attempt is in flight (False), recording the replay."""
+    result = await session.execute(
+        update(WebhookDelivery)
+        .where(WebhookDelivery.id == delivery_id, _lease_free(now))
+        .values(**_rearmed(now))
+        .execution_options(synchronize_session=False)
+    )
+    if not result.rowcount:  # type: ignore[attr-defined]
+        return False
+    await session.execute(
+        insert(WebhookReplay).values(
+            delivery_id=delivery_id, first_attempt=first_attempt, bulk=False, requested_at=now
+        )
+    )
+    return True
+
+
+async def rearm_deliveries(
+    session: AsyncSession, ids: Sequence[str], status: str, now: int
+) -> list[str]:
+    """Redeliver those of ``ids`` still in ``status``, recording a bulk replay of each."""
+    if not ids:
+        return []
+    result = await session.execute(
+        update(WebhookDelivery)
+        .where(WebhookDelivery.id.in_(ids), WebhookDelivery.status == status)
+        .values(**_rearmed(now))
+        .returning(WebhookDelivery.id, WebhookDelivery.attempts)
+        .execution_options(synchronize_session=False)
+    )
+    rows = [(r[0], int(r[1])) for r in result.all()]
+    if rows:
+        await session.execute(
+            insert(WebhookReplay),
+            [
+                {"delivery_id": i, "first_attempt": n + 1, "bulk": True, "requested_at": now}
+                for i, n in rows
+            ],
+        )
+    return [delivery_id for delivery_id, _ in rows]
+
+
+async def delete_attempts(session: AsyncSession, ids: Sequence[int]) -> None:
+    await session.execute(delete(WebhookAttempt).where(WebhookAttempt.id.in_(ids)))
+
+
+async def delete_deliveries_of(session: AsyncSession, task_ids: Sequence[str]) -> None:
+    """Every delivery of these tasks, with its attempts and replays (tasks being pruned)."""
+    deliveries = select(WebhookDelivery.id).where(WebhookDelivery.task_id.in_(task_ids))
+    await session.execute(delete(WebhookAttempt).where(WebhookAttempt.delivery_id.in_(deliveries)))
+    await session.execute(delete(WebhookReplay).where(WebhookReplay.delivery_id.in_(deliveries)))
+    await session.execute(delete(WebhookDelivery).where(WebhookDelivery.task_id.in_(task_ids)))

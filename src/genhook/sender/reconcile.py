@@ -14,15 +14,16 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import and_, func, select
 from sqlalchemy.exc import IntegrityError
 
 from genhook.config import Settings
 from genhook.db import Database, Task, WebhookDelivery, now_ms
 from genhook.sender.events import supersede_stale_progress
 from genhook.sender.keys import retire_expired_keys
-from genhook.sender.outbox import TERMINAL_STATUSES
+from genhook.sender.queue import clear_expired_leases
 from genhook.storage import open_blob_store
+from genhook.task_states import TERMINAL
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class Reconciler:
             .where(
                 Task.finished_at >= since,
                 Task.finished_at <= now,
-                Task.status.in_(TERMINAL_STATUSES),
+                Task.status.in_(TERMINAL),
                 Task.webhook_url.is_not(None),
                 WebhookDelivery.id.is_(None),
             )
@@ -114,16 +115,7 @@ class Reconciler:
 
     async def _clear_expired_leases(self, now: int) -> int:
         async with self.db.write() as session:
-            result = await session.execute(
-                update(WebhookDelivery)
-                .where(
-                    WebhookDelivery.status == "pending",
-                    WebhookDelivery.lease_expires_at < now,
-                )
-                .values(lease_owner=None, lease_expires_at=None, updated_at=now)
-                .execution_options(synchronize_session=False)
-            )
-        return int(result.rowcount)  # type: ignore[attr-defined]
+            return await clear_expired_leases(session, now)
 
     async def _count_overdue(self, now: int) -> int:
         async with self.db.read() as session:

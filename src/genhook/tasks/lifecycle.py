@@ -29,15 +29,19 @@ from genhook.task_states import (
     ACTIVE,
     CANCELED,
     CANCELED_MESSAGE,
+    COMPLETED,
     CREATED,
+    FAILED,
     NOT_STARTED_MESSAGE,
-    TERMINAL,
+    PROCESSING,
+    TIMEOUT,
+    TIMEOUT_MESSAGE,
 )
-from genhook.tasks.views import TIMEOUT_MESSAGE, prediction_view
+from genhook.tasks.views import prediction_view
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ACTIVE", "TERMINAL", "Lifecycle", "enqueue_callback"]
+__all__ = ["Lifecycle", "enqueue_callback"]
 
 
 async def enqueue_callback(
@@ -127,9 +131,9 @@ class Lifecycle:
         """The UPDATE that puts the ``which`` tasks still waiting under this worker's lease."""
         return (
             update(Task)
-            .where(which, Task.status == "created")
+            .where(which, Task.status == CREATED)
             .values(
-                status="processing",
+                status=PROCESSING,
                 lease_owner=worker_id,
                 lease_expires_at=now + self._lease_ms,
                 attempts=Task.attempts + 1,
@@ -152,7 +156,7 @@ class Lifecycle:
                 update(Task)
                 .where(
                     Task.id == task_id,
-                    Task.status == "processing",
+                    Task.status == PROCESSING,
                     Task.lease_owner == worker_id,
                 )
                 .values(lease_expires_at=now + self._lease_ms, updated_at=now)
@@ -168,7 +172,7 @@ class Lifecycle:
                     select(Task.status, Task.lease_owner).where(Task.id == task_id)
                 )
             ).first()
-        return row is not None and row.status == "processing" and row.lease_owner == worker_id
+        return row is not None and row.status == PROCESSING and row.lease_owner == worker_id
 
     async def release(self, task_id: str, worker_id: str, delay_seconds: float = 0) -> bool:
         """Give a task back without counting a lost lease (graceful shutdown, or a storage or
@@ -177,11 +181,9 @@ class Lifecycle:
         async with self.db.write() as session:
             result = await session.execute(
                 update(Task)
-                .where(
-                    Task.id == task_id, Task.status == "processing", Task.lease_owner == worker_id
-                )
+                .where(Task.id == task_id, Task.status == PROCESSING, Task.lease_owner == worker_id)
                 .values(
-                    status="created",
+                    status=CREATED,
                     lease_owner=None,
                     lease_expires_at=None,
                     available_at=now + int(delay_seconds * 1000),
@@ -202,7 +204,7 @@ class Lifecycle:
         stt_result: dict[str, Any] | None = None,
         upstream_cost_micros: int | None = None,
     ) -> bool:
-        values = dict(status="completed", outputs=outputs, has_nsfw_contents=nsfw, info=info)
+        values = dict(status=COMPLETED, outputs=outputs, has_nsfw_contents=nsfw, info=info)
         if stt_result is not None:
             values["stt_result"] = stt_result
         return await self._finish(
@@ -217,14 +219,14 @@ class Lifecycle:
         message: str,
         info: dict[str, Any] | None = None,
     ) -> bool:
-        values: dict[str, Any] = dict(status="failed", error_code=int(code), error_message=message)
+        values: dict[str, Any] = dict(status=FAILED, error_code=int(code), error_message=message)
         if info:
             values["info"] = info
         return await self._finish(task_id, worker_id, values)
 
     async def time_out(self, task_id: str, worker_id: str | None = None) -> bool:
         values = dict(
-            status="timeout", error_code=int(ErrorCode.TIMEOUT), error_message=TIMEOUT_MESSAGE
+            status=TIMEOUT, error_code=int(ErrorCode.TIMEOUT), error_message=TIMEOUT_MESSAGE
         )
         return await self._finish(task_id, worker_id, values)
 
@@ -258,7 +260,7 @@ class Lifecycle:
                     session,
                     _held_by(item.task_id, worker_id),
                     dict(
-                        status="completed",
+                        status=COMPLETED,
                         outputs=item.outputs,
                         has_nsfw_contents=item.nsfw,
                         info=item.info,
@@ -325,7 +327,7 @@ class Lifecycle:
         input_keys = [item["blob"] for item in task.inputs if "blob" in item]
         if input_keys:
             await session.execute(delete(Blob).where(Blob.key.in_(input_keys)))
-        if task.status == "completed" and task.charge:
+        if task.status == COMPLETED and task.charge:
             session.add(
                 UsageLine(
                     account_id=task.account_id,
@@ -355,7 +357,7 @@ class Lifecycle:
             expired = (
                 await session.execute(
                     select(Task.id, Task.lease_owner, Task.lease_losses)
-                    .where(Task.status == "processing", Task.lease_expires_at < now)
+                    .where(Task.status == PROCESSING, Task.lease_expires_at < now)
                     .limit(500)
                 )
             ).all()
@@ -388,7 +390,7 @@ class Lifecycle:
                 update(Task)
                 .where(Task.id.in_(chosen.scalar_subquery()), *conditions)
                 .values(
-                    status="timeout",
+                    status=TIMEOUT,
                     error_code=int(ErrorCode.TIMEOUT),
                     error_message=message,
                     lease_owner=None,
@@ -428,7 +430,7 @@ class Lifecycle:
             held = (
                 await session.execute(
                     select(Task.id, Task.lease_losses).where(
-                        Task.status == "processing", Task.lease_owner == worker_id
+                        Task.status == PROCESSING, Task.lease_owner == worker_id
                     )
                 )
             ).all()
@@ -453,7 +455,7 @@ class Lifecycle:
                 task_id,
                 owner,
                 dict(
-                    status="failed",
+                    status=FAILED,
                     error_code=int(ErrorCode.WORKER_LOST),
                     error_message=message,
                     lease_losses=losses + 1,
@@ -462,7 +464,7 @@ class Lifecycle:
             if failed:
                 metrics.lease_lost(failed=True)
             return failed
-        conditions = [Task.id == task_id, Task.status == "processing", Task.lease_owner == owner]
+        conditions = [Task.id == task_id, Task.status == PROCESSING, Task.lease_owner == owner]
         if expired:
             conditions.append(Task.lease_expires_at < now)
         async with self.db.write() as session:
@@ -470,7 +472,7 @@ class Lifecycle:
                 update(Task)
                 .where(*conditions)
                 .values(
-                    status="created",
+                    status=CREATED,
                     lease_owner=None,
                     lease_expires_at=None,
                     lease_losses=Task.lease_losses + 1,
@@ -492,7 +494,7 @@ def _held_by(task_id: str, worker_id: str | None) -> list[Any]:
     if worker_id is None:
         conditions.append(Task.status.in_(ACTIVE))
     else:
-        conditions += [Task.status == "processing", Task.lease_owner == worker_id]
+        conditions += [Task.status == PROCESSING, Task.lease_owner == worker_id]
     return conditions
 
 
@@ -504,7 +506,7 @@ def _runnable(
     the sweeper to expire."""
     reserve = reserve or {}
     return [
-        Task.status == "created",
+        Task.status == CREATED,
         Task.available_at <= now,
         or_(Task.start_deadline_at.is_(None), Task.start_deadline_at > now),
         or_(

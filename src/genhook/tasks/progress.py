@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from sqlalchemy import insert, select
 
 from genhook.db import Database, Task, TaskEvent, now_ms
+from genhook.task_states import PROCESSING
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ class ProgressRecorder:
                 )
         async with self.db.write() as session:
             owner = await session.scalar(
-                select(Task.lease_owner).where(Task.id == self.task_id, Task.status == "processing")
+                select(Task.lease_owner).where(Task.id == self.task_id, Task.status == PROCESSING)
             )
             if owner != self.worker_id:
                 return

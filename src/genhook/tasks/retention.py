@@ -36,6 +36,7 @@ from genhook.db import (
     now_ms,
 )
 from genhook.errors import Gone
+from genhook.sender.queue import delete_attempts, delete_deliveries_of
 from genhook.storage import BlobStore
 from genhook.storage.inputs import keeps_inputs
 from genhook.task_states import TERMINAL
@@ -91,7 +92,7 @@ class Pruner:
             async with self.db.write() as session:
                 ids = list((await session.scalars(oldest)).all())
                 if ids:
-                    await session.execute(delete(WebhookAttempt).where(WebhookAttempt.id.in_(ids)))
+                    await delete_attempts(session, ids)
             deleted += len(ids)
             if len(ids) < self.batch:
                 break
@@ -115,13 +116,7 @@ class Pruner:
                 rows = (await session.execute(old)).all()
                 ids = [task_id for task_id, _ in rows]
                 if ids:
-                    deliveries = select(WebhookDelivery.id).where(WebhookDelivery.task_id.in_(ids))
-                    await session.execute(
-                        delete(WebhookAttempt).where(WebhookAttempt.delivery_id.in_(deliveries))
-                    )
-                    await session.execute(
-                        delete(WebhookDelivery).where(WebhookDelivery.task_id.in_(ids))
-                    )
+                    await delete_deliveries_of(session, ids)
                     await session.execute(delete(TaskEvent).where(TaskEvent.task_id.in_(ids)))
                     await session.execute(delete(Task).where(Task.id.in_(ids)))
             # Outputs go once their rows are gone: a crash in between leaves a stray blob,

@@ -16,17 +16,16 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy import insert
 
 from genhook import metrics
-from genhook.config import Settings
 from genhook.db import Blob, Database, IdempotencyKey, Task, now_ms
 from genhook.engines.base import ModelKind
 from genhook.engines.edit_request import IMAGE_REFS, ImageItemsError, ImageRef, parse_image_ref
-from genhook.engines.registry import PATH_KINDS, Registry, submit_paths
+from genhook.engines.registry import PATH_KINDS, submit_paths
 from genhook.errors import FieldError, InvalidRequest
 from genhook.media import CONTENT_TYPES
-from genhook.net import AddressPolicy
 from genhook.sender.events import take_webhook_events
-from genhook.storage import BlobStore
+from genhook.services import Services
 from genhook.storage.inputs import discard_blobs, stage_inputs
+from genhook.task_states import CREATED
 from genhook.tasks.admission import Admission, request_hash
 from genhook.validation import describe
 
@@ -105,13 +104,7 @@ def _settle(batch: list[tuple[_Row, asyncio.Future[None]]], error: BaseException
 
 
 @dataclass
-class Submitter:
-    settings: Settings
-    db: Database
-    registry: Registry
-    storage: BlobStore
-    policy: AddressPolicy
-
+class Submitter(Services):
     def __post_init__(self) -> None:
         self._inserter = GroupInserter(self.db)
         self.admission = Admission(self.settings, self.db, self._inserter)
@@ -162,7 +155,7 @@ class Submitter:
             account_id=account_id,
             model=spec.id,
             kind=spec.kind.value,
-            status="created",
+            status=CREATED,
             params=request.model_dump(mode="json", exclude={"images", "audio", "webhook_url"}),
             inputs=inputs,
             webhook_url=webhook_url,

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from genhook.config import Settings
 from genhook.db import Database, Task, TaskEvent, now_ms
 from genhook.storage import BlobStore
+from genhook.task_states import CREATED, PROCESSING, polled_status
 from genhook.tasks.views import iso_ms, prediction_view
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ async def queue_position(session: AsyncSession, task: Task) -> int:
         select(func.count())
         .select_from(Task)
         .where(
-            Task.status == "created",
+            Task.status == CREATED,
             Task.model == task.model,
             Task.deadline_at > now_ms(),
             or_(
@@ -62,9 +63,9 @@ async def log_lines(session: AsyncSession, task_id: str, after: int = 0) -> list
 
 async def live_fields(session: AsyncSession, task: Task) -> dict[str, Any]:
     """Fields a waiting or running task adds to its result; none once it has ended."""
-    if task.status == "created":
+    if task.status == CREATED:
         return {"queue_position": await queue_position(session, task)}
-    if task.status != "processing":
+    if task.status != PROCESSING:
         return {}
     fields: dict[str, Any] = {}
     if task.started_at is not None:
@@ -94,6 +95,42 @@ async def task_view(
     if logs:
         view["logs"] = await log_lines(session, task.id)
     return view
+
+
+async def current_signature(db: Database, task: Task) -> Signature:
+    async with db.read() as session:
+        return task.status, await last_event_id(session, task.id)
+
+
+async def read_task_view(
+    db: Database, task: Task, settings: Settings, storage: BlobStore, *, logs: bool = False
+) -> dict[str, Any]:
+    async with db.read() as session:
+        return await task_view(session, task, settings, storage, logs=logs)
+
+
+async def stream_step(
+    db: Database,
+    task_id: str,
+    sent: tuple[str, int] | None,
+    settings: Settings,
+    storage: BlobStore,
+) -> tuple[Task, int, dict[str, Any] | None] | None:
+    """One look at a streamed task, in one read: the task, its last event id, and the event
+    to send (with the log lines after ``sent``) when it differs from ``sent``; None once the
+    task is gone."""
+    async with db.read() as session:
+        task = await session.get(Task, task_id)
+        if task is None:
+            return None
+        newest = await last_event_id(session, task_id)
+        if (polled_status(task.status), newest) == sent:
+            return task, newest, None
+        view = await task_view(session, task, settings, storage)
+        lines = await log_lines(session, task_id, after=sent[1] if sent else 0)
+        if lines:
+            view["logs"] = lines
+        return task, newest, view
 
 
 class TaskWatcher:

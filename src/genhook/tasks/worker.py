@@ -19,18 +19,18 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import select
 
-from genhook.config import Settings
-from genhook.db import Database, Task, now_ms
-from genhook.engines.base import AsyncEngine, Engine, EngineJob, EngineResult
-from genhook.engines.registry import Registry
+from genhook.db import Task, now_ms
+from genhook.engines.base import AsyncEngine, Engine, EngineJob, EngineResult, stored_request
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.faults import is_infrastructure_error, retry_infrastructure
 from genhook.logs import bind_task, unbind
-from genhook.net import AddressPolicy, client_ssl_context, fetch_input_image
+from genhook.net import client_ssl_context, fetch_input_image
 from genhook.retry import backoff_delay
-from genhook.storage import BlobStore, DatabaseBlobStore
+from genhook.services import Services
+from genhook.storage import DatabaseBlobStore
 from genhook.storage.blobs import extension_of, new_blob_key
 from genhook.storage.inputs import discard_inputs, keeps_inputs
 from genhook.tasks.concurrent import run_concurrent
@@ -46,21 +46,12 @@ ENGINE_STOP_POLLS = 10
 ENGINE_STOP_POLL_SECONDS = 0.05
 
 
-class LeaseLost(Exception):
-    pass
-
-
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
 @dataclass
-class Worker:
-    settings: Settings
-    db: Database
-    storage: BlobStore
-    registry: Registry
-    policy: AddressPolicy
+class Worker(Services):
     worker_id: str = field(default_factory=default_worker_id)
 
     def __post_init__(self) -> None:
@@ -92,6 +83,11 @@ class Worker:
             engine.load()
             self._engines[model] = engine
         return engine
+
+    def request_of(self, task: Task) -> BaseModel | None:
+        """The model's validated request, parsed once here from the stored params."""
+        spec = self.registry.get(task.model)
+        return None if spec is None else stored_request(spec.request_schema, task.params)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Claim and run tasks until ``stop`` is set; the task in hand finishes first."""
@@ -278,6 +274,7 @@ class Worker:
                 report=progress.report,
                 deadline=task.deadline_at / 1000,
                 stop=job_stop,
+                request=self.request_of(task),
             )
             started = time.monotonic()
             async with progress.running():

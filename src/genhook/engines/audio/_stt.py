@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from genhook.engines.audio._codec import decode_for_speech
+from genhook.engines.audio._requests import SpeechToTextRequest
 from genhook.engines.base import EngineJob, EngineOutput, EngineResult
 from genhook.errors import ErrorCode, TaskFailure
 
@@ -66,8 +67,8 @@ class SpeechToTextEngine:
         assert self._model is not None
         if len(job.images) != 1:
             raise TaskFailure(ErrorCode.INTERNAL_ERROR, "the task has no audio input")
-        params = job.params
-        language: str | None = params.get("language")
+        request = job.request_as(SpeechToTextRequest)
+        language = request.language
         if language is not None and language != "en" and not self.multilingual:
             raise TaskFailure(
                 ErrorCode.LANGUAGE_UNSUPPORTED,
@@ -76,7 +77,7 @@ class SpeechToTextEngine:
         audio = decode_for_speech(job.images[0], self.settings.stt_max_duration_seconds)
         if float(np.max(np.abs(audio.samples))) < SILENCE_PEAK:
             raise TaskFailure(ErrorCode.INPUT_NO_SPEECH, "audio: the recording is silent")
-        words_wanted = bool(params.get("word_timestamps", True))
+        words_wanted = request.word_timestamps
         segments, info = self._model.transcribe(
             audio.samples,
             language=language,
@@ -84,7 +85,7 @@ class SpeechToTextEngine:
             temperature=0.0,
             condition_on_previous_text=False,
             word_timestamps=words_wanted,
-            initial_prompt=params.get("prompt"),
+            initial_prompt=request.prompt,
         )
         result = build_stt_result(
             list(segments), info.language, info.language_probability, audio.duration, words_wanted

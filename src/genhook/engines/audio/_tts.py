@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from genhook.engines.audio._codec import ENCODINGS, encode
 from genhook.engines.audio._espeak import Espeak
+from genhook.engines.audio._requests import TextToSpeechRequest
 from genhook.engines.base import EngineJob, EngineOutput, EngineResult
 from genhook.errors import ErrorCode, TaskFailure
 
@@ -23,13 +24,13 @@ class TextToSpeechEngine:
 
     def run(self, job: EngineJob) -> EngineResult:
         espeak = self._espeak or Espeak.get()
-        params = job.params
-        text: str = params["prompt"]
-        voice: str = params.get("voice", "en-us")
-        fmt: str = params.get("output_format", "mp3")
-        rate: int = params.get("sample_rate", 24000)
+        request = job.request_as(TextToSpeechRequest)
+        text = request.prompt
+        voice = request.voice
+        fmt = request.output_format
+        rate = request.sample_rate
         try:
-            samples = espeak.synthesize(text, voice, float(params.get("speed", 1.0)))
+            samples = espeak.synthesize(text, voice, float(request.speed))
         except ValueError as exc:
             raise TaskFailure(ErrorCode.INSTRUCTION_INVALID, str(exc)) from None
         if len(samples) == 0:

@@ -16,7 +16,7 @@ from PIL import Image
 
 from genhook.config import Settings
 from genhook.engines.base import EngineJob, EngineOutput, EngineResult
-from genhook.engines.edit_request import parse_size
+from genhook.engines.edit_request import EditRequest
 from genhook.engines.image_edit import _compose, _ops, _output
 from genhook.engines.image_edit._decode import DecodedImage, decode_image, register_heif
 from genhook.engines.image_edit._detector import Detector
@@ -82,20 +82,19 @@ class ImageEditEngine(DetectorEngine):
     """Instruction-driven edits on the CPU; see ``docs/engines/image-edit.md``."""
 
     def _run(self, job: EngineJob) -> EngineResult:
-        params = job.params
-        prompt = str(params.get("prompt", ""))
+        request = job.request_as(EditRequest)
+        prompt = request.prompt
         try:
-            out_size = parse_size(str(params.get("size", "2048*2048")))
+            out_size = request.dimensions
         except ValueError as exc:
             raise TaskFailure(ErrorCode.INSTRUCTION_INVALID, str(exc)) from None
-        output_format = str(params.get("output_format", "jpeg"))
+        output_format = request.output_format
         if output_format not in ("jpeg", "png"):
             raise TaskFailure(
                 ErrorCode.INSTRUCTION_INVALID, "output_format must be 'jpeg' or 'png'"
             )
-        thinking = str(params.get("thinking", "enabled"))
-        mode = str(params.get("prompt_optimization_mode", "standard"))
-        fast = mode == "fast"
+        thinking = request.thinking
+        fast = request.prompt_optimization_mode == "fast"
         if not job.images:
             raise TaskFailure(ErrorCode.INSTRUCTION_INVALID, "the task has no input image")
 
@@ -150,7 +149,7 @@ class ImageEditEngine(DetectorEngine):
             "size": f"{out_size[0]}*{out_size[1]}",
             "output_format": output_format,
             "thinking": thinking,
-            "prompt_optimization_mode": mode,
+            "prompt_optimization_mode": request.prompt_optimization_mode,
             "resampling": "bilinear" if fast else "bicubic up, pixel-area down",
             "inputs": [
                 {

@@ -38,7 +38,7 @@ from genhook.engines.image_edit import (
 from genhook.engines.image_to_video._camera import HEADROOM, Camera
 from genhook.engines.image_to_video._motion import MotionPlan, parse_motion
 from genhook.engines.image_to_video._yuv import I420, FrameDecor, fade, mix, render
-from genhook.engines.video_request import frame_size, nearest_aspect_ratio
+from genhook.engines.video_request import VideoRequest, frame_size, nearest_aspect_ratio
 from genhook.errors import ErrorCode, TaskFailure
 
 log = logging.getLogger(__name__)
@@ -87,11 +87,11 @@ class ImageToVideoEngine(DetectorEngine):
     kind = "video"
 
     def _run(self, job: EngineJob) -> EngineResult:
-        params = job.params
-        prompt = str(params.get("prompt", ""))
-        duration = int(params.get("duration", 5))
-        fps = int(params.get("fps", 30))
-        resolution = str(params.get("resolution", "720p"))
+        request = job.request_as(VideoRequest)
+        prompt = request.prompt
+        duration = request.duration
+        fps = request.fps
+        resolution = request.resolution
         if not job.images:
             raise TaskFailure(ErrorCode.INSTRUCTION_INVALID, "the task has no input image")
 
@@ -114,7 +114,7 @@ class ImageToVideoEngine(DetectorEngine):
             return decoded
 
         first = decode(1)
-        aspect = params.get("aspect_ratio")
+        aspect: str | None = request.aspect_ratio
         aspect_why = "asked for"
         if aspect is None:
             aspect = nearest_aspect_ratio(first.image.width, first.image.height)

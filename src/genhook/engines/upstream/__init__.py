@@ -3,6 +3,7 @@
 See ``docs/engines/upstream.md``.
 """
 
+from genhook.engines.upstream._callbacks import store_callback
 from genhook.engines.upstream._config import QueueProtocol, UpstreamModel, load_upstream_models
 from genhook.engines.upstream._engine import (
     OptionalImagesRequest,
@@ -18,5 +19,6 @@ __all__ = [
     "UpstreamModel",
     "load_upstream_models",
     "register_upstream_models",
+    "store_callback",
     "upstream_spec",
 ]

@@ -15,6 +15,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Protocol
 
 from genhook.engines.base import EngineJob
+from genhook.engines.edit_request import EditRequest
 from genhook.engines.upstream._callbacks import CallbackBox
 from genhook.engines.upstream._config import QueueProtocol, UpstreamModel
 from genhook.engines.upstream._http import Answer, UpstreamHttp, bad_response
@@ -121,10 +122,10 @@ class OpenAIImages:
         self.http = http
 
     async def produce(self, job: EngineJob) -> Produced:
-        params = job.params
+        request = job.request_as(EditRequest)
         common: dict[str, Any] = {
-            "prompt": str(params["prompt"]),
-            "size": wire_size(str(params.get("size", "1024*1024"))),
+            "prompt": request.prompt,
+            "size": wire_size(request.size),
             "response_format": self.model.response_format,
             "n": 1,
         }
@@ -187,13 +188,12 @@ class QueueAdapter:
         return value
 
     def body(self, job: EngineJob, callback_url: str | None = None) -> Any:
-        fields: dict[str, Any] = dict(job.params)
+        request = job.request_as(EditRequest)
+        fields = request.model_dump(mode="json", exclude={"images", "webhook_url"})
         if callback_url is not None:
             fields["callback_url"] = callback_url
-        size = str(job.params.get("size", ""))
-        if "*" in size:
-            width, height = size.split("*", 1)
-            fields.update(width=int(width), height=int(height))
+        width, height = request.dimensions
+        fields.update(width=width, height=height)
         images = [data_url(image) for image in job.images]
         fields.update(images=images, image=images[0] if images else None)
         return self._fill(self.queue.submit_body, fields)

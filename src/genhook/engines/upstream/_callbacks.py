@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from sqlalchemy import Delete, delete, insert, select
+from sqlalchemy import Delete, delete, insert, select, update
 
 from genhook.config import Settings
 from genhook.db import Database, now_ms
@@ -62,3 +62,20 @@ class CallbackBox:
     async def aclose(self) -> None:
         if self._db is not None:
             await self._db.dispose()
+
+
+async def store_callback(db: Database, task_id: str, token: str, body: Any) -> bool:
+    """Keep the first body posted to a waiting task's callback URL; False when no task
+    waits for this token (unknown, a previous attempt's, or already answered)."""
+    async with db.write() as session:
+        result = await session.execute(
+            update(UpstreamCallback)
+            .where(
+                UpstreamCallback.task_id == task_id[:40],
+                UpstreamCallback.token == token[:64],
+                UpstreamCallback.received_at.is_(None),
+            )
+            .values(body=body, received_at=now_ms())
+            .execution_options(synchronize_session=False)
+        )
+    return bool(result.rowcount)  # type: ignore[attr-defined]

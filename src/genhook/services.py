@@ -1,0 +1,56 @@
+"""The five services every part of genhook is built from, in one bundle.
+
+The API's state, the submitter and the worker all need the settings, the database, the blob
+store, the model registry and the address policy; they extend ``Services`` instead of each
+listing the five again, and ``open_services`` is the one place that opens them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Self
+
+from genhook.config import Settings
+from genhook.db import Database
+from genhook.engines.registry import Registry, build_registry
+from genhook.net import AddressPolicy, Resolver
+from genhook.storage import BlobStore, open_blob_store
+
+
+@dataclass
+class Services:
+    settings: Settings
+    db: Database
+    storage: BlobStore
+    registry: Registry
+    policy: AddressPolicy
+
+    @classmethod
+    def sharing(cls, other: Services, **extra: Any) -> Self:
+        """A ``cls`` built on the same five services as ``other`` (plus its own fields)."""
+        return cls(other.settings, other.db, other.storage, other.registry, other.policy, **extra)
+
+
+def open_services(
+    settings: Settings,
+    *,
+    registry: Registry | None = None,
+    resolver: Resolver | None = None,
+    db: Database | None = None,
+) -> Services:
+    """Open what ``settings`` describe; ``registry``, ``resolver`` and ``db`` replace the
+    defaults (tests, benchmarks, a supervisor's own database handle)."""
+    db = db or Database(
+        settings.resolved_database_url,
+        pool_timeout=settings.db_pool_timeout_seconds,
+        connect_timeout=settings.db_connect_timeout_seconds,
+    )
+    return Services(
+        settings=settings,
+        db=db,
+        storage=open_blob_store(settings, db),
+        registry=registry or build_registry(settings),
+        policy=AddressPolicy(
+            allow_private=settings.webhook_allow_private_targets, resolver=resolver
+        ),
+    )
