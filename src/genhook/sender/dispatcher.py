@@ -22,11 +22,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import aiohttp
-from sqlalchemy import update
 from yarl import URL
 
 from genhook.config import Settings
-from genhook.db import Database, WebhookDelivery, now_ms
+from genhook.db import Database, now_ms
 from genhook.net import (
     AddressPolicy,
     AddressRefused,
@@ -40,9 +39,9 @@ from genhook.net import parse_target as _parse_target
 from genhook.retry import backoff_delay, parse_retry_after
 from genhook.sender.destinations import record_transitions
 from genhook.sender.fairness import Fairness, Rooms, is_health_failure
-from genhook.sender.feed import Attempt, Outcome, attempt_feed
+from genhook.sender.feed import Attempt, LocalFeed, Outcome
 from genhook.sender.keys import KeyRing
-from genhook.sender.queue import UNLIMITED
+from genhook.sender.queue import UNLIMITED, release_deliveries
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +101,7 @@ class Dispatcher:
         self.owner = owner or default_owner()
         self._ssl = ssl_context or client_ssl_context(settings.webhook_ca_file)
         lease_ms = int((settings.webhook_timeout_seconds + lease_margin_seconds) * 1000)
-        self.feed = attempt_feed(settings, db, keyring, owner=self.owner, lease_ms=lease_ms)
+        self.feed = LocalFeed(settings, db, keyring, owner=self.owner, lease_ms=lease_ms)
         self.fairness: Fairness[_Ready] = Fairness(
             settings,
             lease_seconds=lease_ms / 1000,
@@ -350,20 +349,8 @@ class Dispatcher:
 
     async def release_leases(self) -> None:
         """Make deliveries this process still holds due again at once (graceful stop)."""
-        now = now_ms()
         try:
-            async with self.db.write() as session:
-                await session.execute(
-                    update(WebhookDelivery)
-                    .where(
-                        WebhookDelivery.status == "pending",
-                        WebhookDelivery.lease_owner == self.owner,
-                    )
-                    .values(
-                        lease_owner=None, lease_expires_at=None, next_attempt_at=now, updated_at=now
-                    )
-                    .execution_options(synchronize_session=False)
-                )
+            await release_deliveries(self.db, self.owner)
         except Exception:
             log.exception("releasing webhook leases failed; they expire on their own")
 

@@ -538,3 +538,21 @@ class PostgresDeliveryQueue:
 
     async def close(self) -> None:
         """Nothing to release: each batch borrows a pooled connection."""
+
+
+async def release_deliveries(db: Database, owner: str) -> int:
+    """Make the deliveries ``owner`` still holds due again at once: a dispatcher stopping
+    gracefully, or its supervisor after it died. Returns how many were released."""
+    from sqlalchemy import update
+
+    from genhook.db import WebhookDelivery, now_ms
+
+    now = now_ms()
+    async with db.write() as session:
+        result = await session.execute(
+            update(WebhookDelivery)
+            .where(WebhookDelivery.status == "pending", WebhookDelivery.lease_owner == owner)
+            .values(lease_owner=None, lease_expires_at=None, next_attempt_at=now, updated_at=now)
+            .execution_options(synchronize_session=False)
+        )
+    return int(getattr(result, "rowcount", 0) or 0)
