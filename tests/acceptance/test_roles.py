@@ -141,9 +141,7 @@ def test_role_answers_readiness_and_stops_on_sigterm(
 
 
 @pytest.mark.parametrize("name", ROLES)
-def test_role_refuses_an_unmigrated_database(
-    tmp_path: Path, database_url: str, name: str
-) -> None:
+def test_role_refuses_an_unmigrated_database(tmp_path: Path, database_url: str, name: str) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "genhook.cli", name],
         env=role_env(tmp_path, database_url),
