@@ -46,9 +46,10 @@ class HealthPort:
         site = web.TCPSite(runner, self.host, self.port)
         await site.start()
         self._runner = runner
-        server = site._server
-        assert isinstance(server, asyncio.base_events.Server)
-        self.port = server.sockets[0].getsockname()[1]
+        # asyncio's and uvloop's servers both list their sockets.
+        sockets = getattr(site._server, "sockets", None) or ()
+        for sock in sockets:
+            self.port = int(sock.getsockname()[1])
         return self.port
 
     async def close(self) -> None:

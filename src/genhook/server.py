@@ -209,7 +209,18 @@ def dispatcher_main(settings: Settings, index: int, parent: int | None = None) -
     and the task sweeper."""
     _name_process("dispatcher", index)
     configure_logging(settings)
-    asyncio.run(_dispatcher(settings, index, parent))
+    with asyncio.Runner(loop_factory=_fast_loop()) as runner:
+        runner.run(_dispatcher(settings, index, parent))
+
+
+def _fast_loop() -> Any:
+    """uvloop's event loop factory when it is installed: the dispatcher's loop is busy with
+    HTTP and that is where uvloop saves CPU."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 async def _dispatcher(settings: Settings, index: int, parent: int | None) -> None:

@@ -13,9 +13,9 @@ from sqlalchemy import select
 from genhook.db import Database, WebhookAttempt, WebhookDelivery
 from genhook.sender.dispatcher import Dispatcher
 from genhook.sender.fairness import Rooms
-from genhook.sender.feed import Attempt, LocalFeed, Outcome
+from genhook.sender.feed import LocalFeed
 from genhook.sender.keys import KeyRing, ensure_signing_key
-from genhook.sender.queue import UNLIMITED
+from genhook.sender.queue import UNLIMITED, Outcome, Outgoing
 from genhook.sender.service import WebhookService
 from tests.support.webhook_receiver import (
     Receiver,
@@ -45,7 +45,7 @@ class DiskFullOnce:
         limit: int,
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
-    ) -> list[Attempt]:
+    ) -> list[Outgoing]:
         if outcomes and not self.failed:
             self.failed += 1
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -13,8 +13,9 @@ from sqlalchemy import select
 
 from genhook.config import Settings
 from genhook.db import Database, WebhookAttempt, WebhookDelivery, now_ms
-from genhook.sender.feed import Attempt, LocalFeed, Outcome
+from genhook.sender.feed import LocalFeed
 from genhook.sender.keys import KeyRing, ensure_signing_key, jwks
+from genhook.sender.queue import Outcome, Outgoing
 from genhook.signature import b64url_decode
 from tests.integration.test_webhook_queue import ODD_BODY, add_deliveries
 from tests.support.webhook_receiver import add_account, create_schema, webhook_settings
@@ -38,7 +39,7 @@ def make_feed(settings: Settings, db: Database, owner: str = "owner-a") -> Local
     return LocalFeed(settings, db, KeyRing(db, settings), owner=owner, lease_ms=LEASE_MS)
 
 
-def acknowledged(attempt: Attempt, status_code: int = 200) -> Outcome:
+def acknowledged(attempt: Outgoing, status_code: int = 200) -> Outcome:
     error = None if 200 <= status_code < 300 else f"HTTP {status_code}"
     return Outcome(
         attempt.id, attempt.attempts, attempt.round_start, now_ms(), 4, status_code, error,
@@ -54,7 +55,7 @@ async def test_claims_signs_and_records(env: tuple[Settings, Database]) -> None:
     try:
         await feed.start()
         # Oldest due first; within a batch the order is the database's.
-        attempts = sorted(await feed.exchange([], 3))
+        attempts = sorted(await feed.exchange([], 3), key=lambda a: a.id)
         assert [a.id for a in attempts] == ids[:3]
         for i, attempt in enumerate(attempts):
             assert attempt.body == ODD_BODY + str(i).encode()  # byte for byte

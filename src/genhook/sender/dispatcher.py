@@ -39,9 +39,9 @@ from genhook.net import parse_target as _parse_target
 from genhook.retry import backoff_delay, parse_retry_after
 from genhook.sender.destinations import record_transitions
 from genhook.sender.fairness import Fairness, Rooms, is_health_failure
-from genhook.sender.feed import Attempt, LocalFeed, Outcome
+from genhook.sender.feed import LocalFeed
 from genhook.sender.keys import KeyRing
-from genhook.sender.queue import UNLIMITED, release_deliveries
+from genhook.sender.queue import UNLIMITED, Outcome, Outgoing, release_deliveries
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ _classify = lru_cache(maxsize=4096)(classify)
 class _Ready:
     """A signed attempt whose target passed the check, waiting for a sender."""
 
-    attempt: Attempt
+    attempt: Outgoing
     url: URL
     session: aiohttp.ClientSession
 
@@ -131,7 +131,6 @@ class Dispatcher:
         self._failed_at = -1.0
         self._https: aiohttp.ClientSession | None = None
         self._http: aiohttp.ClientSession | None = None
-        self.sent = 0
         # Set once sessions and the feed are ready (a feed that failed to start is retried).
         self.started = asyncio.Event()
 
@@ -414,9 +413,9 @@ class Dispatcher:
             note = f"{note + '; ' if note else ''}destination circuit opened"
         if fairness.transitions:
             self._write_health()
-        if note is None or not failed:
-            return outcome if note is None else outcome._replace(error=note)
-        return outcome._replace(error=f"{outcome.error} ({note})")
+        if note is not None:
+            outcome.error = f"{outcome.error} ({note})" if failed else note
+        return outcome
 
     def _write_health(self) -> None:
         """Persist circuit changes for the API, one writer at a time, off the send path."""
@@ -432,7 +431,7 @@ class Dispatcher:
             except Exception:
                 log.exception("recording destination health failed")
 
-    def _check(self, attempt: Attempt) -> tuple[URL, aiohttp.ClientSession] | str:
+    def _check(self, attempt: Outgoing) -> tuple[URL, aiohttp.ClientSession] | str:
         """The URL and session to send ``attempt`` with, or why its target is refused."""
         try:
             target = _parse(attempt.url, self.policy.allow_private)
@@ -462,7 +461,7 @@ class Dispatcher:
         ):
             self._nudge()
 
-    async def send(self, attempt: Attempt, url: URL, session: aiohttp.ClientSession) -> Outcome:
+    async def send(self, attempt: Outgoing, url: URL, session: aiohttp.ClientSession) -> Outcome:
         """One POST of the exact body bytes; a 3xx is a failure (redirects are not followed)."""
         started = now_ms()
         clock = time.perf_counter()
@@ -498,7 +497,6 @@ class Dispatcher:
             return done(None, f"connection failed: {exc.os_error.strerror or exc.os_error}")
         except aiohttp.ClientError as exc:
             return done(None, f"{type(exc).__name__}: {exc}")
-        self.sent += 1
         error = None
         if 300 <= status < 400:
             error = f"redirect not followed (HTTP {status})"
@@ -508,7 +506,7 @@ class Dispatcher:
 
 
 def _outcome(
-    attempt: Attempt,
+    attempt: Outgoing,
     started_at: int,
     duration_ms: int,
     status_code: int | None,

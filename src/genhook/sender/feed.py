@@ -13,15 +13,13 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
-from typing import NamedTuple
 
 from genhook.config import Settings
 from genhook.db import Database, now_ms
 from genhook.retry import backoff_delay, clamp
 from genhook.sender.fairness import Rooms, destination_of
 from genhook.sender.keys import KeyRing, load_encryption_key
-from genhook.sender.queue import UNLIMITED, Claimed, Recorded, delivery_queue
+from genhook.sender.queue import UNLIMITED, Outcome, Outgoing, delivery_queue
 from genhook.sender.secret_box import SecretOpener
 from genhook.sender.signing import HeaderSigner
 
@@ -32,42 +30,6 @@ log = logging.getLogger(__name__)
 SIGN_IN_THREAD_AT = 4
 # A Retry-After is honoured within these bounds (seconds); the upper one is the retry cap.
 RETRY_AFTER_MIN_SECONDS = 1.0
-
-
-class Attempt(NamedTuple):
-    """A claimed delivery, signed and ready to send."""
-
-    id: str
-    task_id: str
-    url: str
-    body: bytes
-    # Attempts so far and where the current retry budget began; unchanged while leased.
-    attempts: int
-    round_start: int
-    headers: dict[str, str]
-    kid: str
-    account_id: str = ""
-    # ``scheme://host:port``, the unit of fairness and destination health.
-    destination: str = ""
-
-
-class Outcome(NamedTuple):
-    """How one attempt ended, as the sender saw it."""
-
-    delivery_id: str
-    attempts: int
-    round_start: int
-    started_at: int
-    duration_ms: int
-    status_code: int | None
-    error: str | None
-    excerpt: str | None
-    kid: str | None
-    retry_after: float | None
-
-    @property
-    def acknowledged(self) -> bool:
-        return self.status_code is not None and 200 <= self.status_code < 300
 
 
 class LocalFeed:
@@ -107,10 +69,12 @@ class LocalFeed:
         limit: int,
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
-    ) -> list[Attempt]:
+    ) -> list[Outgoing]:
         now = now_ms()
+        for outcome in outcomes:
+            self.settle(outcome, now)
         claimed = await self.queue.tick(
-            [self.recorded(outcome, now) for outcome in outcomes],
+            outcomes,
             owner=self.owner,
             now=now,
             lease_expires_at=now + self._lease_ms,
@@ -122,7 +86,7 @@ class LocalFeed:
             return []
         return await self.sign(claimed)
 
-    async def sign(self, claimed: Sequence[Claimed]) -> list[Attempt]:
+    async def sign(self, claimed: list[Outgoing]) -> list[Outgoing]:
         """Fresh headers for each claimed delivery, one timestamp for the batch. Ed25519
         signing releases the GIL, so in its own thread it overlaps with the loop."""
         key = await self.keyring.active()
@@ -133,23 +97,15 @@ class LocalFeed:
             executor = self._signing
         if self._open_secret is None:
             self._open_secret = SecretOpener(load_encryption_key(self.settings))
-        opened = [replace(c, secret=self._open_secret(c.account_id, c.secret)) for c in claimed]
-        signed = await self.signer.sign_many(key, int(time.time()), opened, executor)
-        return [
-            Attempt(
-                c.id,
-                c.task_id,
-                c.url,
-                c.body,
-                c.attempts,
-                c.round_start,
-                headers,
-                key.kid,
-                c.account_id,
-                c.destination or destination_of(c.url),
-            )
-            for c, headers in zip(claimed, signed, strict=True)
-        ]
+        for c in claimed:
+            c.secret = self._open_secret(c.account_id, c.secret)
+        signed = await self.signer.sign_many(key, int(time.time()), claimed, executor)
+        for c, headers in zip(claimed, signed, strict=True):
+            c.headers = headers
+            c.kid = key.kid
+            c.secret = None  # in the headers now; not kept beside them
+            c.destination = c.destination or destination_of(c.url)
+        return claimed
 
     async def close(self) -> None:
         if self._signing is not None:
@@ -157,22 +113,13 @@ class LocalFeed:
             self._signing = None
         await self.queue.close()
 
-    def recorded(self, outcome: Outcome, now: int) -> Recorded:
-        number = outcome.attempts + 1
-        status, next_at, delivered_at = self.next_state(outcome, number - outcome.round_start, now)
-        return Recorded(
-            delivery_id=outcome.delivery_id,
-            number=number,
-            started_at=outcome.started_at,
-            duration_ms=outcome.duration_ms,
-            status_code=outcome.status_code,
-            error=outcome.error,
-            excerpt=outcome.excerpt,
-            kid=outcome.kid,
-            status=status,
-            next_attempt_at=next_at,
-            delivered_at=delivered_at,
-        )
+    def settle(self, outcome: Outcome, now: int) -> None:
+        """Set the state ``outcome`` moves its delivery to."""
+        in_round = outcome.number - outcome.round_start
+        status, next_at, delivered_at = self.next_state(outcome, in_round, now)
+        outcome.status = status
+        outcome.next_attempt_at = next_at
+        outcome.delivered_at = delivered_at
 
     def next_state(
         self, outcome: Outcome, in_round: int, now: int

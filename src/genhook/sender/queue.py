@@ -20,7 +20,7 @@ import logging
 import sqlite3
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
@@ -37,9 +37,10 @@ UNLIMITED = Rooms({}, {}, 1 << 30, 1 << 30)
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Claimed:
-    """A delivery claimed under a lease; the fields are in the claim statements' order."""
+@dataclass(slots=True, eq=False)
+class Outgoing:
+    """A delivery on its way out. The claim fills the fields up to ``standard``, in the claim
+    statements' order; signing fills ``headers`` and ``kid`` and drops the opened secret."""
 
     id: str
     task_id: str
@@ -51,26 +52,41 @@ class Claimed:
     attempts: int
     round_start: int
     secret: str | None
-    destination: str | None = None
+    # ``scheme://host:port``, the unit of fairness and destination health.
+    destination: str = ""
     # The account's Standard Webhooks choice; None follows the global setting.
     standard: bool | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    kid: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Recorded:
-    """One finished attempt and the state its delivery moves to."""
+@dataclass(slots=True, eq=False)
+class Outcome:
+    """How one attempt ended. The sender fills the fields up to ``retry_after``; recording
+    it settles the state its delivery moves to (``status`` and the two times)."""
 
     delivery_id: str
-    number: int
+    attempts: int
+    round_start: int
     started_at: int
     duration_ms: int
     status_code: int | None
     error: str | None
     excerpt: str | None
     kid: str | None
-    status: str
-    next_attempt_at: int | None
-    delivered_at: int | None
+    retry_after: float | None = None
+    status: str = "pending"
+    next_attempt_at: int | None = None
+    delivered_at: int | None = None
+
+    @property
+    def acknowledged(self) -> bool:
+        return self.status_code is not None and 200 <= self.status_code < 300
+
+    @property
+    def number(self) -> int:
+        """This attempt's number: attempts are counted from 1 and never restart."""
+        return self.attempts + 1
 
     def state_row(self, now: int) -> tuple[Any, ...]:
         return (
@@ -117,7 +133,7 @@ class Recorded:
 class DeliveryQueue(Protocol):
     async def tick(
         self,
-        records: Sequence[Recorded],
+        records: Sequence[Outcome],
         *,
         owner: str,
         now: int,
@@ -125,7 +141,7 @@ class DeliveryQueue(Protocol):
         limit: int,
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
-    ) -> list[Claimed]:
+    ) -> list[Outgoing]:
         """Record ``records``, give back ``returned`` (delivery id, due at) unsent, and claim
         up to ``limit`` due deliveries within ``rooms``, in one transaction."""
         ...
@@ -281,7 +297,7 @@ class SQLiteDeliveryQueue:
 
     async def tick(
         self,
-        records: Sequence[Recorded],
+        records: Sequence[Outcome],
         *,
         owner: str,
         now: int,
@@ -289,7 +305,7 @@ class SQLiteDeliveryQueue:
         limit: int,
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
-    ) -> list[Claimed]:
+    ) -> list[Outgoing]:
         # Strictly increasing, so a claim's rows are exactly those leased to this owner
         # until this instant.
         expires = self._last_expires = max(lease_expires_at, self._last_expires + 1)
@@ -318,7 +334,7 @@ class SQLiteDeliveryQueue:
         limit: int,
         rooms: Rooms,
         returned: str | None,
-    ) -> list[Claimed]:
+    ) -> list[Outgoing]:
         if self._connection is None:
             self._connection = open_sqlite(self._path)
         connection = self._connection
@@ -336,7 +352,7 @@ class SQLiteDeliveryQueue:
             if rooms.postpone:
                 params = {"postpone": json.dumps(rooms.postpone), "now": now}
                 connection.execute(_SQLITE_POSTPONE, params)
-            claimed: list[Claimed] = []
+            claimed: list[Outgoing] = []
             if limit:
                 params = {
                     "owner": owner,
@@ -374,7 +390,7 @@ class SQLiteDeliveryQueue:
         thread.shutdown(wait=True)
 
 
-def _claimed_from_json(row: list[Any]) -> Claimed:
+def _claimed_from_json(row: list[Any]) -> Outgoing:
     (
         delivery_id,
         task_id,
@@ -388,7 +404,7 @@ def _claimed_from_json(row: list[Any]) -> Claimed:
         destination,
         standard,
     ) = row
-    return Claimed(
+    return Outgoing(
         delivery_id,
         task_id,
         account_id,
@@ -398,7 +414,7 @@ def _claimed_from_json(row: list[Any]) -> Claimed:
         attempts,
         round_start,
         secret,
-        destination,
+        destination or "",
         None if standard is None else bool(standard),
     )
 
@@ -494,7 +510,7 @@ class PostgresDeliveryQueue:
 
     async def tick(
         self,
-        records: Sequence[Recorded],
+        records: Sequence[Outcome],
         *,
         owner: str,
         now: int,
@@ -502,7 +518,7 @@ class PostgresDeliveryQueue:
         limit: int,
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
-    ) -> list[Claimed]:
+    ) -> list[Outgoing]:
         async with self.db.write_engine.connect() as connection:
             raw = await connection.get_raw_connection()
             pg: Any = raw.driver_connection
@@ -534,7 +550,8 @@ class PostgresDeliveryQueue:
                     rooms.account_default,
                     limit * SCAN_FACTOR,
                 )
-            return [Claimed(*row) for row in rows]
+            # A NULL destination is filled in when the batch is signed.
+            return [Outgoing(*row) for row in rows]
 
     async def close(self) -> None:
         """Nothing to release: each batch borrows a pooled connection."""
