@@ -44,9 +44,6 @@ from genhook.sender.fairness import destination_of
 from genhook.sender.outbox import build_body, enqueue_delivery
 
 CONCURRENCY = 128
-PROFILE = (
-    ["-m", "cProfile", "-o", os.environ["BENCH_PROFILE"]] if os.environ.get("BENCH_PROFILE") else []
-)
 # CPU microseconds per delivery, per measurement: this process for the bare loop, the
 # dispatcher processes for the service (the sink's process excluded).
 CPU_US: dict[str, list[float]] = {"bare": [], "signed": []}
@@ -316,7 +313,6 @@ class Dispatchers:
                 subprocess.Popen(
                     [
                         sys.executable,
-                        *PROFILE,
                         "-m",
                         "genhook.cli",
                         "dispatcher",
