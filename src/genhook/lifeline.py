@@ -46,8 +46,10 @@ def main() -> None:
         server.api_main(settings, parent=parent, fd=fd)
     elif role == "dispatcher":
         server.dispatcher_main(settings, index, parent=parent)
-    else:
+    elif role == "worker":
         server.worker_main(settings, index, parent=parent)
+    else:
+        raise SystemExit(f"unknown role {role!r}")
 
 
 if __name__ == "__main__":

@@ -83,9 +83,8 @@ async def bootstrap(settings: Settings) -> dict[str, str] | None:
 
 
 EXIT_TAINTED = 3
-# Exit code of a role refusing to start (an unmigrated database); not restarted quickly.
+# Exit code of a role refusing to start on a database below the newest schema.
 EXIT_REFUSED = 2
-ROLES = ("api", "worker", "dispatcher")
 
 
 def worker_id_for(pid: int, index: int) -> str:
@@ -404,10 +403,6 @@ class Supervisor:
         # One health port per machine would collide between children: serve's own API
         # process answers /readyz for all of them.
         self._payload = settings.model_copy(update={"health_port": 0}).model_dump_json().encode()
-
-    @property
-    def processes(self) -> dict[str, subprocess.Popen[bytes]]:
-        return {c.name: c.process for c in self.children if c.process is not None}
 
     def _start(self, child: Child) -> None:
         args = [sys.executable, "-m", "genhook.lifeline", str(os.getpid()), child.role]
