@@ -35,13 +35,14 @@ EVENTS = textwrap.dedent(
     from genhook import metrics
     from genhook.config import Settings
     from genhook.db import Task
-    from genhook.sender.feed import Attempt, Outcome
+    from genhook.sender.queue import Outcome, Outgoing
 
     settings = Settings()
     task = Task(model="genhook/image-edit", status="completed", started_at=1000,
                 finished_at=1850)
-    attempt = Attempt("whd_1", "t", "https://x", b"", 0, 0, {}, "kid", "a", "", 900)
-    outcome = Outcome("whd_1", 0, 0, 1900, 12, 200, None, None, "kid", None)
+    attempt = Outgoing("whd_1", "t", "a", "https://x", "x.task.terminal", b"", 0, 0, None)
+    attempt.created_at = 900
+    outcome = Outcome("whd_1", 0, 0, 1900, 12, 200, None, None, "kid")
     n = int(sys.argv[1])
     start = time.perf_counter()
     for _ in range(n):
@@ -130,7 +131,7 @@ async def scrape_times(url: str, files: Path, backlog: int, scrapes: int, proces
         async with state.db.write() as session:
             await session.execute(insert(Task), rows[start : start + 5000])
             await session.execute(insert(WebhookDelivery), deliveries[start : start + 5000])
-    app = create_app(state, background=False)
+    app = create_app(state)
     times = []
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://bench"

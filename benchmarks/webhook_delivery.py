@@ -1,18 +1,19 @@
-"""Webhook delivery benchmark: sustained signed deliveries/s against a bare aiohttp ceiling,
-and terminal-to-receipt latency at a fixed offered rate.
+"""Webhook delivery benchmark: sustained signed deliveries/s of the dispatcher role, run as
+deployed (``genhook dispatcher`` processes), against a bare aiohttp ceiling; and
+terminal-to-receipt latency at a fixed offered rate.
 
-    .venv/bin/python benchmarks/webhook_delivery.py [--count 6000] [--rate 200] [--seconds 10]
-        [--database-url URL]
+    .venv/bin/python benchmarks/webhook_delivery.py [--count 6000] [--processes 1 2]
+        [--rate 200] [--seconds 10] [--database-url URL]
 
 A fast sink (a minimal HTTP/1.1 keep-alive responder on httptools, 127.0.0.1) runs in its
 own process and records when each delivery arrives. Throughput: ``--count`` deliveries are
-made due at once and the real service (claims, signing with HMAC + Ed25519, the shared
-keep-alive session, batched outcome writes) delivers them; in the same run a bare aiohttp
-loop POSTs the same bodies to the same sink with the same concurrency, the ceiling.
-Latency: terminal transitions are committed one per transaction at ``--rate`` per second
-for ``--seconds``; latency is from each commit to the sink's receipt. It is measured twice:
-with the in-process wake-up (the producer shares the process with the dispatcher) and with
-polling only (a producer in another process, the API/worker split).
+made due at once and one, then two, dispatcher processes (claims, signing with HMAC +
+Ed25519, keep-alive sessions, batched outcome writes) deliver them; in the same run a bare
+aiohttp loop in this process POSTs the same bodies to the same sink with the same
+concurrency, the ceiling. Latency: terminal transitions are committed one per transaction
+at ``--rate`` per second for ``--seconds`` by this process, as a worker would; latency is
+from each commit to the sink's receipt, with one dispatcher process finding them by
+polling.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ import asyncio
 import json
 import multiprocessing
 import os
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,15 +38,14 @@ import httptools
 from sqlalchemy import insert, update
 
 from genhook.config import Settings
-from genhook.db import Account, Base, Database, Task, WebhookDelivery, now_ms
-from genhook.sender import outbox
+from genhook.db import Account, Database, Task, WebhookDelivery, now_ms
+from genhook.db.migrate import upgrade
 from genhook.sender.fairness import destination_of
 from genhook.sender.outbox import build_body, enqueue_delivery
-from genhook.sender.service import WebhookService
 
 CONCURRENCY = 128
-# CPU microseconds per delivery, per measurement: the process and, for the service, its
-# attempt feed's helper process (the sink's process excluded).
+# CPU microseconds per delivery, per measurement: this process for the bare loop, the
+# dispatcher processes for the service (the sink's process excluded).
 CPU_US: dict[str, list[float]] = {"bare": [], "signed": []}
 
 
@@ -89,6 +92,8 @@ class _SinkProtocol(asyncio.Protocol):
         content_type = b"text/plain"
         if self.url == b"/hook":
             self.received[self.hook_id] = time.time()
+        elif self.url == b"/count":
+            body = str(len(self.received)).encode()
         elif self.url == b"/stats":
             body, content_type = json.dumps(self.received).encode(), b"application/json"
         elif self.url == b"/reset":
@@ -138,6 +143,10 @@ class Sink:
         async with session.get(f"http://127.0.0.1:{self.port}/stats") as r:
             data: dict[str, float] = await r.json()
             return data
+
+    async def count(self, session: aiohttp.ClientSession) -> int:
+        async with session.get(f"http://127.0.0.1:{self.port}/count") as r:
+            return int(await r.read())
 
     async def reset(self, session: aiohttp.ClientSession) -> None:
         async with session.post(f"http://127.0.0.1:{self.port}/reset") as r:
@@ -264,52 +273,120 @@ async def wait_delivered(db: Database, target: int, interval: float = 0.05) -> N
         await asyncio.sleep(interval)
 
 
-def process_cpu(pid: int | None) -> float:
-    """CPU seconds used so far by another process (the feed's helper), from /proc."""
-    if pid is None:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def process_cpu(pids: list[int]) -> float:
+    """CPU seconds used so far by other processes (the dispatchers), from /proc."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
-async def dispatcher_ready(service: WebhookService) -> None:
-    """Until the dispatcher's sessions and attempt feed (its helper process) are ready."""
-    while service.dispatcher is None:
-        await asyncio.sleep(0.01)
-    await service.dispatcher.started.wait()
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Dispatchers:
+    """``genhook dispatcher`` processes, as deployed, each ready on its health port."""
+
+    def __init__(self, settings: Settings, count: int) -> None:
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.ports: list[int] = []
+        env = {
+            **os.environ,
+            "GENHOOK_DATA_DIR": str(settings.data_dir),
+            "GENHOOK_DATABASE_URL": settings.resolved_database_url,
+            "GENHOOK_WEBHOOK_ALLOW_PRIVATE_TARGETS": "true",
+            "GENHOOK_WEBHOOK_CONCURRENCY": str(settings.webhook_concurrency),
+            "GENHOOK_LOG_LEVEL": "WARNING",
+        }
+        for _ in range(count):
+            port = free_port()
+            self.ports.append(port)
+            self.processes.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "genhook.cli",
+                        "dispatcher",
+                        "--health-port",
+                        str(port),
+                    ],
+                    env=env,
+                )
+            )
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes]
+
+    async def ready(self, client: aiohttp.ClientSession, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        for process, port in zip(self.processes, self.ports, strict=True):
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"a dispatcher exited with {process.returncode}")
+                try:
+                    async with client.get(f"http://127.0.0.1:{port}/readyz") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("a dispatcher never became ready")
+                await asyncio.sleep(0.05)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                code = process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                code = process.wait(5)
+            if code != 0:
+                print(f"dispatcher {process.pid} exited with {code}", flush=True)
 
 
 async def service_throughput(
-    settings: Settings, db: Database, prefix: str, count: int, delivered_after: int
+    settings: Settings,
+    db: Database,
+    sink: Sink,
+    client: aiohttp.ClientSession,
+    prefix: str,
+    count: int,
+    delivered_after: int,
+    processes: int,
 ) -> float:
-    stop = asyncio.Event()
-    service = WebhookService(settings, db)
-    run = asyncio.create_task(service.run(stop))
-    await dispatcher_ready(service)
-    # Every delivery of the round becomes due at once; the clock starts when they are.
-    async with db.write() as session:
-        await session.execute(
-            update(WebhookDelivery)
-            .where(WebhookDelivery.id.like(f"whd_{prefix}%"))
-            .values(next_attempt_at=0)
-        )
-    helper = getattr(service.dispatcher.feed, "pid", None) if service.dispatcher else None
-    started, cpu = time.perf_counter(), time.process_time() + process_cpu(helper)
-    service.wake()
-    # Watch the in-memory counter first, so the measurement itself does not load the
-    # database; then wait for every outcome to be recorded.
-    assert service.dispatcher is not None
-    while service.dispatcher.sent < count:
-        await asyncio.sleep(0.01)
-    await wait_delivered(db, delivered_after, interval=0.01)
-    elapsed = time.perf_counter() - started
-    used = time.process_time() + process_cpu(helper) - cpu
-    CPU_US["signed"].append(used / count * 1e6)
-    stop.set()
-    await run
+    dispatchers = Dispatchers(settings, processes)
+    try:
+        await dispatchers.ready(client)
+        # Every delivery of the round becomes due at once; the clock starts when they are.
+        started, cpu = time.perf_counter(), process_cpu(dispatchers.pids)
+        async with db.write() as session:
+            await session.execute(
+                update(WebhookDelivery)
+                .where(WebhookDelivery.id.like(f"whd_{prefix}%"))
+                .values(next_attempt_at=0)
+            )
+        # Watch the sink's count first, so the measurement itself does not load the
+        # database; then wait for every outcome to be recorded.
+        while await sink.count(client) < count:
+            await asyncio.sleep(0.01)
+        await wait_delivered(db, delivered_after, interval=0.01)
+        elapsed = time.perf_counter() - started
+        CPU_US["signed"].append((process_cpu(dispatchers.pids) - cpu) / count * 1e6)
+    finally:
+        dispatchers.stop()
     return count / elapsed
 
 
@@ -321,37 +398,36 @@ async def latency(
     prefix: str,
     rate: float,
     seconds: float,
-    *,
-    wake: bool,
 ) -> list[float]:
-    stop = asyncio.Event()
-    service = WebhookService(settings, db)
-    run = asyncio.create_task(service.run(stop))
-    await dispatcher_ready(service)
-    if not wake:
-        outbox._wake_listeners.clear()  # as if the producer ran in another process
-    committed: dict[str, float] = {}
-    baseline = await delivered_count(db)
-    total = int(rate * seconds)
-    interval = 1.0 / rate
-    begin = time.perf_counter()
-    for i in range(total):
-        target = begin + i * interval
-        delay = target - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        now = now_ms()
-        task = make_task(f"{prefix}{i:06d}", sink.url, now)
-        async with db.write() as session:
-            session.add(task)
-            await session.flush()
-            await enqueue_delivery(
-                session, task=task, event_type="image.task.terminal", payload=payload(task), now=now
-            )
-        committed[task.id] = time.time()
-    await wait_delivered(db, baseline + total)
-    stop.set()
-    await run
+    dispatchers = Dispatchers(settings, 1)
+    try:
+        await dispatchers.ready(client)
+        committed: dict[str, float] = {}
+        baseline = await delivered_count(db)
+        total = int(rate * seconds)
+        interval = 1.0 / rate
+        begin = time.perf_counter()
+        for i in range(total):
+            target = begin + i * interval
+            delay = target - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            now = now_ms()
+            task = make_task(f"{prefix}{i:06d}", sink.url, now)
+            async with db.write() as session:
+                session.add(task)
+                await session.flush()
+                await enqueue_delivery(
+                    session,
+                    task=task,
+                    event_type="image.task.terminal",
+                    payload=payload(task),
+                    now=now,
+                )
+            committed[task.id] = time.time()
+        await wait_delivered(db, baseline + total)
+    finally:
+        dispatchers.stop()
     received = await sink.stats(client)
     return sorted((received[k] - t) * 1000 for k, t in committed.items())
 
@@ -370,9 +446,9 @@ async def main(args: argparse.Namespace) -> int:
         webhook_concurrency=CONCURRENCY,
         log_level="WARNING",
     )
+    # The dispatcher role refuses a database below the newest schema.
+    await asyncio.to_thread(upgrade, url)
     db = Database(url)
-    async with db.write_engine.begin() as conn:
-        await conn.run_sync(Base.metadata.create_all)
     async with db.write() as session:
         session.add(
             Account(id="acct_bench", name="bench", signing_secret="whsec_bench", created_at=0)
@@ -384,51 +460,50 @@ async def main(args: argparse.Namespace) -> int:
             # Best of --rounds for each side, interleaved, so a noisy neighbour on a shared
             # machine penalizes neither side more than the other.
             ceilings: list[float] = []
-            signed_rates: list[float] = []
+            signed_rates: dict[int, list[float]] = {n: [] for n in args.processes}
             delivered = 0
+            bodies: list[bytes] = []
             for round_no in range(args.rounds):
-                prefix = f"tp{round_no}"
-                bodies = await bulk_enqueue(db, sink.url, prefix, args.count)
-                ceilings.append(await bare_ceiling(sink.url, bodies))
-                await sink.reset(client)
-                delivered += args.count
-                signed_rates.append(
-                    await service_throughput(settings, db, prefix, args.count, delivered)
-                )
-                print(
-                    f"round {round_no + 1}: signed {signed_rates[-1]:,.0f}/s "
-                    f"({CPU_US['signed'][-1]:.0f} us CPU each), "
-                    f"bare {ceilings[-1]:,.0f}/s ({CPU_US['bare'][-1]:.0f} us CPU each)",
-                    flush=True,
-                )
-            signed, ceiling = max(signed_rates), max(ceilings)
+                for processes in args.processes:
+                    prefix = f"tp{round_no}x{processes}"
+                    bodies = await bulk_enqueue(db, sink.url, prefix, args.count)
+                    await sink.reset(client)
+                    ceilings.append(await bare_ceiling(sink.url, bodies))
+                    await sink.reset(client)
+                    delivered += args.count
+                    rate = await service_throughput(
+                        settings, db, sink, client, prefix, args.count, delivered, processes
+                    )
+                    signed_rates[processes].append(rate)
+                    print(
+                        f"round {round_no + 1}, {processes} dispatcher process(es): "
+                        f"signed {rate:,.0f}/s ({CPU_US['signed'][-1]:.0f} us CPU each), "
+                        f"bare {ceilings[-1]:,.0f}/s ({CPU_US['bare'][-1]:.0f} us CPU each)",
+                        flush=True,
+                    )
+            ceiling = max(ceilings)
             print(
                 f"body size {len(bodies[0])} bytes; {args.count} deliveries per round", flush=True
             )
-            results.update(
-                signed_per_s=round(signed),
-                ceiling_per_s=round(ceiling),
-                ratio=round(signed / ceiling, 3),
-            )
-            print(
-                f"signed deliveries/s {signed:,.0f}  bare aiohttp ceiling {ceiling:,.0f}  "
-                f"ratio {signed / ceiling:.0%}",
-                flush=True,
-            )
-            for wake in (True, False):
-                await sink.reset(client)
-                prefix = "lw" if wake else "lp"
-                lat = await latency(
-                    settings, db, sink, client, prefix, args.rate, args.seconds, wake=wake
-                )
-                label = "in-process wake" if wake else "poll only"
-                key = "wake" if wake else "poll"
-                results[f"latency_{key}_p50_ms"] = round(pct(lat, 50), 1)
-                results[f"latency_{key}_p99_ms"] = round(pct(lat, 99), 1)
-                results[f"latency_{key}_max_ms"] = round(lat[-1], 1)
+            results["ceiling_per_s"] = round(ceiling)
+            for processes, rates in signed_rates.items():
+                signed = max(rates)
+                results[f"signed_per_s_{processes}"] = round(signed)
+                results[f"ratio_{processes}"] = round(signed / ceiling, 3)
                 print(
-                    f"terminal-to-receipt at {args.rate:g}/s ({label}, n={len(lat)}): "
-                    f"p50 {pct(lat, 50):.1f} ms  p99 {pct(lat, 99):.1f} ms  "
+                    f"{processes} dispatcher process(es): signed deliveries/s {signed:,.0f}  "
+                    f"bare aiohttp ceiling {ceiling:,.0f}  ratio {signed / ceiling:.0%}",
+                    flush=True,
+                )
+            if args.seconds > 0:
+                await sink.reset(client)
+                lat = await latency(settings, db, sink, client, "lp", args.rate, args.seconds)
+                results["latency_poll_p50_ms"] = round(pct(lat, 50), 1)
+                results["latency_poll_p99_ms"] = round(pct(lat, 99), 1)
+                results["latency_poll_max_ms"] = round(lat[-1], 1)
+                print(
+                    f"terminal-to-receipt at {args.rate:g}/s (another process, polling, "
+                    f"n={len(lat)}): p50 {pct(lat, 50):.1f} ms  p99 {pct(lat, 99):.1f} ms  "
                     f"max {lat[-1]:.1f} ms  mean {statistics.fmean(lat):.1f} ms",
                     flush=True,
                 )
@@ -443,14 +518,17 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=6000, help="Deliveries per round.")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--processes", type=int, nargs="+", default=[1, 2], help="Dispatcher processes."
+    )
     parser.add_argument("--rate", type=float, default=200.0)
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=10.0, help="0 skips the latency run.")
     parser.add_argument("--database-url", default=None)
     parser.add_argument(
         "--loop",
         choices=["uvloop", "asyncio"],
         default="uvloop",
-        help="Event loop for both measurements; uvicorn runs the service on uvloop when installed.",
+        help="Event loop of the bare ceiling; the dispatcher role runs on uvloop when installed.",
     )
     args = parser.parse_args()
     if args.loop == "uvloop":

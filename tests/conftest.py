@@ -138,7 +138,7 @@ class Harness:
 async def make_harness(settings: Settings) -> Harness:
     upgrade_in_thread(settings.resolved_database_url)
     state = build_state(settings, registry=build_registry(settings))
-    app = create_app(state, background=False)
+    app = create_app(state)
     account = await create_account(state.db, "test", encryption_key=load_encryption_key(settings))
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver")
     worker = Worker.sharing(state, worker_id="w-test")

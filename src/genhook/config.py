@@ -34,6 +34,12 @@ class Settings(BaseSettings):
     sweep_interval_seconds: float = Field(default=1.0, gt=0)
     shutdown_grace_seconds: float = Field(default=20.0, ge=0)
     task_deadline_seconds: float | None = Field(default=None, gt=0)
+    # Process roles: dispatcher processes under `genhook serve`; tasks at once per worker for
+    # engines that wait on I/O (0: each model's own); the worker and dispatcher health port.
+    dispatchers: int = Field(default=1, ge=0)
+    worker_concurrency: int = Field(default=0, ge=0)
+    health_host: str = "127.0.0.1"
+    health_port: int = Field(default=0, ge=0, le=65535)
 
     # A verified API key is remembered this long; a revocation takes effect within it.
     auth_cache_seconds: float = Field(default=2.0, ge=0)
@@ -80,8 +86,6 @@ class Settings(BaseSettings):
     webhook_poll_seconds: float = Field(default=0.02, gt=0)
     # Attempts in flight at once, per delivery process.
     webhook_concurrency: int = Field(default=128, ge=1)
-    # Claim, sign and record in a helper process, so the dispatcher's event loop only sends.
-    webhook_feed_process: bool = True
     # Extra CA certificates (PEM) trusted for webhook and input-image TLS, besides the
     # system store; for private PKI and tests.
     webhook_ca_file: Path | None = None

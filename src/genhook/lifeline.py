@@ -1,12 +1,12 @@
-"""Entry point of the service's child processes: ``python -m genhook.lifeline PARENT INDEX``
-for worker ``INDEX``, ``python -m genhook.lifeline PARENT MODULE`` for a helper whose
-``MODULE.main()`` then runs (the webhook feed helper).
+"""Entry point of the service's child processes: ``python -m genhook.lifeline PARENT ROLE
+INDEX [FD]`` runs role ``ROLE`` (api, worker or dispatcher) number ``INDEX`` for the
+supervisor ``PARENT``; ``FD`` is the API's inherited listening socket.
 
-A worker must never outlive its supervisor, whatever the moment the supervisor dies. So the
+A child must never outlive its supervisor, whatever the moment the supervisor dies. So the
 very first thing this module does, before importing anything slow, is ask the kernel to
 signal it when its parent dies (``PR_SET_PDEATHSIG``); then it checks that the parent is
 still the one that started it, which closes the window before that request took effect.
-Only then does a worker read its settings (JSON on standard input) and import the service.
+Only then does a child read its settings (JSON on standard input) and import the service.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import os
 import signal
 import sys
 
-# Sent by the kernel when the parent dies. Until the worker installs its handler the default
-# action ends the process at once; afterwards the worker releases its task and exits.
+# Sent by the kernel when the parent dies. Until the child installs its handler the default
+# action ends the process at once; afterwards the role leaves in its own way.
 ORPHAN_SIGNAL = signal.SIGUSR1
 _PR_SET_PDEATHSIG = 1
 
@@ -32,29 +32,24 @@ def die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def outlive_parent() -> None:
-    """Cancel the parent-death signal, for a helper that from now on ends by itself when its
-    parent goes (the webhook feed helper: end of its pipe, after the exchange in hand)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, 0, 0, 0, 0)
-
-
 def main() -> None:
     parent = int(sys.argv[1])
     die_with_parent(parent)
-    if not sys.argv[2].isdigit():
-        import importlib
-
-        importlib.import_module(sys.argv[2]).main()
-        return
-    index = int(sys.argv[2])
+    role, index = sys.argv[2], int(sys.argv[3])
     payload = sys.stdin.buffer.read()
+    from genhook import server
     from genhook.config import Settings
-    from genhook.server import worker_main
 
-    worker_main(Settings.model_validate_json(payload), index, parent=parent)
+    settings = Settings.model_validate_json(payload)
+    if role == "api":
+        fd = int(sys.argv[4]) if len(sys.argv) > 4 else None
+        server.api_main(settings, parent=parent, fd=fd)
+    elif role == "dispatcher":
+        server.dispatcher_main(settings, index, parent=parent)
+    elif role == "worker":
+        server.worker_main(settings, index, parent=parent)
+    else:
+        raise SystemExit(f"unknown role {role!r}")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from genhook.config import Settings
-    from genhook.sender.feed import Attempt
+    from genhook.sender.queue import Outgoing as Attempt
 
 # (task id, delivery id, account id) of the work in hand, or None where there is none.
 _Ids = tuple[str | None, str | None, str | None]

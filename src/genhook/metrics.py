@@ -40,7 +40,8 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from genhook.config import Settings
     from genhook.db import Database, Task
-    from genhook.sender.feed import Attempt, Outcome
+    from genhook.sender.queue import Outcome
+    from genhook.sender.queue import Outgoing as Attempt
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,13 @@
-"""``genhook serve``: migrate, bootstrap, then run the API and supervised worker processes.
+"""The service's process roles and ``genhook serve``, the supervisor of all of them.
 
-The API runs in this process (uvicorn); each worker is a child process with its own event
-loop and database handle, which dies with this process (see ``genhook.lifeline``). A worker
-that dies is restarted and the tasks it held are requeued at once; the lease is the safety
-net when nobody is left to do that. SIGTERM or Ctrl-C stops every claim at once, lets
-in-flight tasks finish within ``shutdown_grace_seconds`` while the API stops, and releases
-the rest.
+``genhook api`` answers HTTP, ``genhook worker`` runs engines and ``genhook dispatcher``
+delivers webhooks and sweeps leases; each runs any number of times against one database.
+``genhook serve`` migrates, bootstraps, then supervises one api, ``workers`` workers and
+``dispatchers`` dispatchers as child processes that die with it (see ``genhook.lifeline``).
+A child that dies is restarted; the tasks a dead worker held and the deliveries a dead
+dispatcher held are given back at once (their leases are the safety net when nobody is left
+to do that). SIGTERM or Ctrl-C stops every claim at once, lets in-flight work finish within
+``shutdown_grace_seconds``, and exits 0.
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from genhook.config import Settings
 from genhook.files import private_dir
+from genhook.retry import backoff_delay
 
 if TYPE_CHECKING:
     from genhook.tasks.lifecycle import Lifecycle
@@ -77,6 +82,8 @@ async def bootstrap(settings: Settings) -> dict[str, str] | None:
 
 
 EXIT_TAINTED = 3
+# Exit code of a role refusing to start on a database below the newest schema.
+EXIT_REFUSED = 2
 
 
 def worker_id_for(pid: int, index: int) -> str:
@@ -84,11 +91,53 @@ def worker_id_for(pid: int, index: int) -> str:
     return f"{socket.gethostname()}:{pid}/{index}"
 
 
-def worker_main(settings: Settings, index: int, parent: int | None = None) -> None:
-    """Entry point of one worker process; ``parent`` is its supervisor's pid, if any."""
+def dispatcher_owner_for(pid: int, index: int) -> str:
+    """The delivery lease owner name of dispatcher ``index`` running as ``pid``."""
+    return f"{socket.gethostname()}:{pid}/dispatcher-{index}"
+
+
+def _name_process(role: str, index: int) -> None:
     import multiprocessing
 
-    multiprocessing.current_process().name = f"worker-{index}"  # named so in the logs
+    multiprocessing.current_process().name = f"{role}-{index}"  # named so in the logs
+
+
+def require_migrated(settings: Settings) -> None:
+    """Refuse to run a role on a database that is not at the newest schema."""
+    from genhook.db.migrate import schema_problem
+
+    problem = schema_problem(settings.resolved_database_url)
+    if problem is not None:
+        log.error(
+            "%s; run `genhook db upgrade` (or `genhook serve`, which migrates) first", problem
+        )
+        logging.shutdown()
+        raise SystemExit(EXIT_REFUSED)
+
+
+def _watch_parent(parent: int | None, on_orphaned: Any) -> None:
+    """Call ``on_orphaned`` when the supervisor ``parent`` dies (the kernel signals it)."""
+    from genhook.lifeline import ORPHAN_SIGNAL
+
+    if parent is None:
+        return
+    asyncio.get_running_loop().add_signal_handler(ORPHAN_SIGNAL, on_orphaned)
+    if os.getppid() != parent:
+        on_orphaned()
+
+
+def _stop_on_signals(stop: Any) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+
+
+# -- worker ---------------------------------------------------------------------------------
+
+
+def worker_main(settings: Settings, index: int, parent: int | None = None) -> None:
+    """Entry point of one worker process; ``parent`` is its supervisor's pid, if any."""
+    _name_process("worker", index)
     configure_logging(settings, "worker")
     if asyncio.run(_worker(settings, index, parent)):
         # An abandoned engine thread is still computing; leave without waiting for it.
@@ -98,14 +147,13 @@ def worker_main(settings: Settings, index: int, parent: int | None = None) -> No
 
 async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
     from genhook.api.app import build_state
-    from genhook.lifeline import ORPHAN_SIGNAL
+    from genhook.api.shedding import ready_problems
+    from genhook.roles import health_port
     from genhook.storage.blobs import close_blob_store
     from genhook.tasks.worker import Worker
 
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    _stop_on_signals(stop.set)
     state = build_state(settings)
     worker = Worker(
         state.settings,
@@ -115,14 +163,18 @@ async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
         state.policy,
         worker_id=worker_id_for(os.getpid(), index),
     )
+    if settings.worker_concurrency:
+        # Only engines that wait on I/O run several tasks at once; CPU engines keep one.
+        worker.limits = {
+            model: settings.worker_concurrency if limit > 1 else limit
+            for model, limit in worker.limits.items()
+        }
     orphaned = asyncio.Event()
-    if parent is not None:
-        loop.add_signal_handler(ORPHAN_SIGNAL, orphaned.set)
-        if os.getppid() != parent:
-            orphaned.set()
+    _watch_parent(parent, orphaned.set)
     orphan_watch = asyncio.create_task(_leave_when_orphaned(worker, orphaned))
     try:
-        await worker.run(stop)
+        async with health_port(settings, lambda: ready_problems(state)):
+            await worker.run(stop)
     finally:
         orphan_watch.cancel()
         await close_blob_store(state.storage)
@@ -141,86 +193,82 @@ async def _leave_when_orphaned(worker: Worker, orphaned: asyncio.Event) -> None:
     os._exit(0)
 
 
-class WorkerPool:
-    """Starts, restarts and stops worker processes, and gives back what a dead one held.
+def run_worker(settings: Settings) -> None:
+    """``genhook worker``: one worker process, for machines that only compute."""
+    configure_logging(settings, "worker")
+    os.umask(0o077)
+    require_migrated(settings)
+    worker_main(settings, 0)
 
-    Workers are plain child processes (``python -m genhook.lifeline``) started from the main
-    thread, so the kernel's parent-death signal follows this process, not a helper thread.
-    """
 
-    def __init__(self, settings: Settings, count: int, lifecycle: Lifecycle | None = None) -> None:
-        self.settings = settings
-        self.count = count
-        self.lifecycle = lifecycle
-        self.processes: dict[int, subprocess.Popen[bytes]] = {}
-        self.stopping = False
-        self._payload = settings.model_dump_json().encode()
+# -- dispatcher -----------------------------------------------------------------------------
 
-    def _start(self, index: int) -> None:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "genhook.lifeline", str(os.getpid()), str(index)],
-            stdin=subprocess.PIPE,
-        )
-        assert process.stdin is not None
-        try:
-            process.stdin.write(self._payload)
-            process.stdin.close()
-        except BrokenPipeError:
-            pass
-        self.processes[index] = process
 
-    def start(self) -> None:
-        for index in range(self.count):
-            self._start(index)
+def dispatcher_main(settings: Settings, index: int, parent: int | None = None) -> None:
+    """Entry point of one dispatcher process: webhook delivery, reconciliation, retention
+    and the task sweeper."""
+    _name_process("dispatcher", index)
+    configure_logging(settings, "dispatcher")
+    with asyncio.Runner(loop_factory=_fast_loop()) as runner:
+        runner.run(_dispatcher(settings, index, parent))
 
-    async def supervise(self, interval: float = 0.1) -> None:
-        while not self.stopping:
-            await asyncio.sleep(interval)
-            for index, process in list(self.processes.items()):
-                code = process.poll()
-                if code is None or self.stopping:
-                    continue
-                log.warning("worker-%d exited with %s; restarting", index, code)
-                self._start(index)
-                await self._give_back(worker_id_for(process.pid, index), lost=code != 0)
 
-    async def _give_back(self, worker_id: str, *, lost: bool) -> None:
-        if self.lifecycle is None:
-            return
-        try:
-            await self.lifecycle.release_owner(worker_id, lost=lost)
-        except Exception:
-            log.exception("could not requeue the tasks of %s; their leases will", worker_id)
+def _fast_loop() -> Any:
+    """uvloop's event loop factory when it is installed: the dispatcher's loop is busy with
+    HTTP and that is where uvloop saves CPU."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
-    def begin_stop(self) -> None:
-        """Stop every claim now: each worker finishes or releases its task, then exits."""
-        self.stopping = True
-        for process in self.processes.values():
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(signal.SIGTERM)
 
-    async def stop(self, grace: float) -> None:
-        self.begin_stop()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace + 2
-        for process in self.processes.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                await asyncio.to_thread(process.wait, max(0.0, deadline - loop.time()))
-        for index, process in self.processes.items():
-            if process.poll() is None:
-                log.warning("worker-%d did not stop in time; killing it", index)
-                process.kill()
-                await asyncio.to_thread(process.wait, 5)
-                await self._give_back(worker_id_for(process.pid, index), lost=False)
+async def _dispatcher(settings: Settings, index: int, parent: int | None) -> None:
+    from genhook.api.app import build_state
+    from genhook.api.shedding import ready_problems
+    from genhook.roles import DispatcherRole, health_port
+
+    stop = asyncio.Event()
+    _stop_on_signals(stop.set)
+    state = build_state(settings)
+    role = DispatcherRole(state, owner=dispatcher_owner_for(os.getpid(), index))
+
+    def orphaned() -> None:
+        log.warning("dispatcher-%d: the supervisor is gone; leaving", index)
+        stop.set()
+
+    _watch_parent(parent, orphaned)
+
+    async def ready() -> list[str]:
+        problems = await ready_problems(state)
+        if not role.started:
+            problems.append("the webhook dispatcher has not started")
+        return problems
+
+    try:
+        async with health_port(settings, ready):
+            await role.run(stop)
+    finally:
+        await state.db.dispose()
+
+
+def run_dispatcher(settings: Settings) -> None:
+    """``genhook dispatcher``: webhook delivery and lease sweeping, without the API."""
+    configure_logging(settings, "dispatcher")
+    os.umask(0o077)
+    require_migrated(settings)
+    dispatcher_main(settings, 0)
+
+
+# -- api ------------------------------------------------------------------------------------
 
 
 def _server_class() -> type[Any]:
     import uvicorn
 
     class Server(uvicorn.Server):
-        """uvicorn without its own signal handling: ours stops the API, then the workers,
-        and exits 0 (uvicorn would re-raise the signal and skip the workers' shutdown)."""
+        """uvicorn without its own signal handling: ours stops the API and exits 0 (uvicorn
+        would re-raise the signal, which its supervisor would count as a crash)."""
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -252,22 +300,238 @@ def connection_limits(settings: Settings) -> dict[str, Any]:
     }
 
 
-def serve(settings: Settings) -> None:
+def api_main(settings: Settings, parent: int | None = None, fd: int | None = None) -> None:
+    """Entry point of the API process; ``fd`` is a listening socket its supervisor opened."""
+    _name_process("api", 0)
+    configure_logging(settings, "api")
+    asyncio.run(_api(settings, parent, fd))
+
+
+async def _api(settings: Settings, parent: int | None, fd: int | None) -> None:
     import uvicorn
 
-    from genhook.api.connections import RepeatFilter, quiet_accept_errors
-
-    _Server = _server_class()
-
-    from genhook import metrics
     from genhook.api.app import build_state, create_app
-    from genhook.db.migrate import upgrade
+    from genhook.api.connections import RepeatFilter, quiet_accept_errors
+    from genhook.sender.keys import ensure_signing_key
 
+    state = build_state(settings)
+    # JWKS publishes the active key from the first request on, dispatcher or not.
+    await ensure_signing_key(state.db, settings)
+    app = create_app(state)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        log_config=None,  # our handler (genhook.logs) formats uvicorn's lines too
+        access_log=False,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) or None,
+        **connection_limits(settings),
+    )
+    quiet_accept_errors(asyncio.get_running_loop())
+    logging.getLogger("uvicorn.error").addFilter(RepeatFilter())
+    server = _server_class()(config)
+    # Everything imported and built so far lives for the whole process: keep it out of
+    # the collector's full passes, which otherwise stall requests for milliseconds.
+    gc.collect()
+    gc.freeze()
+
+    def request_exit() -> None:
+        server.request_exit()
+        state.watcher.close()
+
+    def orphaned() -> None:
+        # The supervisor's successor opens the port again: let go of it now.
+        log.warning("api: the supervisor is gone; leaving")
+        logging.shutdown()
+        os._exit(0)
+
+    _stop_on_signals(request_exit)
+    _watch_parent(parent, orphaned)
+    sockets = [socket.socket(fileno=fd)] if fd is not None else None
+    await server.serve(sockets=sockets)
+
+
+def run_api(settings: Settings) -> None:
+    """``genhook api``: HTTP only; workers and dispatchers run elsewhere."""
+    configure_logging(settings, "api")
+    os.umask(0o077)
+    private_dir(settings.data_dir)
+    require_migrated(settings)
+    api_main(settings)
+
+
+# -- the supervisor -------------------------------------------------------------------------
+
+
+@dataclass
+class Child:
+    """One supervised role process, restarted under the same role and index."""
+
+    role: str
+    index: int
+    process: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    failures: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.index}"
+
+
+class Supervisor:
+    """Starts, restarts and stops role processes, and gives back what a dead one held.
+
+    Children are plain processes (``python -m genhook.lifeline PARENT ROLE INDEX``) started
+    from the main thread, so the kernel's parent-death signal follows this process, not a
+    helper thread. ``listen_fd`` is the API's listening socket, opened here once so that the
+    port stays open while an API process restarts.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        children: list[tuple[str, int]],
+        lifecycle: Lifecycle | None = None,
+        *,
+        listen_fd: int | None = None,
+    ) -> None:
+        self.settings = settings
+        self.children = [Child(role, index) for role, index in children]
+        self.lifecycle = lifecycle
+        self.listen_fd = listen_fd
+        self.stopping = False
+        self._signalled: set[int] = set()
+        # One health port per machine would collide between children: serve's own API
+        # process answers /readyz for all of them.
+        self._payload = settings.model_copy(update={"health_port": 0}).model_dump_json().encode()
+
+    def _start(self, child: Child) -> None:
+        args = [sys.executable, "-m", "genhook.lifeline", str(os.getpid()), child.role]
+        args.append(str(child.index))
+        fds: tuple[int, ...] = ()
+        if child.role == "api" and self.listen_fd is not None:
+            args.append(str(self.listen_fd))
+            fds = (self.listen_fd,)
+        process = subprocess.Popen(args, stdin=subprocess.PIPE, pass_fds=fds)
+        assert process.stdin is not None
+        try:
+            process.stdin.write(self._payload)
+            process.stdin.close()
+        except BrokenPipeError:
+            pass
+        child.process = process
+        child.started_at = time.monotonic()
+
+    def start(self) -> None:
+        for child in self.children:
+            self._start(child)
+
+    async def supervise(self, interval: float = 0.1) -> None:
+        while not self.stopping:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for child in self.children:
+                process = child.process
+                if process is None or self.stopping:
+                    continue
+                code = process.poll()
+                if code is None:
+                    continue
+                # A child that keeps dying at start waits longer each time.
+                child.failures = child.failures + 1 if now - child.started_at < 5 else 1
+                delay = backoff_delay(child.failures - 1, 0.5, 5.0) if child.failures > 1 else 0.0
+                log.warning("%s exited with %s; restarting", child.name, code)
+                child.process = None
+                await self._give_back(child, process.pid, lost=code != 0)
+                asyncio.get_running_loop().call_later(delay, self._restart, child)
+
+    def _restart(self, child: Child) -> None:
+        if not self.stopping and child.process is None:
+            self._start(child)
+
+    async def _give_back(self, child: Child, pid: int, *, lost: bool) -> None:
+        if self.lifecycle is None:
+            return
+        try:
+            if child.role == "worker":
+                await self.lifecycle.release_owner(worker_id_for(pid, child.index), lost=lost)
+            elif child.role == "dispatcher":
+                from genhook.sender.queue import release_deliveries
+
+                owner = dispatcher_owner_for(pid, child.index)
+                await release_deliveries(self.lifecycle.db, owner)
+        except Exception:
+            log.exception("could not give back what %s held; its leases will", child.name)
+
+    def _signal(self, roles: tuple[str, ...]) -> None:
+        """SIGTERM once to each child of ``roles``: a second one means "now" to uvicorn."""
+        for child in self.children:
+            process = child.process
+            if child.role not in roles or process is None or process.pid in self._signalled:
+                continue
+            self._signalled.add(process.pid)
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGTERM)
+
+    def begin_stop(self) -> None:
+        """Stop every claim now: each worker finishes or releases its task, the API stops.
+        Dispatchers stop after the workers, to send the callbacks of their last tasks."""
+        self.stopping = True
+        self._signal(("api", "worker"))
+
+    async def stop(self, grace: float) -> None:
+        self.begin_stop()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace + 2
+        for role in ("worker", "api", "dispatcher"):
+            self._signal((role,))
+            for child in self.children:
+                if child.role == role and child.process is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        remaining = max(0.0, deadline - loop.time())
+                        await asyncio.to_thread(child.process.wait, remaining)
+        for child in self.children:
+            process = child.process
+            if process is not None and process.poll() is None:
+                log.warning("%s did not stop in time; killing it", child.name)
+                process.kill()
+                await asyncio.to_thread(process.wait, 5)
+                await self._give_back(child, process.pid, lost=False)
+
+
+def serve_children(settings: Settings) -> list[tuple[str, int]]:
+    """The processes ``genhook serve`` runs: one api, the workers, the dispatchers."""
+    return (
+        [("api", 0)]
+        + [("worker", index) for index in range(settings.workers)]
+        + [("dispatcher", index) for index in range(settings.dispatchers)]
+    )
+
+
+def listen_socket(settings: Settings) -> socket.socket:
+    """The API's listening socket, bound here once and inherited by each API process."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((settings.host, settings.port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(settings: Settings) -> None:
+    """``genhook serve``: everything on one machine, under one supervisor."""
     configure_logging(settings)
     # Everything the service creates (database, WAL, blobs, key file) is its user's alone.
     os.umask(0o077)
     private_dir(settings.data_dir)
-    metrics.use_directory(*metrics.serve_directory(settings))  # workers count there too
+    from genhook import metrics
+
+    metrics.use_directory(*metrics.serve_directory(settings))  # every child counts there too
+    from genhook.db.migrate import upgrade
+
     upgrade(settings.resolved_database_url)
     credentials = asyncio.run(bootstrap(settings))
     if credentials:
@@ -276,61 +540,31 @@ def serve(settings: Settings) -> None:
         print(f"  API key:        {credentials['api_key']}", flush=True)
         print(f"  signing secret: {credentials['signing_secret']}", flush=True)
         print(f"  (also written to {path}, mode 0600)", flush=True)
-
-    async def main() -> None:
-        from genhook.db import Database
-        from genhook.storage import open_blob_store
-        from genhook.tasks.lifecycle import Lifecycle
-
-        # The supervisor's own handle: it requeues a dead worker's tasks at once, and still
-        # can while the API shuts down.
-        pool_db = Database(settings.resolved_database_url, pool_size=2)
-        lifecycle = Lifecycle(settings, pool_db, open_blob_store(settings, pool_db))
-        pool = WorkerPool(settings, settings.workers, lifecycle)
-        pool.start()
-        supervisor = asyncio.create_task(pool.supervise())
-        state = build_state(settings)
-        app = create_app(state)
-        config = uvicorn.Config(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_level=settings.log_level.lower(),
-            log_config=None,  # our handler (genhook.logs) formats uvicorn's lines too
-            access_log=False,
-            timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) or None,
-            **connection_limits(settings),
-        )
-        quiet_accept_errors(asyncio.get_running_loop())
-        logging.getLogger("uvicorn.error").addFilter(RepeatFilter())
-        server = _Server(config)
-        # Everything imported and built so far lives for the whole process: keep it out of
-        # the collector's full passes, which otherwise stall requests for milliseconds.
-        gc.collect()
-        gc.freeze()
-        loop = asyncio.get_running_loop()
-
-        def request_exit() -> None:
-            # Workers stop claiming at once and finish in parallel with the API's shutdown.
-            pool.begin_stop()
-            server.request_exit()
-            state.watcher.close()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, request_exit)
-        try:
-            await server.serve()
-        finally:
-            supervisor.cancel()
-            await pool.stop(settings.shutdown_grace_seconds)
-            await pool_db.dispose()
-
-    # Workers also receive a terminal's Ctrl-C; they stop gracefully on their own.
-    asyncio.run(main())
+    sock = listen_socket(settings)
+    try:
+        asyncio.run(_supervise(settings, sock.fileno()))
+    finally:
+        sock.close()
 
 
-def run_worker_only(settings: Settings) -> None:
-    """``genhook worker``: a worker without the API, for machines that only compute."""
-    configure_logging(settings)
-    os.umask(0o077)
-    worker_main(settings, 0)
+async def _supervise(settings: Settings, listen_fd: int) -> None:
+    from genhook.db import Database
+    from genhook.storage import open_blob_store
+    from genhook.tasks.lifecycle import Lifecycle
+
+    # The supervisor's own handle: it gives back a dead child's leases at once.
+    db = Database(settings.resolved_database_url, pool_size=2)
+    lifecycle = Lifecycle(settings, db, open_blob_store(settings, db))
+    supervisor = Supervisor(settings, serve_children(settings), lifecycle, listen_fd=listen_fd)
+    stop = asyncio.Event()
+    # Children also receive a terminal's Ctrl-C; they stop gracefully on their own.
+    _stop_on_signals(stop.set)
+    supervisor.start()
+    watch = asyncio.create_task(supervisor.supervise())
+    try:
+        await stop.wait()
+        supervisor.begin_stop()
+    finally:
+        watch.cancel()
+        await supervisor.stop(settings.shutdown_grace_seconds)
+        await db.dispose()

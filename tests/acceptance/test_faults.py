@@ -250,13 +250,14 @@ def test_killed_processes_lose_nothing(tmp_path: Path, db_url: str | None, hooks
         assert rerun.started_at is not None
         print(f"\n[faults] killed worker to re-run: {rerun.started_at / 1000 - killed:.2f} s")
         ids.append(probe)
-        # The webhook feed helper, then the supervisor itself.
-        feed = [
+        # The dispatcher, then the supervisor itself.
+        dispatchers = [
             pid
             for pid in generation(first)
-            if b"feed_child" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b" dispatcher " in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
         ]
-        for pid in feed:
+        assert dispatchers
+        for pid in dispatchers:
             os.kill(pid, signal.SIGKILL)
         ids += [submit_ok(live, prompt="sleep=0.2", webhook_url=hooks.url) for _ in range(4)]
         time.sleep(0.5)

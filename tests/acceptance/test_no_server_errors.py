@@ -38,7 +38,7 @@ def _openapi_document() -> dict[str, Any]:
 
     data_dir = Path(tempfile.mkdtemp(prefix="genhook-openapi-"))
     state = build_state(Settings(data_dir=data_dir))
-    document: dict[str, Any] = create_app(state, background=False).openapi()
+    document: dict[str, Any] = create_app(state).openapi()
     return document
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -49,15 +50,17 @@ def poll(service: LiveService, task_id: str, until: tuple[str, ...], timeout: fl
     raise AssertionError(f"task {task_id} never reached {until}:\n{service.log()[-3000:]}")
 
 
-def worker_pids(service: LiveService) -> list[int]:
+def role_pids(service: LiveService, role: str = "worker") -> list[int]:
+    """The supervisor's children running ``role``."""
     out = subprocess.run(
         ["pgrep", "-P", str(service.process.pid)], capture_output=True, text=True
     ).stdout
     pids = []
     for pid in out.split():
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-        if b"genhook.lifeline" in cmdline and b"feed_child" not in cmdline:
-            pids.append(int(pid))
+        with contextlib.suppress(OSError):
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"genhook.lifeline" in args and role.encode() in args:
+                pids.append(int(pid))
     return pids
 
 
@@ -86,7 +89,7 @@ def test_first_start_bootstraps_and_serves_a_task(service: LiveService) -> None:
 def test_killed_worker_task_is_retried_by_another(service: LiveService) -> None:
     task = submit(service, prompt="sleep=3")
     poll(service, task["id"], ("processing",))
-    (victim,) = worker_pids(service)
+    (victim,) = role_pids(service)
     os.kill(victim, signal.SIGKILL)
     result = poll(service, task["id"], ("completed", "failed"), timeout=90)
     assert result["status"] == "completed", result
@@ -147,3 +150,29 @@ def test_cli_accounts_and_keys(live_service: LiveService) -> None:
         time.sleep(0.1)
     assert live_service.cli("keys", "revoke", "key_missing").returncode == 1
     assert live_service.cli("keys", "create", "nobody").returncode == 1
+
+
+def test_serve_restarts_a_killed_child_of_each_kind(service: LiveService) -> None:
+    from tests.acceptance.test_faults import Hooks
+
+    for role in ("api", "worker", "dispatcher"):
+        (victim,) = role_pids(service, role)
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while [pid for pid in role_pids(service, role) if pid != victim] == []:
+            assert time.monotonic() < deadline, service.log()[-3000:]
+            time.sleep(0.05)
+        assert f"{role}-0 exited with -9; restarting" in service.log()
+    # The port stayed open: the new API answers what waited for it.
+    assert httpx.get(f"{service.base_url}/readyz", timeout=60).status_code == 200
+    # The new generation serves, computes and delivers.
+    hooks = Hooks()
+    try:
+        task = submit(service, webhook_url=hooks.url)
+        assert poll(service, task["id"], ("completed", "failed"))["status"] == "completed"
+        deadline = time.monotonic() + 30
+        while task["id"] not in hooks.ids:
+            assert time.monotonic() < deadline, service.log()[-3000:]
+            time.sleep(0.05)
+    finally:
+        hooks.close()

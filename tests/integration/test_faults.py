@@ -143,7 +143,7 @@ async def test_unreachable_database_answers_503(tmp_path: Path) -> None:
     url = f"postgresql+asyncpg://postgres@127.0.0.1:{free_port()}/none"
     settings = make_settings(tmp_path, url, db_connect_timeout_seconds=2)
     state = build_state(settings)
-    app = create_app(state, background=False)
+    app = create_app(state)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
         response = await client.post(

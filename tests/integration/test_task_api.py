@@ -277,7 +277,7 @@ async def test_token_bucket_is_shared_by_api_processes(tuned: Tuned) -> None:
     assert (await submit(h)).status_code == 200
     # A second api process (own engine, pool and caches) draws on the same bucket.
     state = build_state(h.state.settings, registry=build_registry(h.state.settings))
-    app = create_app(state, background=False)
+    app = create_app(state)
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://testserver"
     ) as other:

@@ -55,7 +55,7 @@ async def app(tmp_path: Path, database_url: str) -> AsyncIterator[App]:
     db = Database(database_url)
     await create_schema(db)
     state = build_state(settings, registry=build_registry(settings), db=db)
-    asgi = create_app(state, background=False)
+    asgi = create_app(state)
     account = await create_account(db, "test", encryption_key=load_encryption_key(settings))
     await ensure_signing_key(db, settings)
     client = httpx.AsyncClient(

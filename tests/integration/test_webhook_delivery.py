@@ -329,16 +329,11 @@ async def test_dns_rebinding_refused_at_delivery(
         await receiver.stop()
 
 
-@pytest.mark.parametrize("feed_process", [True, False], ids=["feed-process", "local-feed"])
-async def test_key_rotation_while_deliveries_pending(
-    env: tuple[Settings, Database], feed_process: bool
-) -> None:
+async def test_key_rotation_while_deliveries_pending(env: tuple[Settings, Database]) -> None:
     """A rotation made elsewhere (the CLI) reaches the signer within its key ring's refresh
     window (2 s): the retry, 3 s later by Retry-After, is signed with the new key."""
     settings, db = env
-    settings = settings.model_copy(
-        update={"webhook_feed_process": feed_process, "webhook_retry_cap_seconds": 5.0}
-    )
+    settings = settings.model_copy(update={"webhook_retry_cap_seconds": 5.0})
 
     async def answer(_: web.Request, n: int) -> web.StreamResponse:
         if n == 1:

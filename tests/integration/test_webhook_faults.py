@@ -13,9 +13,9 @@ from sqlalchemy import select
 from genhook.db import Database, WebhookAttempt, WebhookDelivery
 from genhook.sender.dispatcher import Dispatcher
 from genhook.sender.fairness import Rooms
-from genhook.sender.feed import Attempt, AttemptFeed, Outcome
+from genhook.sender.feed import LocalFeed
 from genhook.sender.keys import KeyRing, ensure_signing_key
-from genhook.sender.queue import UNLIMITED
+from genhook.sender.queue import UNLIMITED, Outcome, Outgoing
 from genhook.sender.service import WebhookService
 from tests.support.webhook_receiver import (
     Receiver,
@@ -32,7 +32,7 @@ class DiskFullOnce:
     """The delivery queue's disk is full for the first record of an outcome: the write
     fails with ENOSPC, as the kernel answers, and then the disk has room again."""
 
-    def __init__(self, feed: AttemptFeed) -> None:
+    def __init__(self, feed: LocalFeed) -> None:
         self.feed = feed
         self.failed = 0
 
@@ -45,7 +45,7 @@ class DiskFullOnce:
         limit: int,
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
-    ) -> list[Attempt]:
+    ) -> list[Outgoing]:
         if outcomes and not self.failed:
             self.failed += 1
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -57,9 +57,7 @@ class DiskFullOnce:
 
 async def test_acknowledgement_survives_a_full_disk(tmp_path: Path, database_url: str) -> None:
     # A short lease: dropped, the outcome would be re-sent well within the test.
-    settings = webhook_settings(
-        tmp_path, database_url, webhook_timeout_seconds=0.5, webhook_feed_process=False
-    )
+    settings = webhook_settings(tmp_path, database_url, webhook_timeout_seconds=0.5)
     db = Database(database_url)
     await create_schema(db)
     await add_account(db)

@@ -1,13 +1,9 @@
-"""The attempt feed, in this process and in its helper process: claim, sign, record, and
-what happens when the helper process fails."""
+"""The attempt feed: claim, sign and record in one exchange."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
-import os
-import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,15 +13,9 @@ from sqlalchemy import select
 
 from genhook.config import Settings
 from genhook.db import Database, WebhookAttempt, WebhookDelivery, now_ms
-from genhook.sender.feed import (
-    Attempt,
-    AttemptFeed,
-    FeedError,
-    LocalFeed,
-    Outcome,
-    ProcessFeed,
-)
+from genhook.sender.feed import LocalFeed
 from genhook.sender.keys import KeyRing, ensure_signing_key, jwks
+from genhook.sender.queue import Outcome, Outgoing
 from genhook.signature import b64url_decode
 from tests.integration.test_webhook_queue import ODD_BODY, add_deliveries
 from tests.support.webhook_receiver import add_account, create_schema, webhook_settings
@@ -45,13 +35,11 @@ async def env(tmp_path: Path, database_url: str) -> AsyncIterator[tuple[Settings
     await db.dispose()
 
 
-def make_feed(kind: str, settings: Settings, db: Database, owner: str = "owner-a") -> AttemptFeed:
-    if kind == "process":
-        return ProcessFeed(settings, db, owner=owner, lease_ms=LEASE_MS)
+def make_feed(settings: Settings, db: Database, owner: str = "owner-a") -> LocalFeed:
     return LocalFeed(settings, db, KeyRing(db, settings), owner=owner, lease_ms=LEASE_MS)
 
 
-def acknowledged(attempt: Attempt, status_code: int = 200) -> Outcome:
+def acknowledged(attempt: Outgoing, status_code: int = 200) -> Outcome:
     error = None if 200 <= status_code < 300 else f"HTTP {status_code}"
     return Outcome(
         attempt.id, attempt.attempts, attempt.round_start, now_ms(), 4, status_code, error,
@@ -59,16 +47,15 @@ def acknowledged(attempt: Attempt, status_code: int = 200) -> Outcome:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["process", "local"])
-async def test_claims_signs_and_records(env: tuple[Settings, Database], kind: str) -> None:
+async def test_claims_signs_and_records(env: tuple[Settings, Database]) -> None:
     settings, db = env
     ids = await add_deliveries(db, 5)
     keys = {k["kid"]: k for k in (await jwks(db))["keys"]}
-    feed = make_feed(kind, settings, db)
+    feed = make_feed(settings, db)
     try:
         await feed.start()
         # Oldest due first; within a batch the order is the database's.
-        attempts = sorted(await feed.exchange([], 3))
+        attempts = sorted(await feed.exchange([], 3), key=lambda a: a.id)
         assert [a.id for a in attempts] == ids[:3]
         for i, attempt in enumerate(attempts):
             assert attempt.body == ODD_BODY + str(i).encode()  # byte for byte
@@ -94,72 +81,3 @@ async def test_claims_signs_and_records(env: tuple[Settings, Database], kind: st
     assert rows[ids[1]].status == "pending" and rows[ids[1]].attempts == 1
     assert rows[ids[1]].lease_owner is None and rows[ids[1]].last_error == "HTTP 500"
     assert sorted(a.delivery_id for a in log) == sorted(ids)
-
-
-async def test_helper_process_reports_why_it_did_not_start(
-    env: tuple[Settings, Database],
-) -> None:
-    settings, _ = env
-    memory = Database("sqlite+aiosqlite:///:memory:")
-    feed = ProcessFeed(settings, memory, owner="o", lease_ms=LEASE_MS)
-    try:
-        with pytest.raises(FeedError, match="needs a database file"):
-            await feed.start()
-        assert feed.pid is None
-    finally:
-        await feed.close()
-        await memory.dispose()
-
-
-async def test_exchange_in_flight_fails_when_the_helper_dies_and_the_next_restarts_it(
-    env: tuple[Settings, Database],
-) -> None:
-    settings, db = env
-    ids = await add_deliveries(db, 2)
-    feed = ProcessFeed(settings, db, owner="owner-a", lease_ms=LEASE_MS)
-    try:
-        await feed.start()
-        first = feed.pid
-        assert first is not None
-        os.kill(first, signal.SIGSTOP)  # the request is written but never answered
-        pending = asyncio.create_task(feed.exchange([], 1))
-        await asyncio.sleep(0.2)
-        assert not pending.done()
-        os.kill(first, signal.SIGKILL)
-        with pytest.raises(FeedError, match="exited"):
-            await asyncio.wait_for(pending, 10)
-        # The next exchange starts a new helper process. The stopped one never read the
-        # request, so nothing was claimed; a claim it had made would stay leased until
-        # the lease expired, then be claimed again.
-        attempts = await feed.exchange([], 5)
-        assert feed.pid not in (None, first)
-        assert sorted(a.id for a in attempts) == ids
-    finally:
-        await feed.close()
-
-
-async def test_helper_ignores_interrupts_and_stops_when_the_pipe_closes(
-    env: tuple[Settings, Database],
-) -> None:
-    """Ctrl+C reaches a whole process group; the helper must outlive it long enough to
-    record the dispatcher's last outcomes, and end when the dispatcher closes the pipe."""
-    settings, db = env
-    await add_deliveries(db, 1)
-    feed = ProcessFeed(settings, db, owner="owner-a", lease_ms=LEASE_MS)
-    try:
-        await feed.start()
-        pid = feed.pid
-        assert pid is not None
-        os.kill(pid, signal.SIGINT)
-        os.kill(pid, signal.SIGTERM)
-        [attempt] = await feed.exchange([], 1)
-        assert await feed.exchange([acknowledged(attempt)], 0) == []
-        assert feed.pid == pid
-    finally:
-        await feed.close()
-    assert feed.pid is None
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
-    async with db.read() as session:
-        row = await session.get(WebhookDelivery, attempt.id)
-    assert row is not None and row.status == "delivered"

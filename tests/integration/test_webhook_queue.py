@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import insert, select, update
 
 from genhook.db import Database, Task, WebhookAttempt, WebhookDelivery, now_ms
-from genhook.sender.queue import Claimed, DeliveryQueue, Recorded, delivery_queue
+from genhook.sender.queue import DeliveryQueue, Outcome, Outgoing, delivery_queue
 from tests.support.webhook_receiver import add_account, create_schema, terminal_task
 
 # Bytes a JSON-in-SQL round trip could corrupt: NUL, invalid UTF-8, quotes, non-ASCII.
@@ -65,10 +65,11 @@ async def add_deliveries(db: Database, count: int, *, due_at: int = 0) -> list[s
     return ids
 
 
-def recorded(item: Claimed, *, status: str = "delivered", now: int = 0) -> Recorded:
-    return Recorded(
+def recorded(item: Outgoing, *, status: str = "delivered", now: int = 0) -> Outcome:
+    return Outcome(
         delivery_id=item.id,
-        number=item.attempts + 1,
+        attempts=item.attempts,
+        round_start=item.round_start,
         started_at=now,
         duration_ms=3,
         status_code=200 if status == "delivered" else 500,
@@ -83,12 +84,12 @@ def recorded(item: Claimed, *, status: str = "delivered", now: int = 0) -> Recor
 
 async def tick(
     queue: DeliveryQueue,
-    records: list[Recorded],
+    records: list[Outcome],
     limit: int,
     *,
     owner: str = "owner-a",
     lease_ms: int = 40_000,
-) -> list[Claimed]:
+) -> list[Outgoing]:
     now = now_ms()
     return await queue.tick(
         records, owner=owner, now=now, lease_expires_at=now + lease_ms, limit=limit

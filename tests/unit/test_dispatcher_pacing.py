@@ -15,8 +15,7 @@ from genhook.db import Database
 from genhook.net import AddressPolicy
 from genhook.sender.dispatcher import Dispatcher
 from genhook.sender.fairness import Rooms
-from genhook.sender.feed import Attempt, Outcome
-from genhook.sender.queue import UNLIMITED
+from genhook.sender.queue import UNLIMITED, Outcome, Outgoing
 from tests.support.webhook_receiver import create_schema
 
 
@@ -38,7 +37,7 @@ class ScriptedFeed:
         limit: int,
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
-    ) -> list[Attempt]:
+    ) -> list[Outgoing]:
         if not limit:
             return []
         self.claims.append(time.monotonic())

@@ -15,7 +15,7 @@ import pytest
 
 from genhook.config import Settings
 from genhook.logs import bind_delivery, bind_task, configure_logging, unbind
-from genhook.sender.feed import Attempt
+from genhook.sender.queue import Outgoing
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_a_task_bound_line_carries_its_ids(captured: io.StringIO) -> None:
 
 async def test_tasks_started_while_bound_inherit_the_ids(captured: io.StringIO) -> None:
     log = logging.getLogger("genhook.test")
-    attempt = Attempt("whd_1", "t2", "https://x", b"", 0, 0, {}, "kid", "acct_2")
+    attempt = Outgoing("whd_1", "t2", "acct_2", "https://x", "x.task.terminal", b"", 0, 0, None)
 
     async def send() -> None:
         await asyncio.sleep(0)

@@ -1,12 +1,12 @@
 """The FastAPI application factory.
 
-``create_app`` builds the app around an ``AppState``; background duties of an API process
-(the lease/deadline sweeper and, when enabled, webhook delivery) run in its lifespan.
+``create_app`` builds the app around an ``AppState``. An API process answers HTTP and runs
+no background writer: webhook delivery and the lease/deadline sweeper are the dispatcher
+role's (``genhook.roles``), so API replicas add request capacity and nothing else.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -37,10 +37,8 @@ from genhook.db import Database
 from genhook.engines.registry import Registry
 from genhook.faults import RETRY_AFTER_SECONDS
 from genhook.net import Resolver
-from genhook.sender.service import WebhookService
 from genhook.services import open_services
 from genhook.storage.blobs import close_blob_store
-from genhook.tasks.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -55,44 +53,12 @@ def build_state(
     return AppState.sharing(open_services(settings, registry=registry, resolver=resolver, db=db))
 
 
-async def sweep_forever(lifecycle: Lifecycle, interval: float, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        try:
-            await lifecycle.sweep()
-        except Exception:
-            log.exception("sweep failed; retrying")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval)
-
-
-def create_app(
-    state: AppState,
-    *,
-    background: bool = True,
-    webhooks: bool = True,
-) -> FastAPI:
-    """``background`` runs the sweeper and, with ``webhooks``, webhook delivery in this process."""
-
+def create_app(state: AppState) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        stop = asyncio.Event()
-        jobs: list[asyncio.Task[None]] = []
-        if background:
-            lifecycle = Lifecycle(state.settings, state.db, state.storage)
-            jobs.append(
-                asyncio.create_task(
-                    sweep_forever(lifecycle, state.settings.sweep_interval_seconds, stop)
-                )
-            )
-            if webhooks:
-                jobs.append(asyncio.create_task(_run_webhooks(state, stop)))
         try:
             yield
         finally:
-            stop.set()
-            for job in jobs:
-                with contextlib.suppress(Exception):
-                    await job
             await close_blob_store(state.storage)
             await state.db.dispose()
 
@@ -141,8 +107,3 @@ def create_app(
         return {"status": "ready"}
 
     return app
-
-
-async def _run_webhooks(state: AppState, stop: asyncio.Event) -> None:
-    # The same policy (and resolver) as submit-time checks guards every delivery.
-    await WebhookService(state.settings, state.db, policy=state.policy).run(stop)

@@ -60,17 +60,24 @@ def serve(
     host: str | None = typer.Option(None, help="Address to listen on (GENHOOK_HOST)."),
     port: int | None = typer.Option(None, help="Port to listen on (GENHOOK_PORT)."),
     workers: int | None = typer.Option(None, help="Worker processes (GENHOOK_WORKERS)."),
+    dispatchers: int | None = typer.Option(
+        None, help="Dispatcher processes (GENHOOK_DISPATCHERS)."
+    ),
     dev: bool = typer.Option(
         False,
         "--dev",
         help="Allow webhooks to loopback and private addresses, for a local receiver.",
     ),
 ) -> None:
-    """Start the API and its worker processes on the configured database."""
+    """Migrate, then run one api, the workers and the dispatchers under one supervisor."""
     from genhook.server import serve as run_server
 
     settings = _settings(
-        host=host, port=port, workers=workers, webhook_allow_private_targets=dev or None
+        host=host,
+        port=port,
+        workers=workers,
+        dispatchers=dispatchers,
+        webhook_allow_private_targets=dev or None,
     )
     if dev:
         _print_dev_hint(settings)
@@ -89,12 +96,43 @@ def _print_dev_hint(settings: Any) -> None:
     )
 
 
-@app.command()
-def worker() -> None:
-    """Run one worker process without the API (for compute-only machines)."""
-    from genhook.server import run_worker_only
+_HEALTH_PORT_HELP = "Port for /healthz, /readyz and /metrics; 0 = none (GENHOOK_HEALTH_PORT)."
 
-    run_worker_only(_settings())
+
+@app.command()
+def api(
+    host: str | None = typer.Option(None, help="Address to listen on (GENHOOK_HOST)."),
+    port: int | None = typer.Option(None, help="Port to listen on (GENHOOK_PORT)."),
+) -> None:
+    """Run the HTTP API alone; workers and dispatchers run as their own commands."""
+    from genhook.server import run_api
+
+    run_api(_settings(host=host, port=port))
+
+
+@app.command()
+def worker(
+    concurrency: int | None = typer.Option(
+        None,
+        min=1,
+        help="Tasks at once for engines that wait on I/O (GENHOOK_WORKER_CONCURRENCY).",
+    ),
+    health_port: int | None = typer.Option(None, min=0, max=65535, help=_HEALTH_PORT_HELP),
+) -> None:
+    """Run one worker process: claims tasks and runs their engines."""
+    from genhook.server import run_worker
+
+    run_worker(_settings(worker_concurrency=concurrency, health_port=health_port))
+
+
+@app.command()
+def dispatcher(
+    health_port: int | None = typer.Option(None, min=0, max=65535, help=_HEALTH_PORT_HELP),
+) -> None:
+    """Run one dispatcher process: webhook delivery, reconciliation and lease sweeping."""
+    from genhook.server import run_dispatcher
+
+    run_dispatcher(_settings(health_port=health_port))
 
 
 @db_app.command("upgrade")

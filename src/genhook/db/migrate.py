@@ -97,3 +97,45 @@ def upgrade_in_thread(url: str) -> None:
     thread.join()
     if errors:
         raise errors[0]
+
+
+def schema_problem(url: str) -> str | None:
+    """Why the database at ``url`` is not at the newest schema, or None when it is."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        database = parsed.database or ""
+        if database and database != ":memory:" and not Path(database).exists():
+            return f"the database {database} does not exist"
+        engine = create_engine(_sync_url(url))
+        try:
+            with engine.connect() as connection:
+                return _schema_problem(connection, url)
+        finally:
+            engine.dispose()
+    import asyncio
+
+    return asyncio.run(_schema_problem_postgres(url))
+
+
+async def _schema_problem_postgres(url: str) -> str | None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(url)
+    try:
+        async with engine.connect() as connection:
+            problem: str | None = await connection.run_sync(_schema_problem, url)
+            return problem
+    finally:
+        await engine.dispose()
+
+
+def _schema_problem(connection: object, url: str) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    heads = set(ScriptDirectory.from_config(alembic_config(url)).get_heads())
+    current = set(MigrationContext.configure(connection).get_current_heads())  # type: ignore[arg-type]
+    if current == heads:
+        return None
+    found = ", ".join(sorted(current)) or "none"
+    return f"the database schema is not the newest (at {found}, newest {', '.join(sorted(heads))})"

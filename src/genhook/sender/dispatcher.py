@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import aiohttp
-from sqlalchemy import update
 from yarl import URL
 
 from genhook import metrics
 from genhook.config import Settings
-from genhook.db import Database, WebhookDelivery, now_ms
+from genhook.db import Database, now_ms
 from genhook.logs import bind_delivery, unbind
 from genhook.net import (
     AddressPolicy,
@@ -42,9 +41,9 @@ from genhook.net import parse_target as _parse_target
 from genhook.retry import backoff_delay, parse_retry_after
 from genhook.sender.destinations import record_transitions
 from genhook.sender.fairness import Fairness, Rooms, is_health_failure
-from genhook.sender.feed import Attempt, Outcome, attempt_feed
+from genhook.sender.feed import LocalFeed
 from genhook.sender.keys import KeyRing
-from genhook.sender.queue import UNLIMITED
+from genhook.sender.queue import UNLIMITED, Outcome, Outgoing, release_deliveries
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +76,7 @@ _classify = lru_cache(maxsize=4096)(classify)
 class _Ready:
     """A signed attempt whose target passed the check, waiting for a sender."""
 
-    attempt: Attempt
+    attempt: Outgoing
     url: URL
     session: aiohttp.ClientSession
 
@@ -104,7 +103,7 @@ class Dispatcher:
         self.owner = owner or default_owner()
         self._ssl = ssl_context or client_ssl_context(settings.webhook_ca_file)
         lease_ms = int((settings.webhook_timeout_seconds + lease_margin_seconds) * 1000)
-        self.feed = attempt_feed(settings, db, keyring, owner=self.owner, lease_ms=lease_ms)
+        self.feed = LocalFeed(settings, db, keyring, owner=self.owner, lease_ms=lease_ms)
         self.fairness: Fairness[_Ready] = Fairness(
             settings,
             lease_seconds=lease_ms / 1000,
@@ -134,7 +133,6 @@ class Dispatcher:
         self._failed_at = -1.0
         self._https: aiohttp.ClientSession | None = None
         self._http: aiohttp.ClientSession | None = None
-        self.sent = 0
         # Set once sessions and the feed are ready (a feed that failed to start is retried).
         self.started = asyncio.Event()
 
@@ -354,20 +352,8 @@ class Dispatcher:
 
     async def release_leases(self) -> None:
         """Make deliveries this process still holds due again at once (graceful stop)."""
-        now = now_ms()
         try:
-            async with self.db.write() as session:
-                await session.execute(
-                    update(WebhookDelivery)
-                    .where(
-                        WebhookDelivery.status == "pending",
-                        WebhookDelivery.lease_owner == self.owner,
-                    )
-                    .values(
-                        lease_owner=None, lease_expires_at=None, next_attempt_at=now, updated_at=now
-                    )
-                    .execution_options(synchronize_session=False)
-                )
+            await release_deliveries(self.db, self.owner)
         except Exception:
             log.exception("releasing webhook leases failed; they expire on their own")
 
@@ -434,9 +420,9 @@ class Dispatcher:
             note = f"{note + '; ' if note else ''}destination circuit opened"
         if fairness.transitions:
             self._write_health()
-        if note is None or not failed:
-            return outcome if note is None else outcome._replace(error=note)
-        return outcome._replace(error=f"{outcome.error} ({note})")
+        if note is not None:
+            outcome.error = f"{outcome.error} ({note})" if failed else note
+        return outcome
 
     def _write_health(self) -> None:
         """Persist circuit changes for the API, one writer at a time, off the send path."""
@@ -452,7 +438,7 @@ class Dispatcher:
             except Exception:
                 log.exception("recording destination health failed")
 
-    def _check(self, attempt: Attempt) -> tuple[URL, aiohttp.ClientSession] | str:
+    def _check(self, attempt: Outgoing) -> tuple[URL, aiohttp.ClientSession] | str:
         """The URL and session to send ``attempt`` with, or why its target is refused."""
         try:
             target = _parse(attempt.url, self.policy.allow_private)
@@ -482,7 +468,7 @@ class Dispatcher:
         ):
             self._nudge()
 
-    async def send(self, attempt: Attempt, url: URL, session: aiohttp.ClientSession) -> Outcome:
+    async def send(self, attempt: Outgoing, url: URL, session: aiohttp.ClientSession) -> Outcome:
         """One POST of the exact body bytes; a 3xx is a failure (redirects are not followed)."""
         started = now_ms()
         clock = time.perf_counter()
@@ -518,7 +504,6 @@ class Dispatcher:
             return done(None, f"connection failed: {exc.os_error.strerror or exc.os_error}")
         except aiohttp.ClientError as exc:
             return done(None, f"{type(exc).__name__}: {exc}")
-        self.sent += 1
         error = None
         if 300 <= status < 400:
             error = f"redirect not followed (HTTP {status})"
@@ -528,7 +513,7 @@ class Dispatcher:
 
 
 def _outcome(
-    attempt: Attempt,
+    attempt: Outgoing,
     started_at: int,
     duration_ms: int,
     status_code: int | None,

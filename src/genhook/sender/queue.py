@@ -21,7 +21,7 @@ import secrets
 import sqlite3
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
@@ -42,9 +42,10 @@ UNLIMITED = Rooms({}, {}, 1 << 30, 1 << 30)
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Claimed:
-    """A delivery claimed under a lease; the fields are in the claim statements' order."""
+@dataclass(slots=True, eq=False)
+class Outgoing:
+    """A delivery on its way out. The claim fills the fields up to ``standard``, in the claim
+    statements' order; signing fills ``headers`` and ``kid`` and drops the opened secret."""
 
     id: str
     task_id: str
@@ -56,28 +57,48 @@ class Claimed:
     attempts: int
     round_start: int
     secret: str | None
-    destination: str | None = None
+    # ``scheme://host:port``, the unit of fairness and destination health.
+    destination: str = ""
     # The account's Standard Webhooks choice; None follows the global setting.
     standard: bool | None = None
     # When the outbox row was written: a terminal event's task ended then (for metrics).
     created_at: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    kid: str = ""
+
+    @property
+    def terminal_at(self) -> int | None:
+        """When the task ended, for a terminal event (its outbox row was written then)."""
+        return self.created_at if self.event_type.endswith(".task.terminal") else None
 
 
-@dataclass(frozen=True, slots=True)
-class Recorded:
-    """One finished attempt and the state its delivery moves to."""
+@dataclass(slots=True, eq=False)
+class Outcome:
+    """How one attempt ended. The sender fills the fields up to ``retry_after``; recording
+    it settles the state its delivery moves to (``status`` and the two times)."""
 
     delivery_id: str
-    number: int
+    attempts: int
+    round_start: int
     started_at: int
     duration_ms: int
     status_code: int | None
     error: str | None
     excerpt: str | None
     kid: str | None
-    status: str
-    next_attempt_at: int | None
-    delivered_at: int | None
+    retry_after: float | None = None
+    status: str = "pending"
+    next_attempt_at: int | None = None
+    delivered_at: int | None = None
+
+    @property
+    def acknowledged(self) -> bool:
+        return self.status_code is not None and 200 <= self.status_code < 300
+
+    @property
+    def number(self) -> int:
+        """This attempt's number: attempts are counted from 1 and never restart."""
+        return self.attempts + 1
 
     def state_row(self, now: int) -> tuple[Any, ...]:
         return (
@@ -124,7 +145,7 @@ class Recorded:
 class DeliveryQueue(Protocol):
     async def tick(
         self,
-        records: Sequence[Recorded],
+        records: Sequence[Outcome],
         *,
         owner: str,
         now: int,
@@ -132,7 +153,7 @@ class DeliveryQueue(Protocol):
         limit: int,
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
-    ) -> list[Claimed]:
+    ) -> list[Outgoing]:
         """Record ``records``, give back ``returned`` (delivery id, due at) unsent, and claim
         up to ``limit`` due deliveries within ``rooms``, in one transaction."""
         ...
@@ -289,7 +310,7 @@ class SQLiteDeliveryQueue:
 
     async def tick(
         self,
-        records: Sequence[Recorded],
+        records: Sequence[Outcome],
         *,
         owner: str,
         now: int,
@@ -297,7 +318,7 @@ class SQLiteDeliveryQueue:
         limit: int,
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
-    ) -> list[Claimed]:
+    ) -> list[Outgoing]:
         # Strictly increasing, so a claim's rows are exactly those leased to this owner
         # until this instant.
         expires = self._last_expires = max(lease_expires_at, self._last_expires + 1)
@@ -326,7 +347,7 @@ class SQLiteDeliveryQueue:
         limit: int,
         rooms: Rooms,
         returned: str | None,
-    ) -> list[Claimed]:
+    ) -> list[Outgoing]:
         if self._connection is None:
             self._connection = open_sqlite(self._path)
         connection = self._connection
@@ -344,7 +365,7 @@ class SQLiteDeliveryQueue:
             if rooms.postpone:
                 params = {"postpone": json.dumps(rooms.postpone), "now": now}
                 connection.execute(_SQLITE_POSTPONE, params)
-            claimed: list[Claimed] = []
+            claimed: list[Outgoing] = []
             if limit:
                 params = {
                     "owner": owner,
@@ -382,7 +403,7 @@ class SQLiteDeliveryQueue:
         thread.shutdown(wait=True)
 
 
-def _claimed_from_json(row: list[Any]) -> Claimed:
+def _claimed_from_json(row: list[Any]) -> Outgoing:
     (
         delivery_id,
         task_id,
@@ -397,7 +418,7 @@ def _claimed_from_json(row: list[Any]) -> Claimed:
         standard,
         created_at,
     ) = row
-    return Claimed(
+    return Outgoing(
         delivery_id,
         task_id,
         account_id,
@@ -407,7 +428,7 @@ def _claimed_from_json(row: list[Any]) -> Claimed:
         attempts,
         round_start,
         secret,
-        destination,
+        destination or "",
         None if standard is None else bool(standard),
         created_at,
     )
@@ -505,7 +526,7 @@ class PostgresDeliveryQueue:
 
     async def tick(
         self,
-        records: Sequence[Recorded],
+        records: Sequence[Outcome],
         *,
         owner: str,
         now: int,
@@ -513,7 +534,7 @@ class PostgresDeliveryQueue:
         limit: int,
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
-    ) -> list[Claimed]:
+    ) -> list[Outgoing]:
         async with self.db.write_engine.connect() as connection:
             raw = await connection.get_raw_connection()
             pg: Any = raw.driver_connection
@@ -545,7 +566,8 @@ class PostgresDeliveryQueue:
                     rooms.account_default,
                     limit * SCAN_FACTOR,
                 )
-            return [Claimed(*row) for row in rows]
+            # A NULL destination is filled in when the batch is signed.
+            return [Outgoing(*row) for row in rows]
 
     async def close(self) -> None:
         """Nothing to release: each batch borrows a pooled connection."""
@@ -632,14 +654,16 @@ async def clear_expired_leases(session: AsyncSession, now: int) -> int:
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 
-async def release_leases(session: AsyncSession, owner: str, now: int) -> None:
-    """Deliveries ``owner`` still holds are due again at once (a sender's graceful stop)."""
-    await session.execute(
+async def release_leases(session: AsyncSession, owner: str, now: int) -> int:
+    """Deliveries ``owner`` still holds are due again at once (a sender's graceful stop);
+    returns how many."""
+    result = await session.execute(
         update(WebhookDelivery)
         .where(WebhookDelivery.status == "pending", WebhookDelivery.lease_owner == owner)
         .values(lease_owner=None, lease_expires_at=None, next_attempt_at=now, updated_at=now)
         .execution_options(synchronize_session=False)
     )
+    return int(result.rowcount)  # type: ignore[attr-defined]
 
 
 async def defer_destination(session: AsyncSession, destination: str, until: int, now: int) -> None:
@@ -726,3 +750,12 @@ async def delete_deliveries_of(session: AsyncSession, task_ids: Sequence[str]) -
     await session.execute(delete(WebhookAttempt).where(WebhookAttempt.delivery_id.in_(deliveries)))
     await session.execute(delete(WebhookReplay).where(WebhookReplay.delivery_id.in_(deliveries)))
     await session.execute(delete(WebhookDelivery).where(WebhookDelivery.task_id.in_(task_ids)))
+
+
+async def release_deliveries(db: Database, owner: str) -> int:
+    """Make the deliveries ``owner`` still holds due again at once: a dispatcher stopping
+    gracefully, or its supervisor after it died. Returns how many were released."""
+    from genhook.db import now_ms
+
+    async with db.write() as session:
+        return await release_leases(session, owner, now_ms())

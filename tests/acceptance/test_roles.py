@@ -1,0 +1,201 @@
+"""The process roles as deployed on many machines: ``genhook api``, ``genhook worker`` and
+``genhook dispatcher``, each a real process on its own, against one database."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from genhook.db.migrate import upgrade
+from tests.acceptance.test_faults import Hooks
+from tests.conftest import ROOT
+from tests.support.images import data_url
+from tests.support.postgres import free_port
+
+ROLES = ("api", "worker", "dispatcher")
+
+
+@dataclass
+class Role:
+    name: str
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def role_env(tmp_path: Path, database_url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "GENHOOK_DATA_DIR": str(tmp_path / "data"),
+        "GENHOOK_DATABASE_URL": database_url,
+        "GENHOOK_HOST": "127.0.0.1",
+        "GENHOOK_EXTRA_ENGINES": '["tests.support.engines:register"]',
+        "GENHOOK_WEBHOOK_ALLOW_PRIVATE_TARGETS": "true",
+        "GENHOOK_WORKER_POLL_SECONDS": "0.02",
+        "GENHOOK_SHUTDOWN_GRACE_SECONDS": "10",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ["PYTHONPATH"]]),
+    }
+
+
+def start_role(tmp_path: Path, env: dict[str, str], name: str, *args: str) -> Role:
+    """Start ``genhook NAME``; the API listens on its port, the others on a health port."""
+    port = free_port()
+    env = {**env, "GENHOOK_PORT" if name == "api" else "GENHOOK_HEALTH_PORT": str(port)}
+    log_path = tmp_path / f"{name}.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "genhook.cli", name, *args],
+        env=env,
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+    )
+    role = Role(name, process, port, log_path)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"genhook {name} exited:\n{role.log()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(role.base_url + "/readyz", timeout=1).status_code == 200:
+                return role
+        time.sleep(0.1)
+    stop_role(role)
+    raise AssertionError(f"genhook {name} never became ready:\n{role.log()}")
+
+
+def stop_role(role: Role) -> int:
+    if role.process.poll() is None:
+        role.process.send_signal(signal.SIGTERM)
+        try:
+            role.process.wait(30)
+        except subprocess.TimeoutExpired:
+            role.process.kill()
+            role.process.wait(5)
+    code = role.process.returncode
+    assert code is not None
+    return code
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1][:3]
+    except OSError:
+        return False
+    return b"Z" not in state
+
+
+@pytest.fixture
+def migrated(tmp_path: Path, database_url: str) -> dict[str, str]:
+    upgrade(database_url)
+    return role_env(tmp_path, database_url)
+
+
+@pytest.fixture
+def running() -> Iterator[list[Role]]:
+    started: list[Role] = []
+    yield started
+    for role in started:
+        stop_role(role)
+
+
+@pytest.mark.parametrize("name", ROLES)
+def test_role_answers_readiness_and_stops_on_sigterm(
+    tmp_path: Path, migrated: dict[str, str], name: str
+) -> None:
+    role = start_role(tmp_path, migrated, name)
+    try:
+        assert httpx.get(role.base_url + "/healthz", timeout=5).json() == {"status": "ok"}
+        if name != "api":
+            metrics = httpx.get(role.base_url + "/metrics", timeout=5)
+            assert metrics.status_code == 200
+            assert metrics.headers["content-type"].startswith("text/plain")
+            assert b"python_info" in metrics.content
+        helpers = children(role.process.pid)
+    finally:
+        code = stop_role(role)
+    assert code == 0, role.log()
+    assert not [pid for pid in helpers if alive(pid)]
+
+
+@pytest.mark.parametrize("name", ROLES)
+def test_role_refuses_an_unmigrated_database(tmp_path: Path, database_url: str, name: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "genhook.cli", name],
+        env=role_env(tmp_path, database_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "genhook db upgrade" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_api_worker_and_dispatcher_processes_run_a_task_and_deliver_its_webhook(
+    tmp_path: Path, migrated: dict[str, str], running: list[Role]
+) -> None:
+    created = subprocess.run(
+        [sys.executable, "-m", "genhook.cli", "accounts", "create", "acme", "--json"],
+        env=migrated,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert created.returncode == 0, created.stderr
+    key = json.loads(created.stdout)["api_key"]
+    hooks = Hooks()
+    try:
+        api = start_role(tmp_path, migrated, "api")
+        running.append(api)
+        # Nothing delivers or computes yet: the API accepts the task and keeps it waiting.
+        body: dict[str, Any] = {
+            "model": "test/fake-edit",
+            "prompt": "edit",
+            "images": [data_url()],
+            "size": "1024*1024",
+            "webhook_url": hooks.url,
+        }
+        headers = {"Authorization": f"Bearer {key}"}
+        submitted = httpx.post(
+            api.base_url + "/api/v1/model/generateImage", json=body, headers=headers, timeout=10
+        )
+        assert submitted.status_code == 200, submitted.text
+        task_id = submitted.json()["id"]
+        running.append(start_role(tmp_path, migrated, "worker", "--concurrency", "4"))
+        running.append(start_role(tmp_path, migrated, "dispatcher"))
+        deadline = time.monotonic() + 60
+        while task_id not in hooks.ids:
+            assert time.monotonic() < deadline, [role.log()[-2000:] for role in running]
+            time.sleep(0.05)
+        result = httpx.get(
+            f"{api.base_url}/api/v1/model/result/{task_id}", headers=headers, timeout=10
+        ).json()
+        assert result["status"] == "completed", result
+        assert hooks.ids == {task_id: 1}
+    finally:
+        hooks.close()
+    for role in running:
+        assert stop_role(role) == 0, role.log()
