@@ -4,9 +4,11 @@ A body may be large only because of image data. Base64 data URLs are cut out of 
 bytes with C-speed searches and replaced by placeholders; what remains (the "skeleton") is
 capped at ``max_json_bytes`` and checked for nesting depth and container count before the
 JSON parser sees it, so the parser's work never depends on the megabytes of image data.
-Large bodies are handled one at a time (``large_body_slot``) and parsed and validated off
-the event loop, so worst-case bodies sent back to back cannot stall other requests or pile
-up memory.
+The data URLs of input fields (``images`` items, ``audio``) stay in the raw bytes as
+placeholders (``genhook.data_urls.InlineData``), decoded from there in short steps; any
+other is restored as a string and counts against ``max_json_bytes``. Large bodies are
+handled one at a time (``large_body_slot``) and parsed and validated off the event loop, so
+worst-case bodies sent back to back cannot stall other requests or pile up memory.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
+from genhook.data_urls import INPUT_FIELDS, STEP, InlineData
 from genhook.errors import FieldError, InvalidRequest, PayloadTooLarge
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,8 @@ class ParsedBody:
     value: Any
     # The body was large: validate it off the event loop too.
     large: bool
+    # What the placeholders of input data URLs in ``value`` stand for.
+    inline: InlineData | None = None
 
 
 class ClientGone(Exception):
@@ -131,13 +136,17 @@ async def read_json_body(request: Request, limits: BodyLimits) -> ParsedBody:
             "the request body is empty; send a JSON object",
             [FieldError("body", "a JSON object is required")],
         )
-    if len(raw) > OFFLOAD_BYTES:
-        return ParsedBody(await asyncio.to_thread(parse_json_body, raw, limits), True)
-    return ParsedBody(parse_json_body(raw, limits), False)
+    large = len(raw) > OFFLOAD_BYTES
+    if large:
+        value, inline = await asyncio.to_thread(parse_json_body, raw, limits)
+    else:
+        value, inline = parse_json_body(raw, limits)
+    return ParsedBody(value, large, inline)
 
 
-def parse_json_body(raw: bytes | bytearray, limits: BodyLimits) -> Any:
-    """Parse ``raw`` under ``limits``; raises ``InvalidRequest`` or ``PayloadTooLarge``."""
+def parse_json_body(raw: bytes | bytearray, limits: BodyLimits) -> tuple[Any, InlineData | None]:
+    """Parse ``raw`` under ``limits``: the value, and what its input data URL placeholders
+    stand for; raises ``InvalidRequest`` or ``PayloadTooLarge``."""
     token = "genhook-blob-" + secrets.token_hex(8) + "-"
     skeleton, spans = (
         _cut_data_urls(raw, token.encode("ascii")) if limits.allow_data_urls else (raw, [])
@@ -157,9 +166,36 @@ def parse_json_body(raw: bytes | bytearray, limits: BodyLimits) -> Any:
         raise _invalid("nested too deeply") from None
     except ValueError as exc:  # e.g. an integer literal over the interpreter's digit limit
         raise _invalid(str(exc)[:200]) from None
-    if spans:
-        value = _restore(value, token, raw, spans)
-    return value
+    if not spans:
+        return value, None
+    inline = InlineData(raw, token, spans)
+    kept = _input_placeholders(value, inline)
+    rest = sum(end - start for index, (start, end) in enumerate(spans) if index not in kept)
+    if len(skeleton) + rest > limits.max_json_bytes:
+        raise _too_large(limits.max_json_bytes, "the request body without its image data")
+    for index in kept:
+        _check_ascii(raw, *spans[index])
+    inline.kept = kept
+    return _restore(value, token, raw, spans, kept), inline if kept else None
+
+
+def _input_placeholders(value: Any, inline: InlineData) -> set[int]:
+    """The spans whose placeholders are input fields' values: they stay in the raw bytes."""
+    kept: set[int] = set()
+    if not isinstance(value, dict):
+        return kept
+    for field in INPUT_FIELDS:
+        item = value.get(field)
+        for candidate in item if isinstance(item, list) else [item]:
+            if isinstance(candidate, str) and (index := inline.index(candidate)) is not None:
+                kept.add(index)
+    return kept
+
+
+def _check_ascii(raw: bytes | bytearray, start: int, end: int) -> None:
+    for pos in range(start, end, STEP):
+        if not raw[pos : min(pos + STEP, end)].isascii():
+            raise _invalid("a data URL holds non-ASCII bytes")
 
 
 def _check_strings(value: Any) -> None:
@@ -229,11 +265,13 @@ def _check_structure(skeleton: bytes | bytearray, limits: BodyLimits) -> None:
             depth -= 1
 
 
-def _restore(value: Any, token: str, raw: bytes | bytearray, spans: list[tuple[int, int]]) -> Any:
+def _restore(
+    value: Any, token: str, raw: bytes | bytearray, spans: list[tuple[int, int]], kept: set[int]
+) -> Any:
     if isinstance(value, str):
         if value.startswith(token):
             index = value[len(token) :]
-            if index.isdigit() and int(index) < len(spans):
+            if index.isdigit() and int(index) < len(spans) and int(index) not in kept:
                 start, end = spans[int(index)]
                 try:
                     if raw.find(b"\\/", start, end) >= 0:
@@ -244,7 +282,7 @@ def _restore(value: Any, token: str, raw: bytes | bytearray, spans: list[tuple[i
                     raise _invalid("a data URL holds non-ASCII bytes") from None
         return value
     if isinstance(value, list):
-        return [_restore(item, token, raw, spans) for item in value]
+        return [_restore(item, token, raw, spans, kept) for item in value]
     if isinstance(value, dict):
-        return {key: _restore(item, token, raw, spans) for key, item in value.items()}
+        return {key: _restore(item, token, raw, spans, kept) for key, item in value.items()}
     return value
