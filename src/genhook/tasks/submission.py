@@ -18,6 +18,7 @@ from sqlalchemy import insert
 from genhook.config import Settings
 from genhook.data_urls import INLINE_DATA, InlineData
 from genhook.db import Blob, Database, IdempotencyKey, Task, now_ms
+from genhook.db.thread_writes import ThreadWriter, write_task_rows
 from genhook.engines.base import ModelKind
 from genhook.engines.edit_request import IMAGE_REFS, ImageItemsError, ImageRef, parse_image_ref
 from genhook.engines.registry import PATH_KINDS, Registry, submit_paths
@@ -43,11 +44,17 @@ class GroupInserter:
         self.max_batch = max_batch
         self._pending: list[tuple[_Row, asyncio.Future[None]]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._thread_writer = ThreadWriter(db)
 
     async def insert(
         self, task: Task, blobs: list[dict[str, Any]], keys: list[dict[str, Any]] | None = None
     ) -> None:
         """``keys``: the submit's ``idempotency_keys`` row, written in the same transaction."""
+        if self._thread_writer.wanted(blobs):
+            # Megabytes of input on SQLite: a transaction of its own, off the event loop.
+            values = _values(task)
+            await self._thread_writer.run(lambda c: write_task_rows(c, values, blobs, keys or []))
+            return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append(((task, blobs, keys or []), future))
         if self._flusher is None or self._flusher.done():
