@@ -27,7 +27,7 @@ from typing import Any
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
-from genhook.data_urls import INPUT_FIELDS, STEP, InlineData
+from genhook.data_urls import INPUT_FIELDS, STEP, InlineData, find, yield_interpreter
 from genhook.errors import FieldError, InvalidRequest, PayloadTooLarge
 
 log = logging.getLogger(__name__)
@@ -194,6 +194,8 @@ def _input_placeholders(value: Any, inline: InlineData) -> set[int]:
 
 def _check_ascii(raw: bytes | bytearray, start: int, end: int) -> None:
     for pos in range(start, end, STEP):
+        if pos > start:
+            yield_interpreter()
         if not raw[pos : min(pos + STEP, end)].isascii():
             raise _invalid("a data URL holds non-ASCII bytes")
 
@@ -237,7 +239,7 @@ def _cut_data_urls(
         start = raw.find(_DATA_URL_START, pos)
         if start < 0:
             break
-        end = raw.find(b'"', start + 1)
+        end = find(raw, b'"', start + 1, len(raw))
         if end < 0:
             break
         parts.append(raw[pos:start])
