@@ -14,6 +14,7 @@ import base64
 import binascii
 import hashlib
 import json
+import mmap
 import re
 import time
 from collections.abc import Iterator
@@ -64,7 +65,7 @@ class InlineData:
         index = self.index(value)
         return None if index is None else self.spans[index]
 
-    def decode(self, span: tuple[int, int]) -> bytearray:
+    def decode(self, span: tuple[int, int]) -> memoryview:
         """The decoded payload of the data URL at ``span``; ValueError as ``decode_data_url``."""
         start, end = span
         comma = find(self.raw, b",", start, min(end, start + MAX_HEADER_BYTES))
@@ -111,7 +112,7 @@ def is_data_url(value: str, inline: InlineData | None) -> bool:
     return value.startswith("data:") or (inline is not None and inline.span(value) is not None)
 
 
-def decode_data_url(value: str, inline: InlineData | None = None) -> bytes | bytearray:
+def decode_data_url(value: str, inline: InlineData | None = None) -> bytes | memoryview:
     """The bytes of the base64 data URL ``value``, or of the one its placeholder stands for.
 
     Raises ValueError with the message a client sees.
@@ -173,13 +174,17 @@ def yield_interpreter() -> None:
     time.sleep(0)
 
 
-def _decode(source: str | bytes | bytearray, start: int, end: int, *, escaped: bool) -> bytearray:
+def _decode(source: str | bytes | bytearray, start: int, end: int, *, escaped: bool) -> memoryview:
     """Strict base64 of ``source[start:end]``, as ``base64.b64decode(validate=True)`` would
-    decode it, in ``STEP`` pieces; the result is filled in place (no final copy)."""
+    decode it, in ``STEP`` pieces, filled in place (no final copy).
+
+    The result lives in an anonymous memory map: its pages are zero when first touched, so
+    unlike ``bytearray(n)`` nothing zero-fills tens of megabytes in one call up front.
+    """
     # Padding may only end the payload: an "=" before its last two characters is invalid.
     if end - start > 2 and _find_any(source, "=", start, end - 2) >= 0:
         raise ValueError(BASE64_ERROR)
-    out = bytearray((end - start) // 4 * 3)
+    out = mmap.mmap(-1, max(1, (end - start) // 4 * 3))
     size = 0
     carry = b""
     try:
@@ -200,8 +205,7 @@ def _decode(source: str | bytes | bytearray, start: int, end: int, *, escaped: b
             raise ValueError(BASE64_ERROR)
     except (binascii.Error, ValueError):
         raise ValueError(BASE64_ERROR) from None
-    del out[size:]
-    return out
+    return memoryview(out)[:size]
 
 
 def _find_any(source: str | bytes | bytearray, char: str, start: int, end: int) -> int:

@@ -26,7 +26,7 @@ CONTENT_TYPES: dict[str, str] = {
 }
 
 
-def sniff_image_format(data: bytes | bytearray) -> str | None:
+def sniff_image_format(data: bytes | memoryview) -> str | None:
     """Return one of ``ACCEPTED_FORMATS`` for ``data``, or None when it is none of them."""
     head = bytes(data[:32])
     if head.startswith(b"\xff\xd8\xff"):

@@ -62,8 +62,8 @@ class ImageRef:
     later or decoded data-URL bytes."""
 
     url: str | None = None
-    # A bytearray for a large data URL: decoded in place, never copied.
-    data: bytes | bytearray | None = None
+    # A memoryview for a large data URL: decoded in place, never copied.
+    data: bytes | memoryview | None = None
     format: str | None = None
     # For non-image inputs: the stored blob's type and the request field errors name.
     content_type: str | None = None
