@@ -32,6 +32,8 @@ PIECE_BYTES = 256 * 1024
 
 
 class ThreadWriter:
+    """One thread and one connection, made on first use; both go when the writer does."""
+
     def __init__(self, db: Database) -> None:
         self.db = db
         self._engine: Engine | None = None
@@ -65,12 +67,6 @@ class ThreadWriter:
             self._engine = _engine(self.db.sqlite_path or "")
         with self._engine.begin() as connection:
             return work(connection)
-
-    def close(self) -> None:
-        if self._engine is not None:
-            self._engine.dispose()
-        if self._thread is not None:
-            self._thread.shutdown(wait=False)
 
 
 def _engine(path: str) -> Engine:
