@@ -32,6 +32,8 @@ STEP = 256 * 1024  # a multiple of 4
 # A header (up to the first comma) longer than this is refused as malformed unread.
 MAX_HEADER_BYTES = STEP
 _ESCAPED_SLASH = b"\\/"
+# A request body's bytes: a large one is read into an anonymous memory map.
+Buffer = bytes | bytearray | mmap.mmap
 
 
 class InlineData:
@@ -42,7 +44,7 @@ class InlineData:
     encoders may escape slashes); the body parser has already refused non-ASCII spans.
     """
 
-    def __init__(self, raw: bytes | bytearray, token: str, spans: list[tuple[int, int]]) -> None:
+    def __init__(self, raw: Buffer, token: str, spans: list[tuple[int, int]]) -> None:
         self.raw = raw
         self.token = token
         self.spans = spans
@@ -132,7 +134,7 @@ def decode_data_url(value: str, inline: InlineData | None = None) -> bytes | mem
     return _decode(value, match.end(), len(value), escaped=False)
 
 
-def find(buffer: bytes | bytearray, sub: bytes, start: int, end: int) -> int:
+def find(buffer: Buffer, sub: bytes, start: int, end: int) -> int:
     """``buffer.find(sub, start, end)`` in ``STEP`` windows, each a short call."""
     pos = start
     while pos < end:
@@ -144,9 +146,7 @@ def find(buffer: bytes | bytearray, sub: bytes, start: int, end: int) -> int:
     return -1
 
 
-def _pieces(
-    source: str | bytes | bytearray, start: int, end: int, *, escaped: bool
-) -> Iterator[bytes]:
+def _pieces(source: str | Buffer, start: int, end: int, *, escaped: bool) -> Iterator[bytes]:
     """``source[start:end]`` as ASCII bytes in pieces of about ``STEP``; with ``escaped``,
     ``\\/`` is unescaped and never split between two pieces. Non-ASCII text raises
     UnicodeEncodeError."""
@@ -174,7 +174,7 @@ def yield_interpreter() -> None:
     time.sleep(0)
 
 
-def _decode(source: str | bytes | bytearray, start: int, end: int, *, escaped: bool) -> memoryview:
+def _decode(source: str | Buffer, start: int, end: int, *, escaped: bool) -> memoryview:
     """Strict base64 of ``source[start:end]``, as ``base64.b64decode(validate=True)`` would
     decode it, in ``STEP`` pieces, filled in place (no final copy).
 
@@ -208,7 +208,7 @@ def _decode(source: str | bytes | bytearray, start: int, end: int, *, escaped: b
     return memoryview(out)[:size]
 
 
-def _find_any(source: str | bytes | bytearray, char: str, start: int, end: int) -> int:
+def _find_any(source: str | Buffer, char: str, start: int, end: int) -> int:
     if isinstance(source, str):
         pos = start
         while pos < end:

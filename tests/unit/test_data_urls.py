@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import mmap
 from typing import Any
 
 import pytest
@@ -173,3 +174,21 @@ def test_a_placeholder_cannot_be_spelled_by_a_client() -> None:
     assert inline.index(inline.token + "1") is None
     assert inline.index("genhook-blob-0") is None
     assert inline.index(value["images"][0]) == 0
+
+
+def test_a_body_in_a_memory_map_parses_as_bytes_do() -> None:
+    """Large declared bodies are read into an anonymous memory map."""
+    image = "data:image/png;base64," + base64.b64encode(bytes(range(256)) * 40).decode()
+    for body in (
+        json.dumps({"model": "m", "prompt": "p", "images": [image]}).encode(),
+        json.dumps({"model": "m", "prompt": "p" * 300}).encode(),
+    ):
+        buffer = mmap.mmap(-1, len(body))
+        buffer[:] = body
+        from_map, inline = parse(buffer)
+        from_bytes, _ = parse(body)
+        if inline is None:
+            assert from_map == from_bytes
+        else:
+            assert from_map["prompt"] == "p"
+            assert decode_data_url(from_map["images"][0], inline) == bytes(range(256)) * 40
