@@ -26,9 +26,9 @@ CONTENT_TYPES: dict[str, str] = {
 }
 
 
-def sniff_image_format(data: bytes) -> str | None:
+def sniff_image_format(data: bytes | memoryview) -> str | None:
     """Return one of ``ACCEPTED_FORMATS`` for ``data``, or None when it is none of them."""
-    head = data[:32]
+    head = bytes(data[:32])
     if head.startswith(b"\xff\xd8\xff"):
         return "jpeg"
     if head.startswith(b"\x89PNG\r\n\x1a\n"):
@@ -48,7 +48,7 @@ def sniff_image_format(data: bytes) -> str | None:
         if major in _HEIF_BRANDS:
             # A mif1 file is HEIC when a HEVC brand is among its compatible brands.
             box_size = int.from_bytes(data[0:4], "big")
-            brands = data[16 : min(box_size, 256)]
+            brands = bytes(data[16 : min(box_size, 256)])
             compatible = {brands[i : i + 4] for i in range(0, len(brands) - 3, 4)}
             return "heic" if compatible & _HEIC_BRANDS else "heif"
     return None

@@ -4,9 +4,11 @@ A body may be large only because of image data. Base64 data URLs are cut out of 
 bytes with C-speed searches and replaced by placeholders; what remains (the "skeleton") is
 capped at ``max_json_bytes`` and checked for nesting depth and container count before the
 JSON parser sees it, so the parser's work never depends on the megabytes of image data.
-Large bodies are handled one at a time (``large_body_slot``) and parsed and validated off
-the event loop, so worst-case bodies sent back to back cannot stall other requests or pile
-up memory.
+The data URLs of input fields (``images`` items, ``audio``) stay in the raw bytes as
+placeholders (``genhook.data_urls.InlineData``), decoded from there in short steps; any
+other is restored as a string and counts against ``max_json_bytes``. Large bodies are
+handled one at a time (``large_body_slot``) and parsed and validated off the event loop, so
+worst-case bodies sent back to back cannot stall other requests or pile up memory.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import mmap
 import re
 import secrets
 import traceback
@@ -25,6 +28,7 @@ from typing import Any
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
+from genhook.data_urls import INPUT_FIELDS, STEP, Buffer, InlineData, find, yield_interpreter
 from genhook.errors import FieldError, InvalidRequest, PayloadTooLarge
 
 log = logging.getLogger(__name__)
@@ -55,6 +59,8 @@ class ParsedBody:
     value: Any
     # The body was large: validate it off the event loop too.
     large: bool
+    # What the placeholders of input data URLs in ``value`` stand for.
+    inline: InlineData | None = None
 
 
 class ClientGone(Exception):
@@ -105,9 +111,16 @@ async def read_json_body(request: Request, limits: BodyLimits) -> ParsedBody:
             "Content-Type must be application/json",
             [FieldError("body", f"unsupported Content-Type {content_type!r}")],
         )
-    # One growing buffer: no list of chunks to join (a large buffer grows by remapping, not
-    # copying, and is not zero-filled up front for a body that may be refused early).
-    raw = bytearray()
+    # A large declared body goes into an anonymous memory map of its size: its pages are
+    # zero when first touched (nothing is filled up front for a body that may be refused
+    # early) and it never moves, where a growing bytearray is copied whole each time realloc
+    # cannot extend it in place (tens of milliseconds on the loop at tens of MB). A body of
+    # unknown size grows a bytearray up to the cap.
+    buffer: bytearray | mmap.mmap
+    if declared_size is not None and declared_size > OFFLOAD_BYTES:
+        buffer = mmap.mmap(-1, declared_size)
+    else:
+        buffer = bytearray()
     size = 0
     # Until a data URL starts, every byte counts against ``max_json_bytes``: a body of
     # structure alone is refused once past it, without reading the rest.
@@ -117,27 +130,37 @@ async def read_json_body(request: Request, limits: BodyLimits) -> ParsedBody:
             end = size + len(chunk)
             if end > cap:
                 raise _too_large(cap)
-            raw += chunk
+            if isinstance(buffer, mmap.mmap):
+                if end > len(buffer):
+                    raise _too_large(len(buffer), "the request body past its Content-Length")
+                buffer[size:end] = chunk
+            else:
+                buffer += chunk
             size = end
             if not seen_data_url:
-                if raw.find(_DATA_URL_START, max(0, size - len(chunk) - 8), size) >= 0:
+                if buffer.find(_DATA_URL_START, max(0, size - len(chunk) - 8), size) >= 0:
                     seen_data_url = True
                 elif size > limits.max_json_bytes:
                     raise _too_large(limits.max_json_bytes)
     except ClientDisconnect:
         raise ClientGone() from None
-    if not raw:
+    if not size:
         raise InvalidRequest(
             "the request body is empty; send a JSON object",
             [FieldError("body", "a JSON object is required")],
         )
-    if len(raw) > OFFLOAD_BYTES:
-        return ParsedBody(await asyncio.to_thread(parse_json_body, raw, limits), True)
-    return ParsedBody(parse_json_body(raw, limits), False)
+    raw: Buffer = buffer if size == len(buffer) else buffer[:size]
+    large = len(raw) > OFFLOAD_BYTES
+    if large:
+        value, inline = await asyncio.to_thread(parse_json_body, raw, limits)
+    else:
+        value, inline = parse_json_body(raw, limits)
+    return ParsedBody(value, large, inline)
 
 
-def parse_json_body(raw: bytes | bytearray, limits: BodyLimits) -> Any:
-    """Parse ``raw`` under ``limits``; raises ``InvalidRequest`` or ``PayloadTooLarge``."""
+def parse_json_body(raw: Buffer, limits: BodyLimits) -> tuple[Any, InlineData | None]:
+    """Parse ``raw`` under ``limits``: the value, and what its input data URL placeholders
+    stand for; raises ``InvalidRequest`` or ``PayloadTooLarge``."""
     token = "genhook-blob-" + secrets.token_hex(8) + "-"
     skeleton, spans = (
         _cut_data_urls(raw, token.encode("ascii")) if limits.allow_data_urls else (raw, [])
@@ -145,6 +168,8 @@ def parse_json_body(raw: bytes | bytearray, limits: BodyLimits) -> Any:
     if len(skeleton) > limits.max_json_bytes:
         what = "the request body without its image data" if spans else "the request body"
         raise _too_large(limits.max_json_bytes, what)
+    if isinstance(skeleton, mmap.mmap):  # the whole body, and small enough to copy
+        skeleton = skeleton[:]
     _check_structure(skeleton, limits)
     try:
         value = json.loads(skeleton, parse_constant=_no_constant)
@@ -157,9 +182,38 @@ def parse_json_body(raw: bytes | bytearray, limits: BodyLimits) -> Any:
         raise _invalid("nested too deeply") from None
     except ValueError as exc:  # e.g. an integer literal over the interpreter's digit limit
         raise _invalid(str(exc)[:200]) from None
-    if spans:
-        value = _restore(value, token, raw, spans)
-    return value
+    if not spans:
+        return value, None
+    inline = InlineData(raw, token, spans)
+    kept = _input_placeholders(value, inline)
+    rest = sum(end - start for index, (start, end) in enumerate(spans) if index not in kept)
+    if len(skeleton) + rest > limits.max_json_bytes:
+        raise _too_large(limits.max_json_bytes, "the request body without its image data")
+    for index in kept:
+        _check_ascii(raw, *spans[index])
+    inline.kept = kept
+    return _restore(value, token, raw, spans, kept), inline if kept else None
+
+
+def _input_placeholders(value: Any, inline: InlineData) -> set[int]:
+    """The spans whose placeholders are input fields' values: they stay in the raw bytes."""
+    kept: set[int] = set()
+    if not isinstance(value, dict):
+        return kept
+    for field in INPUT_FIELDS:
+        item = value.get(field)
+        for candidate in item if isinstance(item, list) else [item]:
+            if isinstance(candidate, str) and (index := inline.index(candidate)) is not None:
+                kept.add(index)
+    return kept
+
+
+def _check_ascii(raw: Buffer, start: int, end: int) -> None:
+    for pos in range(start, end, STEP):
+        if pos > start:
+            yield_interpreter()
+        if not raw[pos : min(pos + STEP, end)].isascii():
+            raise _invalid("a data URL holds non-ASCII bytes")
 
 
 def _check_strings(value: Any) -> None:
@@ -185,9 +239,7 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
-def _cut_data_urls(
-    raw: bytes | bytearray, token: bytes
-) -> tuple[bytes | bytearray, list[tuple[int, int]]]:
+def _cut_data_urls(raw: Buffer, token: bytes) -> tuple[Buffer, list[tuple[int, int]]]:
     """The body with every ``"data:..."`` string replaced by a numbered placeholder string.
 
     Only ``bytes.find`` touches the whole body. A cut that was not really a string (a quote
@@ -201,7 +253,7 @@ def _cut_data_urls(
         start = raw.find(_DATA_URL_START, pos)
         if start < 0:
             break
-        end = raw.find(b'"', start + 1)
+        end = find(raw, b'"', start + 1, len(raw))
         if end < 0:
             break
         parts.append(raw[pos:start])
@@ -229,11 +281,13 @@ def _check_structure(skeleton: bytes | bytearray, limits: BodyLimits) -> None:
             depth -= 1
 
 
-def _restore(value: Any, token: str, raw: bytes | bytearray, spans: list[tuple[int, int]]) -> Any:
+def _restore(
+    value: Any, token: str, raw: Buffer, spans: list[tuple[int, int]], kept: set[int]
+) -> Any:
     if isinstance(value, str):
         if value.startswith(token):
             index = value[len(token) :]
-            if index.isdigit() and int(index) < len(spans):
+            if index.isdigit() and int(index) < len(spans) and int(index) not in kept:
                 start, end = spans[int(index)]
                 try:
                     if raw.find(b"\\/", start, end) >= 0:
@@ -244,7 +298,7 @@ def _restore(value: Any, token: str, raw: bytes | bytearray, spans: list[tuple[i
                     raise _invalid("a data URL holds non-ASCII bytes") from None
         return value
     if isinstance(value, list):
-        return [_restore(item, token, raw, spans) for item in value]
+        return [_restore(item, token, raw, spans, kept) for item in value]
     if isinstance(value, dict):
-        return {key: _restore(item, token, raw, spans) for key, item in value.items()}
+        return {key: _restore(item, token, raw, spans, kept) for key, item in value.items()}
     return value

@@ -73,6 +73,7 @@ async def _read_and_submit(
         idempotency_key=idempotency_key,
         start_deadline=start_deadline,
         offload=body.large,
+        inline=body.inline,
     )
 
 

@@ -6,8 +6,6 @@ Validation failures surface as HTTP 400 with one entry per offending field, e.g.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -22,6 +20,7 @@ from pydantic import (
     field_validator,
 )
 
+from genhook.data_urls import InlineData, decode_data_url, inline_data, is_data_url
 from genhook.media import ACCEPTED_FORMATS, sniff_image_format
 from genhook.net._urls import TargetRefused, parse_target
 
@@ -52,7 +51,6 @@ _SIZE_RE = re.compile(r"^([1-9][0-9]{0,5})\*([1-9][0-9]{0,5})$")
 # suffice: every JPEG, PNG and WebP encodes to a run of these).
 _RAW_BASE64_RE = re.compile(r"[A-Za-z0-9+/]{64,}={0,2}")
 _RAW_BASE64_PROBE = 256
-_DATA_URL_RE = re.compile(r"^data:([a-zA-Z0-9.+/-]*)((?:;[a-zA-Z0-9=._-]+)*);base64,", re.DOTALL)
 
 
 IMAGE_REFS = "image_refs"
@@ -64,23 +62,19 @@ class ImageRef:
     later or decoded data-URL bytes."""
 
     url: str | None = None
-    data: bytes | None = None
+    # A memoryview for a large data URL: decoded in place, never copied.
+    data: bytes | memoryview | None = None
     format: str | None = None
     # For non-image inputs: the stored blob's type and the request field errors name.
     content_type: str | None = None
     field: str | None = None
 
 
-def parse_image_ref(value: str) -> ImageRef:
-    """Parse one ``images`` item; raise ValueError with a user-facing message."""
-    if value.startswith("data:"):
-        match = _DATA_URL_RE.match(value)
-        if not match:
-            raise ValueError("a data URL must have the form data:<mime>;base64,<data>")
-        try:
-            data = _b64decode(value, match.end())
-        except (binascii.Error, ValueError):
-            raise ValueError("the data URL's base64 payload is not valid base64") from None
+def parse_image_ref(value: str, inline: InlineData | None = None) -> ImageRef:
+    """Parse one ``images`` item, or the placeholder of one left in the body's bytes
+    (``inline``); raise ValueError with a user-facing message."""
+    if is_data_url(value, inline):
+        data = decode_data_url(value, inline)
         if not data:
             raise ValueError("the data URL holds no bytes")
         fmt = sniff_image_format(data)
@@ -105,27 +99,6 @@ def parse_image_ref(value: str) -> ImageRef:
     except TargetRefused as exc:
         raise ValueError(f"not a valid URL: it {exc.detail}") from None
     return ImageRef(url=value)
-
-
-_B64_CHUNK = 1024 * 1024  # a multiple of 4
-
-
-def _b64decode(text: str, start: int = 0) -> bytes:
-    """Strict base64 of ``text[start:]`` in 1 MiB steps, without copying the whole payload
-    first, so a thread decoding a large image lets others run between steps."""
-    end = len(text)
-    if end - start <= _B64_CHUNK:
-        return base64.b64decode(text[start:], validate=True)
-    if text.find("=", start, end - 2) >= 0:
-        raise ValueError("padding inside the data")
-    out = bytearray((end - start) // 4 * 3)
-    size = 0
-    for offset in range(start, end, _B64_CHUNK):
-        piece = base64.b64decode(text[offset : offset + _B64_CHUNK], validate=True)
-        out[size : size + len(piece)] = piece
-        size += len(piece)
-    del out[size:]
-    return bytes(out)
 
 
 def parse_size(value: str) -> tuple[int, int]:
@@ -182,9 +155,10 @@ def check_image_items(value: list[str], info: ValidationInfo) -> list[str]:
     """The ``images`` rule shared by every model that takes input images."""
     errors: list[tuple[int, str]] = []
     refs: list[ImageRef] = []
+    inline = inline_data(info.context)
     for index, item in enumerate(value):
         try:
-            refs.append(parse_image_ref(item))
+            refs.append(parse_image_ref(item, inline))
         except ValueError as exc:
             errors.append((index, str(exc)))
     if errors:

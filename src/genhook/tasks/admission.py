@@ -23,6 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.config import Settings
+from genhook.data_urls import InlineData
 from genhook.db import AccountLimit, Blob, Database, IdempotencyKey, Task
 from genhook.errors import Conflict, FieldError, InvalidRequest, TooManyRequests
 from genhook.task_states import ACTIVE
@@ -64,11 +65,14 @@ def parse_start_deadline(value: str | None) -> float | None:
     return seconds
 
 
-def request_hash(path_name: str, body: Any) -> str:
-    """The same submit sent twice hashes the same, whatever its key order."""
+def request_hash(path_name: str, body: Any, inline: InlineData | None = None) -> str:
+    """The same submit sent twice hashes the same, whatever its key order; data URLs left
+    in the body's bytes (``inline``) hash as the strings they are."""
     canonical = json.dumps(
         [path_name, body], sort_keys=True, separators=(",", ":"), ensure_ascii=False
     )
+    if inline is not None:
+        return inline.digest(canonical)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 

@@ -16,7 +16,9 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy import insert
 
 from genhook import metrics
+from genhook.data_urls import INLINE_DATA, InlineData
 from genhook.db import Blob, Database, IdempotencyKey, Task, now_ms
+from genhook.db.thread_writes import ThreadWriter, write_task_rows
 from genhook.engines.base import ModelKind
 from genhook.engines.edit_request import IMAGE_REFS, ImageItemsError, ImageRef, parse_image_ref
 from genhook.engines.registry import PATH_KINDS, submit_paths
@@ -43,11 +45,17 @@ class GroupInserter:
         self.max_batch = max_batch
         self._pending: list[tuple[_Row, asyncio.Future[None]]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._thread_writer = ThreadWriter(db)
 
     async def insert(
         self, task: Task, blobs: list[dict[str, Any]], keys: list[dict[str, Any]] | None = None
     ) -> None:
         """``keys``: the submit's ``idempotency_keys`` row, written in the same transaction."""
+        if self._thread_writer.wanted(blobs):
+            # Megabytes of input on SQLite: a transaction of its own, off the event loop.
+            values = _values(task)
+            await self._thread_writer.run(lambda c: write_task_rows(c, values, blobs, keys or []))
+            return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append(((task, blobs, keys or []), future))
         if self._flusher is None or self._flusher.done():
@@ -118,20 +126,25 @@ class Submitter(Services):
         idempotency_key: str | None = None,
         start_deadline: float | None = None,
         offload: bool = False,
+        inline: InlineData | None = None,
     ) -> Task:
         """Create a task, or return the one an earlier submit with ``idempotency_key`` made.
 
         ``start_deadline`` (seconds) ends the task ``timeout`` if no worker starts it in time;
         ``offload`` validates in a thread: a large body's image data takes real work.
+        ``inline``: what the body's data URL placeholders stand for (``genhook.api.bodies``).
         """
         digest = ""
         if idempotency_key is not None:
-            digest = request_hash(path_name, body)
+            if offload:
+                digest = await asyncio.to_thread(request_hash, path_name, body, inline)
+            else:
+                digest = request_hash(path_name, body, inline)
             earlier = await self.admission.replay(account_id, idempotency_key, digest, now_ms())
             if earlier is not None:
                 return earlier
         path_kind = PATH_KINDS[path_name]
-        context: dict[str, Any] = {}
+        context: dict[str, Any] = {INLINE_DATA: inline}
         body, webhook_events = take_webhook_events(body)
         if offload:
             request = await asyncio.to_thread(self._validate, path_kind, body, context)
@@ -145,7 +158,7 @@ class Submitter(Services):
         task_id = secrets.token_hex(16)
         refs = context.get(IMAGE_REFS)
         if refs is None:
-            refs = [parse_image_ref(item) for item in getattr(request, "images", [])]
+            refs = [parse_image_ref(item, inline) for item in getattr(request, "images", [])]
         now = now_ms()
         inputs, blobs = input_rows(task_id, refs, now)
         deadline = self.settings.task_deadline_seconds or spec.deadline_seconds

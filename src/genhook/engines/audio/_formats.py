@@ -16,9 +16,9 @@ AUDIO_CONTENT_TYPES: dict[str, str] = {
 _MP4_VIDEO_BRANDS = {b"heic", b"heix", b"hevc", b"hevx", b"heim", b"heis", b"mif1", b"msf1"}
 
 
-def sniff_audio_format(data: bytes) -> str | None:
+def sniff_audio_format(data: bytes | memoryview) -> str | None:
     """One of ``AUDIO_CONTENT_TYPES``' keys for ``data``, or None when it is none of them."""
-    head = data[:16]
+    head = bytes(data[:16])
     if len(head) >= 12 and head[:4] == b"RIFF" and head[8:12] == b"WAVE":
         return "wav"
     if head.startswith(b"OggS"):

@@ -5,8 +5,6 @@ Validation failures surface as HTTP 400 naming the field, e.g. ``speed`` or ``au
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
 from typing import Literal
 from urllib.parse import urlsplit
@@ -22,6 +20,7 @@ from pydantic import (
     field_validator,
 )
 
+from genhook.data_urls import InlineData, decode_data_url, inline_data, is_data_url
 from genhook.engines.audio._formats import AUDIO_CONTENT_TYPES, sniff_audio_format
 from genhook.engines.audio._voices import DEFAULT_VOICE, check_voice
 from genhook.engines.edit_request import IMAGE_REFS, MAX_IMAGE_URL_CHARS, ImageRef
@@ -31,7 +30,6 @@ MAX_STT_PROMPT_CHARS = 1_000
 SAMPLE_RATES: tuple[int, ...] = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
 OPUS_SAMPLE_RATES: tuple[int, ...] = (8000, 16000, 24000, 48000)
 
-_DATA_URL_RE = re.compile(r"^data:([a-zA-Z0-9.+/-]*)((?:;[a-zA-Z0-9=._-]+)*);base64,", re.DOTALL)
 _LANGUAGE_RE = re.compile(r"^[a-z]{2,3}$")
 # Whisper's language codes, kept here so the API process never loads the model's libraries.
 WHISPER_LANGUAGES = frozenset(
@@ -96,7 +94,7 @@ class SpeechToTextRequest(BaseModel):
     @field_validator("audio")
     @classmethod
     def _audio(cls, value: str, info: ValidationInfo) -> str:
-        ref = parse_audio_ref(value)
+        ref = parse_audio_ref(value, inline_data(info.context))
         # Hand the decoded bytes to submission, which stores them with the task row.
         if isinstance(info.context, dict):
             info.context[IMAGE_REFS] = [ref]
@@ -116,16 +114,11 @@ class SpeechToTextRequest(BaseModel):
         return code
 
 
-def parse_audio_ref(value: str) -> ImageRef:
-    """Parse ``audio``: an http(s) URL to fetch later or a base64 data URL of audio bytes."""
-    if value.startswith("data:"):
-        match = _DATA_URL_RE.match(value)
-        if not match:
-            raise ValueError("a data URL must have the form data:<mime>;base64,<data>")
-        try:
-            data = base64.b64decode(value[match.end() :], validate=True)
-        except (binascii.Error, ValueError):
-            raise ValueError("the data URL's base64 payload is not valid base64") from None
+def parse_audio_ref(value: str, inline: InlineData | None = None) -> ImageRef:
+    """Parse ``audio``: an http(s) URL to fetch later or a base64 data URL of audio bytes
+    (or the placeholder of one left in the body's bytes, ``inline``)."""
+    if is_data_url(value, inline):
+        data = decode_data_url(value, inline)
         if not data:
             raise ValueError("the data URL holds no bytes")
         fmt = sniff_audio_format(data)
