@@ -127,6 +127,10 @@ class S3BlobStore:
         if content_type_of(key) != content_type:
             raise ValueError(f"blob key {key!r} does not end in the extension of {content_type}")
         name = self._key(key)
+        if not isinstance(data, bytes | bytearray):
+            # Decoded input data arrives as a view of a memory map; the SDK wants bytes.
+            view = data
+            data = await asyncio.to_thread(bytes, view) if len(view) > 1 << 20 else bytes(view)
         s3 = await self._s3()
         with _bucket_faults(f"storing {key}"):
             await s3.put_object(
