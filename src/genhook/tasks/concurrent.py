@@ -24,11 +24,19 @@ log = logging.getLogger(__name__)
 
 # Most tasks one claim takes for a model, so one claim never holds the loop long.
 CLAIM_BATCH = 32
+# While a model's queue has work, its slots are claimed in batches of at least its limit
+# divided by this (8 of 64): a claim per finished task would cost a transaction per task.
+CLAIM_BATCH_DIVISOR = 8
 
 
 async def run_concurrent(worker: Worker, stop: asyncio.Event) -> None:
     """Claim while a model has a free slot, until ``stop``; tasks in hand finish first."""
     running: dict[asyncio.Future[None], str] = {}
+    # When a group's last claim found its queue empty (loop time); it is asked again only
+    # after ``worker_poll_seconds``, not each time one of the other tasks finishes.
+    idle_since: dict[tuple[str, ...], float] = {}
+    loop = asyncio.get_running_loop()
+    poll = worker.settings.worker_poll_seconds
     stopping = asyncio.ensure_future(stop.wait())
     try:
         while not stop.is_set() and not worker.tainted:
@@ -36,11 +44,20 @@ async def run_concurrent(worker: Worker, stop: asyncio.Event) -> None:
                 _reap(running, finished)
             claimed = False
             for models, free in _free_slots(worker.limits, list(running.values())):
+                group = tuple(models)
+                if loop.time() - idle_since.get(group, float("-inf")) < poll:
+                    continue
+                if group not in idle_since and free < _min_batch(worker.limits, models):
+                    continue  # a busy queue: wait for more free slots, then take a batch
                 try:
                     tasks = await worker.lifecycle.claim_many(worker.worker_id, models, free)
                 except Exception:
                     log.exception("worker %s: claim failed; retrying", worker.worker_id)
                     tasks = []
+                if len(tasks) < free:
+                    idle_since[group] = loop.time()
+                else:
+                    idle_since.pop(group, None)
                 if tasks:
                     await prefetch_inputs(worker, tasks)
                 for task in tasks:
@@ -74,6 +91,10 @@ def _free_slots(limits: dict[str, int], running: list[str]) -> list[tuple[list[s
         if limit > 1 and counts.get(model, 0) < limit:
             groups.append(([model], min(CLAIM_BATCH, limit - counts.get(model, 0))))
     return groups
+
+
+def _min_batch(limits: dict[str, int], models: list[str]) -> int:
+    return max(1, min(CLAIM_BATCH, max(limits[model] for model in models) // CLAIM_BATCH_DIVISOR))
 
 
 async def prefetch_inputs(worker: Worker, tasks: list[Task]) -> None:
