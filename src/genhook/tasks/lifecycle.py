@@ -19,7 +19,7 @@ from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.config import Settings
-from genhook.db import Blob, Database, Task, UsageLine, now_ms
+from genhook.db import Blob, Database, Task, now_ms
 from genhook.errors import ErrorCode
 from genhook.sender.events import enqueue_processing
 from genhook.sender.outbox import enqueue_delivery, event_type_for
@@ -32,6 +32,7 @@ from genhook.task_states import (
     NOT_STARTED_MESSAGE,
     TERMINAL,
 )
+from genhook.tasks.completions import INSERT_USAGE, complete_in, usage_row
 from genhook.tasks.views import TIMEOUT_MESSAGE, prediction_view
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class Completion:
     nsfw: list[bool]
     info: dict[str, Any]
     upstream_cost_micros: int | None = None
+    stt_result: dict[str, Any] | None = None
 
 
 @dataclass
@@ -198,12 +200,9 @@ class Lifecycle:
         stt_result: dict[str, Any] | None = None,
         upstream_cost_micros: int | None = None,
     ) -> bool:
-        values = dict(status="completed", outputs=outputs, has_nsfw_contents=nsfw, info=info)
-        if stt_result is not None:
-            values["stt_result"] = stt_result
-        return await self._finish(
-            task_id, worker_id, values, upstream_cost_micros=upstream_cost_micros
-        )
+        item = Completion(task_id, outputs, nsfw, info, upstream_cost_micros, stt_result)
+        (done,) = await self.complete_many(worker_id, [item])
+        return done
 
     async def fail(
         self,
@@ -249,21 +248,9 @@ class Lifecycle:
         """Several completions in one transaction: group commit for I/O-bound engines,
         whose many tasks in flight would otherwise each pay for a commit."""
         async with self.db.write() as session:
-            return [
-                await self._end_in(
-                    session,
-                    _held_by(item.task_id, worker_id),
-                    dict(
-                        status="completed",
-                        outputs=item.outputs,
-                        has_nsfw_contents=item.nsfw,
-                        info=item.info,
-                    ),
-                    item.upstream_cost_micros,
-                )
-                is not None
-                for item in items
-            ]
+            return await complete_in(
+                session, self.settings, self.storage, worker_id, items, now_ms()
+            )
 
     async def _finish(
         self,
@@ -318,20 +305,7 @@ class Lifecycle:
         if input_keys:
             await session.execute(delete(Blob).where(Blob.key.in_(input_keys)))
         if task.status == "completed" and task.charge:
-            session.add(
-                UsageLine(
-                    account_id=task.account_id,
-                    task_id=task.id,
-                    model=task.model,
-                    tier=task.charge["tier"],
-                    output_pixels=task.charge["output_pixels"],
-                    input_images=task.charge["input_images"],
-                    lines=task.charge["lines"],
-                    amount_micros=task.charge["total_micros"],
-                    upstream_cost_micros=upstream_cost_micros,
-                    created_at=now,
-                )
-            )
+            await session.execute(INSERT_USAGE, [usage_row(task, now, upstream_cost_micros)])
         if task.webhook_url:
             await enqueue_callback(session, task, self.settings, self.storage, now)
 
