@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, delete, or_, select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.config import Settings
@@ -32,7 +32,16 @@ from genhook.task_states import (
     NOT_STARTED_MESSAGE,
     TERMINAL,
 )
-from genhook.tasks.completions import INSERT_USAGE, complete_in, usage_row
+from genhook.tasks.hot_path import (
+    INSERT_USAGE,
+    TAKE_IDS,
+    claim_candidates,
+    claim_one,
+    claim_params,
+    complete_in,
+    read_inputs,
+    usage_row,
+)
 from genhook.tasks.views import TIMEOUT_MESSAGE, prediction_view
 
 log = logging.getLogger(__name__)
@@ -67,76 +76,62 @@ class Lifecycle:
     storage: BlobStore
 
     async def claim(
-        self, worker_id: str, models: Sequence[str], reserve_ms: Mapping[str, int] | None = None
+        self,
+        worker_id: str,
+        models: Sequence[str],
+        reserve_ms: Mapping[str, int] | None = None,
+        inputs: dict[str, dict[str, bytes]] | None = None,
     ) -> Task | None:
         """Take the oldest runnable task under a lease, or None.
 
         ``reserve_ms`` is the time a model's task needs: a task with less left before its
         deadline is never started (it would only time out mid-run); the sweeper expires it.
+        ``inputs``, when given, receives the task's input images read in the same transaction.
         """
         if not models:
             return None
-        now = now_ms()
-        reserve = reserve_ms or {}
-        candidate = (
-            select(Task.id)
-            .where(*_runnable(models, now, reserve))
-            .order_by(Task.available_at)
-            .limit(1)
-            .with_for_update(skip_locked=True)
-            .scalar_subquery()
-        )
-        stmt = self._take(Task.id == candidate, worker_id, now)
+        key = tuple(models)
+        params = claim_params(key, worker_id, now_ms(), self._lease_ms, reserve_ms or {})
+        stmt = claim_one(key)
         async with self.db.write() as session:
-            task = (await session.execute(stmt)).scalars().first()
+            task = (await session.execute(stmt, params)).scalars().first()
             if task is not None and task.webhook_events:
-                await enqueue_processing(session, task, now)  # opt-in progress event
+                await enqueue_processing(session, task, params["now"])  # opt-in progress event
+            if task is not None and inputs is not None:
+                await read_inputs(session, [task], inputs)
             return task
 
-    async def claim_many(self, worker_id: str, models: Sequence[str], limit: int) -> list[Task]:
+    async def claim_many(
+        self,
+        worker_id: str,
+        models: Sequence[str],
+        limit: int,
+        inputs: dict[str, dict[str, bytes]] | None = None,
+    ) -> list[Task]:
         """Take up to ``limit`` of the oldest runnable tasks in one transaction (I/O engines).
 
         The ids are selected first: PostgreSQL may run an ``IN (... LIMIT n)`` subquery more
         than once per UPDATE and so take more than ``limit`` rows.
         """
         if limit <= 1:
-            task = await self.claim(worker_id, models)
+            task = await self.claim(worker_id, models, inputs=inputs)
             return [] if task is None else [task]
-        now = now_ms()
-        candidates = (
-            select(Task.id)
-            .where(*_runnable(models, now))
-            .order_by(Task.available_at)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
+        key = tuple(models)
+        params = claim_params(key, worker_id, now_ms(), self._lease_ms, {})
+        now = params["now"]
         async with self.db.write() as session:
-            ids = list((await session.scalars(candidates)).all())
+            candidates = claim_candidates(key)
+            ids = list((await session.scalars(candidates, params | {"limit": limit})).all())
             if not ids:
                 return []
-            stmt = self._take(Task.id.in_(ids), worker_id, now)
-            tasks = list((await session.execute(stmt)).scalars().all())
+            taken = await session.execute(TAKE_IDS, params | {"ids": ids})
+            tasks = list(taken.scalars().all())
             for task in tasks:
                 if task.webhook_events:
                     await enqueue_processing(session, task, now)  # opt-in progress event
+            if inputs is not None:
+                await read_inputs(session, tasks, inputs)
             return tasks
-
-    def _take(self, which: Any, worker_id: str, now: int) -> Any:
-        """The UPDATE that puts the ``which`` tasks still waiting under this worker's lease."""
-        return (
-            update(Task)
-            .where(which, Task.status == "created")
-            .values(
-                status="processing",
-                lease_owner=worker_id,
-                lease_expires_at=now + self._lease_ms,
-                attempts=Task.attempts + 1,
-                started_at=now,
-                updated_at=now,
-            )
-            .returning(Task)
-            .execution_options(synchronize_session=False)
-        )
 
     @property
     def _lease_ms(self) -> int:
@@ -455,23 +450,3 @@ def _held_by(task_id: str, worker_id: str | None) -> list[Any]:
     else:
         conditions += [Task.status == "processing", Task.lease_owner == worker_id]
     return conditions
-
-
-def _runnable(
-    models: Sequence[str], now: int, reserve: Mapping[str, int] | None = None
-) -> list[Any]:
-    """Conditions of a task a worker serving ``models`` may start now: one with less time
-    left than its model's ``reserve`` (ms) would only time out mid-run, so it is left for
-    the sweeper to expire."""
-    reserve = reserve or {}
-    return [
-        Task.status == "created",
-        Task.available_at <= now,
-        or_(Task.start_deadline_at.is_(None), Task.start_deadline_at > now),
-        or_(
-            *(
-                and_(Task.model == model, Task.deadline_at > now + reserve.get(model, 0))
-                for model in models
-            )
-        ),
-    ]

@@ -75,7 +75,7 @@ class Worker:
         self.limits = {spec.id: spec.concurrency for spec in self.registry}
         self._load_lock = asyncio.Lock()
         self._completer = GroupCompleter(self.lifecycle, self.worker_id)
-        # Input images read for a whole claimed batch at once, by task id.
+        # Input images read by the claim's transaction, by task id.
         self.prefetched: dict[str, dict[str, bytes]] = {}
         # Recent run times per model: a task with less time left than these is not started.
         self._run_seconds: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=8))
@@ -124,7 +124,9 @@ class Worker:
                     await close()
 
     async def run_once(self, stop: asyncio.Event | None = None) -> bool:
-        task = await self.lifecycle.claim(self.worker_id, self._models, self._reserve_ms())
+        task = await self.lifecycle.claim(
+            self.worker_id, self._models, self._reserve_ms(), inputs=self.prefetched
+        )
         if task is None:
             return False
         await self.process(task, stop)
