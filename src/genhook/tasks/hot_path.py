@@ -148,6 +148,18 @@ def claim_params(
     return params
 
 
+_held_ids = [
+    _tasks.c.id.in_(bindparam("ids", expanding=True)),
+    _tasks.c.status == "processing",
+    _tasks.c.lease_owner == bindparam("owner"),
+]
+HEARTBEAT = (
+    update(_tasks)
+    .where(*_held_ids)
+    .values(lease_expires_at=bindparam("until"), updated_at=bindparam("now"))
+    .returning(_tasks.c.id)
+)
+HELD = select(_tasks.c.id).where(*_held_ids)
 READ_INPUTS = select(_blobs.c.key, _blobs.c.data).where(
     _blobs.c.key.in_(bindparam("keys", expanding=True))
 )

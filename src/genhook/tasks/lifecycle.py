@@ -33,6 +33,8 @@ from genhook.task_states import (
     TERMINAL,
 )
 from genhook.tasks.hot_path import (
+    HEARTBEAT,
+    HELD,
     INSERT_USAGE,
     TAKE_IDS,
     claim_candidates,
@@ -162,6 +164,22 @@ class Lifecycle:
                 )
             ).first()
         return row is not None and row.status == "processing" and row.lease_owner == worker_id
+
+    async def heartbeat_many(self, task_ids: Sequence[str], worker_id: str) -> set[str]:
+        """Extend the leases of ``task_ids`` in one statement; returns those still held."""
+        now = now_ms()
+        params = {"ids": list(task_ids), "owner": worker_id, "now": now}
+        async with self.db.write() as session:
+            connection = await session.connection()
+            kept = await connection.execute(HEARTBEAT, params | {"until": now + self._lease_ms})
+            return {task_id for (task_id,) in kept}
+
+    async def held_of(self, task_ids: Sequence[str], worker_id: str) -> set[str]:
+        """Those of ``task_ids`` still ``processing`` under this worker (a read, not a write)."""
+        async with self.db.read() as session:
+            connection = await session.connection()
+            held = await connection.execute(HELD, {"ids": list(task_ids), "owner": worker_id})
+            return {task_id for (task_id,) in held}
 
     async def release(self, task_id: str, worker_id: str, delay_seconds: float = 0) -> bool:
         """Give a task back without counting a lost lease (graceful shutdown, or a storage or
