@@ -4,7 +4,7 @@ CPU cost is the service's own (see ``benchmarks/task_overhead.py``).
 ``bench/noop`` takes the edit request (one small input image, stored and deleted with its
 task like any other) and returns a constant 1×1 PNG, which the worker stores as the task's
 output. With ``GENHOOK_BENCH_SQL_DIR`` set, every process that loads this module counts the
-SQL statements it sends and writes the count to ``<dir>/<pid>.json`` every 0.1 s.
+SQL statements it sends and writes the count to ``<dir>/<pid>.json`` every 20 ms.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class _SQLCount:
 
     def _write_loop(self) -> None:
         stopped = threading.Event()
-        while not stopped.wait(0.1):
+        while not stopped.wait(0.02):
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text(json.dumps({"statements": self.count}))
             tmp.replace(self.path)

@@ -1,12 +1,15 @@
 """The service's own CPU per task: submit, claim, completion, around an engine that does nothing.
 
-Starts ``genhook serve`` with one worker process and the ``bench/noop`` model
-(``benchmarks/noop_engine.py``, registered through ``GENHOOK_EXTRA_ENGINES``), submits
-``--tasks`` tasks through the HTTP API (``--connections`` at once), waits until the worker
-has completed all of them (counted in the database, so the API does no polling work), and
-prints the CPU time per task of each process (the API, with the sweeper and webhook
-service, and the worker) and the SQL statements each sent per task. A warm-up batch runs
-first, so imports and caches are out of the figures.
+The ``bench/noop`` model (``benchmarks/noop_engine.py``, registered through
+``GENHOOK_EXTRA_ENGINES``) returns a constant 1×1 PNG, so what a task costs is the service's
+own work. Two phases, so neither process is measured while it waits for the other:
+
+1. The API: ``genhook serve`` with no worker; ``--tasks`` submits through the HTTP API
+   (``--connections`` at once), after ``--warmup`` submits. CPU time of the API process (with
+   its sweeper and webhook service) and its SQL statements, per submit.
+2. The worker: a ``genhook worker`` process started on the backlog; its CPU time and SQL
+   statements from the moment ``--warmup`` tasks are completed to the last completion, per
+   task completed in between (counted in the database, so no process polls for it).
 
     .venv/bin/python benchmarks/task_overhead.py [--tasks 1000] [--database-url ...]
 """
@@ -18,10 +21,10 @@ import asyncio
 import base64
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -42,14 +45,8 @@ BODY = {
     "images": ["data:image/png;base64," + base64.b64encode(PNG).decode()],
     "size": "1024*1024",
 }
+ENGINES = '["benchmarks.noop_engine:register"]'
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-@dataclass
-class Sample:
-    cpu: dict[int, float]  # seconds of CPU by pid
-    statements: dict[int, int]
-    roles: dict[int, str]
 
 
 def _children(pid: int) -> list[int]:
@@ -65,11 +62,6 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
 def _argv(pid: int) -> list[bytes]:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -77,82 +69,102 @@ def _argv(pid: int) -> list[bytes]:
         return []
 
 
-def _role(pid: int, server: int) -> str:
-    if pid == server:
-        return "api"
-    argv = [arg for arg in _argv(pid) if arg]
-    return "worker" if argv and argv[-1].isdigit() else "feed"
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def sample(server: int, sql_dir: Path) -> Sample:
-    time.sleep(0.3)  # the statement counts are written every 0.1 s
-    pids = [server, *_children(server)]
-    statements = {}
-    for pid in pids:
-        path = sql_dir / f"{pid}.json"
-        statements[pid] = json.loads(path.read_text())["statements"] if path.exists() else 0
-    roles = {pid: _role(pid, server) for pid in pids}
-    return Sample({pid: _cpu_seconds(pid) for pid in pids}, statements, roles)
+def statements(sql_dir: Path, pid: int) -> int:
+    path = sql_dir / f"{pid}.json"
+    return int(json.loads(path.read_text())["statements"]) if path.exists() else 0
 
 
-async def run_batch(base: str, key: str, db: Database, count: int, connections: int) -> float:
+async def completed(db: Database) -> int:
     async with db.read() as session:
-        before = await session.scalar(select(func.count()).where(Task.status == "completed"))
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for index in range(count):
-        queue.put_nowait(index)
-    began = time.perf_counter()
+        return int(await session.scalar(select(func.count()).where(Task.status == "completed")))
+
+
+async def submit(base: str, key: str, count: int, connections: int) -> None:
+    left = [count]
     headers = {"Authorization": f"Bearer {key}"}
     async with httpx.AsyncClient(base_url=base, headers=headers, timeout=30) as client:
 
         async def submitter() -> None:
-            while not queue.empty():
-                queue.get_nowait()
+            while left[0] > 0:
+                left[0] -= 1
                 response = await client.post("/api/v1/model/generateImage", json=BODY)
                 response.raise_for_status()
 
         await asyncio.gather(*(submitter() for _ in range(connections)))
-    while True:
-        async with db.read() as session:
-            done = await session.scalar(select(func.count()).where(Task.status == "completed"))
-        if (done or 0) - (before or 0) >= count:
-            return time.perf_counter() - began
-        await asyncio.sleep(0.05)
 
 
-def find_server() -> int:
-    (server,) = [pid for pid in _children(os.getpid()) if b"genhook.cli" in _argv(pid)]
-    return server
+async def api_phase(args: argparse.Namespace, data_dir: str, sql_dir: Path) -> None:
+    with running_service(data_dir, args.database_url, extra_engines=ENGINES, workers="0") as (
+        base,
+        key,
+    ):
+        (server,) = [pid for pid in _children(os.getpid()) if b"genhook.cli" in _argv(pid)]
+        await submit(base, key, args.warmup, args.connections)
+        time.sleep(0.2)  # the statement count is written every 20 ms
+        cpu, sql = cpu_seconds(server), statements(sql_dir, server)
+        began = time.perf_counter()
+        await submit(base, key, args.tasks, args.connections)
+        elapsed = time.perf_counter() - began
+        time.sleep(0.2)
+        cpu, sql = cpu_seconds(server) - cpu, statements(sql_dir, server) - sql
+    print(
+        f"api: {args.tasks} submits in {elapsed:.2f} s ({args.tasks / elapsed:.0f}/s): "
+        f"{cpu / args.tasks * 1000:.2f} ms CPU, {sql / args.tasks:.2f} SQL statements per task"
+    )
 
 
-async def measure(args: argparse.Namespace, data_dir: str, sql_dir: Path) -> None:
+async def worker_phase(args: argparse.Namespace, data_dir: str, sql_dir: Path) -> None:
     settings = Settings(data_dir=Path(data_dir), database_url=args.database_url)
-    with running_service(
-        data_dir,
-        args.database_url,
-        extra_engines='["benchmarks.noop_engine:register"]',
-        workers="1",
-    ) as (base, key):
-        server = find_server()
-        db = Database(settings.resolved_database_url)
+    env = {
+        **os.environ,
+        "GENHOOK_DATA_DIR": data_dir,
+        "GENHOOK_EXTRA_ENGINES": ENGINES,
+        "GENHOOK_LOG_LEVEL": "WARNING",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+    }
+    if args.database_url:
+        env["GENHOOK_DATABASE_URL"] = args.database_url
+    total = args.warmup + args.tasks  # every submit of the API phase
+    db = Database(settings.resolved_database_url)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "genhook.cli", "worker"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        while (first := await completed(db)) < args.warmup:
+            await _wait_on(worker)
+        cpu, sql = cpu_seconds(worker.pid), statements(sql_dir, worker.pid)
+        began = time.perf_counter()
+        while (last := await completed(db)) < total:
+            await _wait_on(worker)
+        elapsed = time.perf_counter() - began
+        cpu, sql = cpu_seconds(worker.pid) - cpu, statements(sql_dir, worker.pid) - sql
+    finally:
+        worker.terminate()
         try:
-            await run_batch(base, key, db, args.warmup, args.connections)
-            first = sample(server, sql_dir)
-            elapsed = await run_batch(base, key, db, args.tasks, args.connections)
-            last = sample(server, sql_dir)
-        finally:
-            await db.dispose()
-    print(f"{args.tasks} tasks in {elapsed:.2f} s ({args.tasks / elapsed:.0f} tasks/s)")
-    total_cpu = 0.0
-    for pid in sorted(last.cpu, key=lambda p: p != server):
-        if pid not in first.cpu:
-            continue
-        role = last.roles[pid]
-        cpu_ms = (last.cpu[pid] - first.cpu[pid]) / args.tasks * 1000
-        sql = (last.statements[pid] - first.statements[pid]) / args.tasks
-        total_cpu += cpu_ms if role != "feed" else 0.0
-        print(f"  {role:6} pid {pid}: {cpu_ms:.2f} ms CPU, {sql:.2f} SQL statements per task")
-    print(f"  api + worker: {total_cpu:.2f} ms CPU per task")
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+        await db.dispose()
+    tasks = last - first
+    print(
+        f"worker: {tasks} tasks in {elapsed:.2f} s ({tasks / elapsed:.0f}/s): "
+        f"{cpu / tasks * 1000:.2f} ms CPU, {sql / tasks:.2f} SQL statements per task"
+    )
+
+
+async def _wait_on(worker: subprocess.Popen[bytes]) -> None:
+    if worker.poll() is not None:
+        raise RuntimeError(f"the worker exited with status {worker.returncode}")
+    await asyncio.sleep(0.01)
 
 
 def main() -> None:
@@ -165,7 +177,8 @@ def main() -> None:
     print(f"load before: {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as data_dir, tempfile.TemporaryDirectory() as sql_dir:
         os.environ["GENHOOK_BENCH_SQL_DIR"] = sql_dir
-        asyncio.run(measure(args, data_dir, Path(sql_dir)))
+        asyncio.run(api_phase(args, data_dir, Path(sql_dir)))
+        asyncio.run(worker_phase(args, data_dir, Path(sql_dir)))
     print(f"load after: {os.getloadavg()}")
 
 
