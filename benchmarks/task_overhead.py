@@ -11,7 +11,7 @@ own work. Two phases, so neither process is measured while it waits for the othe
    statements from the moment ``--warmup`` tasks are completed to the last completion, per
    task completed in between (counted in the database, so no process polls for it).
 
-    .venv/bin/python benchmarks/task_overhead.py [--tasks 1000] [--database-url ...]
+    .venv/bin/python benchmarks/task_overhead.py [--tasks 1000] [--postgres | --database-url ...]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import subprocess
@@ -173,9 +174,20 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--database-url", default=None, help="default: SQLite in a temp dir")
+    parser.add_argument(
+        "--postgres", action="store_true", help="start a PostgreSQL server in a temp dir"
+    )
     args = parser.parse_args()
     print(f"load before: {os.getloadavg()}")
-    with tempfile.TemporaryDirectory() as data_dir, tempfile.TemporaryDirectory() as sql_dir:
+    with contextlib.ExitStack() as stack:
+        if args.postgres:
+            from tests.support.postgres import running_postgres
+
+            server = stack.enter_context(running_postgres())
+            server.psql("CREATE DATABASE bench")
+            args.database_url = server.url("bench")
+        data_dir = stack.enter_context(tempfile.TemporaryDirectory())
+        sql_dir = stack.enter_context(tempfile.TemporaryDirectory())
         os.environ["GENHOOK_BENCH_SQL_DIR"] = sql_dir
         asyncio.run(api_phase(args, data_dir, Path(sql_dir)))
         asyncio.run(worker_phase(args, data_dir, Path(sql_dir)))

@@ -89,6 +89,11 @@ class Upstream:
                     await asyncio.sleep(0.05)
         raise RuntimeError("the upstream did not start")
 
+    def cpu_seconds(self) -> float:
+        """CPU time of the model server so far (it competes with the worker for the cores)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(10)
@@ -183,6 +188,7 @@ async def throughput(args: argparse.Namespace) -> dict[str, Any]:
             worker = make_worker(state)
             stop = asyncio.Event()
             counter = StatementCounter(state.db)
+            upstream_cpu = upstream.cpu_seconds()
             began, cpu = time.perf_counter(), time.process_time()
             runner = asyncio.create_task(worker.run(stop))
             done = 0
@@ -195,6 +201,7 @@ async def throughput(args: argparse.Namespace) -> dict[str, Any]:
                         )
                         done = await session.scalar(query) or 0
             elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
+            upstream_cpu = upstream.cpu_seconds() - upstream_cpu
             counter.close()
             statements = counter.summary(len(ids))
             stop.set()
@@ -208,6 +215,7 @@ async def throughput(args: argparse.Namespace) -> dict[str, Any]:
         "seconds": elapsed,
         "tasks_per_second": len(ids) / elapsed,
         "worker_cpu_ms_per_task": cpu / len(ids) * 1000,
+        "upstream_cpu_ms_per_task": upstream_cpu / len(ids) * 1000,
     }
 
 
@@ -250,6 +258,7 @@ def main() -> None:
         f"{result['worker_cpu_ms_per_task']:.2f} ms of worker CPU per task"
     )
     print(f"  {result['statements']}")
+    print(f"  the model server's own CPU: {result['upstream_cpu_ms_per_task']:.2f} ms per task")
     print(f"load after: {os.getloadavg()}")
 
 
