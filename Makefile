@@ -56,6 +56,7 @@ bench: install-dev
 	$(BIN)/python benchmarks/webhook_fairness.py
 	$(BIN)/python benchmarks/nsfw_threshold.py
 	$(BIN)/python benchmarks/console.py
+	$(BIN)/python benchmarks/task_overhead.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
