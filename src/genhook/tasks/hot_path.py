@@ -53,7 +53,6 @@ COMPLETE = (
         outputs=bindparam("outputs"),
         has_nsfw_contents=bindparam("nsfw"),
         info=bindparam("info"),
-        stt_result=bindparam("stt_result"),
         lease_owner=None,
         lease_expires_at=None,
         finished_at=bindparam("now"),
@@ -69,6 +68,9 @@ COMPLETE = (
         _tasks.c.webhook_url,
     )
 )
+# A transcript is written only when there is one, so a task without one keeps what submit
+# stored.
+COMPLETE_WITH_STT = COMPLETE.values(stt_result=bindparam("stt_result"))
 DELETE_BLOBS = delete(_blobs).where(_blobs.c.key.in_(bindparam("keys", expanding=True)))
 INSERT_USAGE = insert(cast(Table, UsageLine.__table__))
 
@@ -219,21 +221,20 @@ async def complete_in(
     usage: list[dict[str, Any]] = []
     webhooks: list[str] = []
     for item in items:
-        row = (
-            await connection.execute(
-                COMPLETE,
-                {
-                    "task_id": item.task_id,
-                    "owner": worker_id,
-                    "outputs": item.outputs,
-                    "nsfw": item.nsfw,
-                    "info": item.info,
-                    "stt_result": item.stt_result,
-                    "now": now,
-                    "expire_at": expire_at,
-                },
-            )
-        ).first()
+        params = {
+            "task_id": item.task_id,
+            "owner": worker_id,
+            "outputs": item.outputs,
+            "nsfw": item.nsfw,
+            "info": item.info,
+            "now": now,
+            "expire_at": expire_at,
+        }
+        if item.stt_result is None:
+            row = (await connection.execute(COMPLETE, params)).first()
+        else:
+            params["stt_result"] = item.stt_result
+            row = (await connection.execute(COMPLETE_WITH_STT, params)).first()
         done.append(row is not None)
         if row is None:
             continue
@@ -247,6 +248,8 @@ async def complete_in(
     if usage:
         await connection.execute(INSERT_USAGE, usage)
     if webhooks:
-        for task in (await session.scalars(WEBHOOK_TASKS, {"ids": webhooks})).all():
-            await enqueue_callback(session, task, settings, storage, now)
+        rows = (await session.scalars(WEBHOOK_TASKS, {"ids": webhooks})).all()
+        by_id = {task.id: task for task in rows}
+        for task_id in webhooks:  # in the order the tasks ended
+            await enqueue_callback(session, by_id[task_id], settings, storage, now)
     return done
