@@ -141,29 +141,7 @@ class Lifecycle:
 
     async def heartbeat(self, task_id: str, worker_id: str) -> bool:
         """Extend the lease; False means it was lost (expired and taken, or ended)."""
-        now = now_ms()
-        async with self.db.write() as session:
-            result = await session.execute(
-                update(Task)
-                .where(
-                    Task.id == task_id,
-                    Task.status == "processing",
-                    Task.lease_owner == worker_id,
-                )
-                .values(lease_expires_at=now + self._lease_ms, updated_at=now)
-                .execution_options(synchronize_session=False)
-            )
-        return bool(result.rowcount)  # type: ignore[attr-defined]
-
-    async def still_held(self, task_id: str, worker_id: str) -> bool:
-        """A read-only check that the task is still ``processing`` under this worker."""
-        async with self.db.read() as session:
-            row = (
-                await session.execute(
-                    select(Task.status, Task.lease_owner).where(Task.id == task_id)
-                )
-            ).first()
-        return row is not None and row.status == "processing" and row.lease_owner == worker_id
+        return task_id in await self.heartbeat_many([task_id], worker_id)
 
     async def heartbeat_many(self, task_ids: Sequence[str], worker_id: str) -> set[str]:
         """Extend the leases of ``task_ids`` in one statement; returns those still held."""
