@@ -58,6 +58,7 @@ bench: install-dev
 	$(BIN)/python benchmarks/console.py
 	$(BIN)/python benchmarks/blob_store.py
 	$(BIN)/python benchmarks/metrics.py
+	$(BIN)/python benchmarks/task_overhead.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._harness import free_port, percentile  # noqa: E402
+from benchmarks._statements import StatementCounter  # noqa: E402
 
 from genhook.accounts import create_account  # noqa: E402
 from genhook.api import build_state  # noqa: E402
@@ -87,6 +88,11 @@ class Upstream:
                 except aiohttp.ClientError:
                     await asyncio.sleep(0.05)
         raise RuntimeError("the upstream did not start")
+
+    def cpu_seconds(self) -> float:
+        """CPU time of the model server so far (it competes with the worker for the cores)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         self.process.terminate()
@@ -170,7 +176,7 @@ async def latency(args: argparse.Namespace) -> dict[str, float]:
     }
 
 
-async def throughput(args: argparse.Namespace) -> dict[str, float]:
+async def throughput(args: argparse.Namespace) -> dict[str, Any]:
     upstream = Upstream(args.delay_ms)
     try:
         await upstream.wait()
@@ -181,27 +187,35 @@ async def throughput(args: argparse.Namespace) -> dict[str, float]:
             state, ids, account_id = await submit_all(settings, args.tasks)
             worker = make_worker(state)
             stop = asyncio.Event()
+            counter = StatementCounter(state.db)
+            upstream_cpu = upstream.cpu_seconds()
             began, cpu = time.perf_counter(), time.process_time()
             runner = asyncio.create_task(worker.run(stop))
             done = 0
             while done < len(ids):
                 await asyncio.sleep(0.1)
-                async with state.db.read() as session:
-                    query = select(func.count()).where(
-                        Task.account_id == account_id, Task.status == "completed"
-                    )
-                    done = await session.scalar(query) or 0
+                with counter.paused():  # the benchmark's own progress query
+                    async with state.db.read() as session:
+                        query = select(func.count()).where(
+                            Task.account_id == account_id, Task.status == "completed"
+                        )
+                        done = await session.scalar(query) or 0
             elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
+            upstream_cpu = upstream.cpu_seconds() - upstream_cpu
+            counter.close()
+            statements = counter.summary(len(ids))
             stop.set()
             await runner
             await state.db.dispose()
     finally:
         upstream.stop()
     return {
+        "statements": statements,
         "tasks": len(ids),
         "seconds": elapsed,
         "tasks_per_second": len(ids) / elapsed,
         "worker_cpu_ms_per_task": cpu / len(ids) * 1000,
+        "upstream_cpu_ms_per_task": upstream_cpu / len(ids) * 1000,
     }
 
 
@@ -228,10 +242,11 @@ def main() -> None:
 
         uvloop.install()
     print(f"load before: {os.getloadavg()}")
-    result = asyncio.run(latency(args))
-    print("overhead per task (no upstream delay, one at a time):")
-    for key, value in result.items():
-        print(f"  {key}: {value:.2f}")
+    if args.latency_tasks:
+        overhead = asyncio.run(latency(args))
+        print("overhead per task (no upstream delay, one at a time):")
+        for key, value in overhead.items():
+            print(f"  {key}: {value:.2f}")
     result = asyncio.run(throughput(args))
     print(
         f"throughput, one worker process, concurrency {args.concurrency}, "
@@ -242,6 +257,8 @@ def main() -> None:
         f"{result['tasks_per_second']:.1f} tasks/s, "
         f"{result['worker_cpu_ms_per_task']:.2f} ms of worker CPU per task"
     )
+    print(f"  {result['statements']}")
+    print(f"  the model server's own CPU: {result['upstream_cpu_ms_per_task']:.2f} ms per task")
     print(f"load after: {os.getloadavg()}")
 
 

@@ -130,10 +130,14 @@ def tasks_started(tasks: Iterable[Task]) -> None:
 
 
 def task_finished(task: Task) -> None:
-    model, status, started, finished = task.model, task.status, task.started_at, task.finished_at
+    finished(task.model, task.status, task.started_at, task.finished_at)
+
+
+def finished(model: str, status: str, started: int | None, ended: int | None) -> None:
+    """One task ended ``status``; its run time when it had started."""
     _child(TASKS_FINISHED, model, status).inc()
-    if started is not None and finished is not None:
-        _child(TASK_RUN_SECONDS, model, status).observe(max(0, finished - started) / 1000)
+    if started is not None and ended is not None:
+        _child(TASK_RUN_SECONDS, model, status).observe(max(0, ended - started) / 1000)
 
 
 def tasks_finished(tasks: Iterable[Task]) -> None:

@@ -2,8 +2,8 @@
 
 Used when a model's ``ModelSpec.concurrency`` is above 1. CPU models (concurrency 1) still
 share one slot, so they run one at a time in a thread exactly as in ``Worker.run``. A
-model's free slots are claimed in one transaction, and the claimed batch's input images
-read in one query, so the database work per task stays small when hundreds of tasks a
+model's free slots are claimed in one transaction, which also reads the batch's input
+images, so the database work per task stays small when hundreds of tasks a
 second go through one process.
 """
 
@@ -13,10 +13,6 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
-
-from genhook.db import Blob, Task
-
 if TYPE_CHECKING:
     from genhook.tasks.worker import Worker
 
@@ -24,11 +20,19 @@ log = logging.getLogger(__name__)
 
 # Most tasks one claim takes for a model, so one claim never holds the loop long.
 CLAIM_BATCH = 32
+# While a model's queue has work, its slots are claimed in batches of at least its limit
+# divided by this (8 of 64): a claim per finished task would cost a transaction per task.
+CLAIM_BATCH_DIVISOR = 8
 
 
 async def run_concurrent(worker: Worker, stop: asyncio.Event) -> None:
     """Claim while a model has a free slot, until ``stop``; tasks in hand finish first."""
     running: dict[asyncio.Future[None], str] = {}
+    # When a group's last claim found its queue empty (loop time); it is asked again only
+    # after ``worker_poll_seconds``, not each time one of the other tasks finishes.
+    idle_since: dict[tuple[str, ...], float] = {}
+    loop = asyncio.get_running_loop()
+    poll = worker.settings.worker_poll_seconds
     stopping = asyncio.ensure_future(stop.wait())
     try:
         while not stop.is_set() and not worker.tainted:
@@ -36,13 +40,22 @@ async def run_concurrent(worker: Worker, stop: asyncio.Event) -> None:
                 _reap(running, finished)
             claimed = False
             for models, free in _free_slots(worker.limits, list(running.values())):
+                group = tuple(models)
+                if loop.time() - idle_since.get(group, float("-inf")) < poll:
+                    continue
+                if group not in idle_since and free < _min_batch(worker.limits, models):
+                    continue  # a busy queue: wait for more free slots, then take a batch
                 try:
-                    tasks = await worker.lifecycle.claim_many(worker.worker_id, models, free)
+                    tasks = await worker.lifecycle.claim_many(
+                        worker.worker_id, models, free, inputs=worker.prefetched
+                    )
                 except Exception:
                     log.exception("worker %s: claim failed; retrying", worker.worker_id)
                     tasks = []
-                if tasks:
-                    await prefetch_inputs(worker, tasks)
+                if len(tasks) < free:
+                    idle_since[group] = loop.time()
+                else:
+                    idle_since.pop(group, None)
                 for task in tasks:
                     running[asyncio.ensure_future(worker.process(task, stop))] = task.model
                 claimed = claimed or bool(tasks)
@@ -76,23 +89,8 @@ def _free_slots(limits: dict[str, int], running: list[str]) -> list[tuple[list[s
     return groups
 
 
-async def prefetch_inputs(worker: Worker, tasks: list[Task]) -> None:
-    """Read the batch's input images in one query; ``Worker`` reads any it misses itself."""
-    keys = [item["blob"] for task in tasks for item in task.inputs if "blob" in item]
-    if not keys:
-        return
-    query = select(Blob.key, Blob.data).where(Blob.key.in_(keys))
-    try:
-        async with worker.db.read() as session:
-            rows = (await session.execute(query)).all()
-    except Exception:
-        log.exception("worker %s: reading input images failed", worker.worker_id)
-        return
-    found = {key: bytes(data) for key, data in rows}
-    for task in tasks:
-        worker.prefetched[task.id] = {
-            item["blob"]: found[item["blob"]] for item in task.inputs if item.get("blob") in found
-        }
+def _min_batch(limits: dict[str, int], models: list[str]) -> int:
+    return max(1, min(CLAIM_BATCH, max(limits[model] for model in models) // CLAIM_BATCH_DIVISOR))
 
 
 def _reap(running: dict[asyncio.Future[None], str], finished: asyncio.Future[None]) -> None:

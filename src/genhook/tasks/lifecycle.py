@@ -15,12 +15,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, delete, or_, select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook import metrics
 from genhook.config import Settings
-from genhook.db import Blob, Database, Task, UsageLine, now_ms
+from genhook.db import Blob, Database, Task, now_ms
 from genhook.errors import ErrorCode
 from genhook.sender.events import enqueue_processing
 from genhook.sender.outbox import enqueue_delivery, event_type_for
@@ -36,6 +36,18 @@ from genhook.task_states import (
     PROCESSING,
     TIMEOUT,
     TIMEOUT_MESSAGE,
+)
+from genhook.tasks.hot_path import (
+    HEARTBEAT,
+    HELD,
+    INSERT_USAGE,
+    TAKE_IDS,
+    claim_candidates,
+    claim_one,
+    claim_params,
+    complete_in,
+    read_inputs,
+    usage_row,
 )
 from genhook.tasks.views import prediction_view
 
@@ -61,6 +73,7 @@ class Completion:
     nsfw: list[bool]
     info: dict[str, Any]
     upstream_cost_micros: int | None = None
+    stt_result: dict[str, Any] | None = None
 
 
 @dataclass
@@ -70,79 +83,65 @@ class Lifecycle:
     storage: BlobStore
 
     async def claim(
-        self, worker_id: str, models: Sequence[str], reserve_ms: Mapping[str, int] | None = None
+        self,
+        worker_id: str,
+        models: Sequence[str],
+        reserve_ms: Mapping[str, int] | None = None,
+        inputs: dict[str, dict[str, bytes]] | None = None,
     ) -> Task | None:
         """Take the oldest runnable task under a lease, or None.
 
         ``reserve_ms`` is the time a model's task needs: a task with less left before its
         deadline is never started (it would only time out mid-run); the sweeper expires it.
+        ``inputs``, when given, receives the task's input images read in the same transaction.
         """
         if not models:
             return None
-        now = now_ms()
-        reserve = reserve_ms or {}
-        candidate = (
-            select(Task.id)
-            .where(*_runnable(models, now, reserve))
-            .order_by(Task.available_at)
-            .limit(1)
-            .with_for_update(skip_locked=True)
-            .scalar_subquery()
-        )
-        stmt = self._take(Task.id == candidate, worker_id, now)
+        key = tuple(models)
+        params = claim_params(key, worker_id, now_ms(), self._lease_ms, reserve_ms or {})
+        stmt = claim_one(key)
         async with self.db.write() as session:
-            task = (await session.execute(stmt)).scalars().first()
+            task = (await session.execute(stmt, params)).scalars().first()
             if task is not None and task.webhook_events:
-                await enqueue_processing(session, task, now)  # opt-in progress event
-        if task is not None:
-            metrics.task_started(task)
-        return task
+                await enqueue_processing(session, task, params["now"])  # opt-in progress event
+            if task is not None and inputs is not None:
+                await read_inputs(session, [task], inputs)
+            if task is not None:
+                metrics.task_started(task)
+            return task
 
-    async def claim_many(self, worker_id: str, models: Sequence[str], limit: int) -> list[Task]:
+    async def claim_many(
+        self,
+        worker_id: str,
+        models: Sequence[str],
+        limit: int,
+        inputs: dict[str, dict[str, bytes]] | None = None,
+    ) -> list[Task]:
         """Take up to ``limit`` of the oldest runnable tasks in one transaction (I/O engines).
 
         The ids are selected first: PostgreSQL may run an ``IN (... LIMIT n)`` subquery more
         than once per UPDATE and so take more than ``limit`` rows.
         """
         if limit <= 1:
-            task = await self.claim(worker_id, models)
+            task = await self.claim(worker_id, models, inputs=inputs)
             return [] if task is None else [task]
-        now = now_ms()
-        candidates = (
-            select(Task.id)
-            .where(*_runnable(models, now))
-            .order_by(Task.available_at)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
+        key = tuple(models)
+        params = claim_params(key, worker_id, now_ms(), self._lease_ms, {})
+        now = params["now"]
         async with self.db.write() as session:
-            ids = list((await session.scalars(candidates)).all())
+            candidates = claim_candidates(key)
+            ids = list((await session.scalars(candidates, params | {"limit": limit})).all())
             if not ids:
                 return []
-            stmt = self._take(Task.id.in_(ids), worker_id, now)
-            tasks = list((await session.execute(stmt)).scalars().all())
+            taken = await session.execute(TAKE_IDS, params | {"ids": ids})
+            tasks = list(taken.scalars().all())
             for task in tasks:
                 if task.webhook_events:
                     await enqueue_processing(session, task, now)  # opt-in progress event
-        metrics.tasks_started(tasks)
-        return tasks
-
-    def _take(self, which: Any, worker_id: str, now: int) -> Any:
-        """The UPDATE that puts the ``which`` tasks still waiting under this worker's lease."""
-        return (
-            update(Task)
-            .where(which, Task.status == CREATED)
-            .values(
-                status=PROCESSING,
-                lease_owner=worker_id,
-                lease_expires_at=now + self._lease_ms,
-                attempts=Task.attempts + 1,
-                started_at=now,
-                updated_at=now,
-            )
-            .returning(Task)
-            .execution_options(synchronize_session=False)
-        )
+            if inputs is not None:
+                await read_inputs(session, tasks, inputs)
+            metrics.tasks_started(tasks)
+            return tasks
 
     @property
     def _lease_ms(self) -> int:
@@ -150,29 +149,23 @@ class Lifecycle:
 
     async def heartbeat(self, task_id: str, worker_id: str) -> bool:
         """Extend the lease; False means it was lost (expired and taken, or ended)."""
-        now = now_ms()
-        async with self.db.write() as session:
-            result = await session.execute(
-                update(Task)
-                .where(
-                    Task.id == task_id,
-                    Task.status == PROCESSING,
-                    Task.lease_owner == worker_id,
-                )
-                .values(lease_expires_at=now + self._lease_ms, updated_at=now)
-                .execution_options(synchronize_session=False)
-            )
-        return bool(result.rowcount)  # type: ignore[attr-defined]
+        return task_id in await self.heartbeat_many([task_id], worker_id)
 
-    async def still_held(self, task_id: str, worker_id: str) -> bool:
-        """A read-only check that the task is still ``processing`` under this worker."""
+    async def heartbeat_many(self, task_ids: Sequence[str], worker_id: str) -> set[str]:
+        """Extend the leases of ``task_ids`` in one statement; returns those still held."""
+        now = now_ms()
+        params = {"ids": list(task_ids), "owner": worker_id, "now": now}
+        async with self.db.write() as session:
+            connection = await session.connection()
+            kept = await connection.execute(HEARTBEAT, params | {"until": now + self._lease_ms})
+            return {task_id for (task_id,) in kept}
+
+    async def held_of(self, task_ids: Sequence[str], worker_id: str) -> set[str]:
+        """Those of ``task_ids`` still ``processing`` under this worker (a read, not a write)."""
         async with self.db.read() as session:
-            row = (
-                await session.execute(
-                    select(Task.status, Task.lease_owner).where(Task.id == task_id)
-                )
-            ).first()
-        return row is not None and row.status == PROCESSING and row.lease_owner == worker_id
+            connection = await session.connection()
+            held = await connection.execute(HELD, {"ids": list(task_ids), "owner": worker_id})
+            return {task_id for (task_id,) in held}
 
     async def release(self, task_id: str, worker_id: str, delay_seconds: float = 0) -> bool:
         """Give a task back without counting a lost lease (graceful shutdown, or a storage or
@@ -204,12 +197,9 @@ class Lifecycle:
         stt_result: dict[str, Any] | None = None,
         upstream_cost_micros: int | None = None,
     ) -> bool:
-        values = dict(status=COMPLETED, outputs=outputs, has_nsfw_contents=nsfw, info=info)
-        if stt_result is not None:
-            values["stt_result"] = stt_result
-        return await self._finish(
-            task_id, worker_id, values, upstream_cost_micros=upstream_cost_micros
-        )
+        item = Completion(task_id, outputs, nsfw, info, upstream_cost_micros, stt_result)
+        (done,) = await self.complete_many(worker_id, [item])
+        return done
 
     async def fail(
         self,
@@ -255,22 +245,9 @@ class Lifecycle:
         """Several completions in one transaction: group commit for I/O-bound engines,
         whose many tasks in flight would otherwise each pay for a commit."""
         async with self.db.write() as session:
-            ended = [
-                await self._end_in(
-                    session,
-                    _held_by(item.task_id, worker_id),
-                    dict(
-                        status=COMPLETED,
-                        outputs=item.outputs,
-                        has_nsfw_contents=item.nsfw,
-                        info=item.info,
-                    ),
-                    item.upstream_cost_micros,
-                )
-                for item in items
-            ]
-        metrics.tasks_finished(task for task in ended if task is not None)
-        return [task is not None for task in ended]
+            return await complete_in(
+                session, self.settings, self.storage, worker_id, items, now_ms()
+            )
 
     async def _finish(
         self,
@@ -328,20 +305,7 @@ class Lifecycle:
         if input_keys:
             await session.execute(delete(Blob).where(Blob.key.in_(input_keys)))
         if task.status == COMPLETED and task.charge:
-            session.add(
-                UsageLine(
-                    account_id=task.account_id,
-                    task_id=task.id,
-                    model=task.model,
-                    tier=task.charge["tier"],
-                    output_pixels=task.charge["output_pixels"],
-                    input_images=task.charge["input_images"],
-                    lines=task.charge["lines"],
-                    amount_micros=task.charge["total_micros"],
-                    upstream_cost_micros=upstream_cost_micros,
-                    created_at=now,
-                )
-            )
+            await session.execute(INSERT_USAGE, [usage_row(task, now, upstream_cost_micros)])
         if task.webhook_url:
             await enqueue_callback(session, task, self.settings, self.storage, now)
 
@@ -496,23 +460,3 @@ def _held_by(task_id: str, worker_id: str | None) -> list[Any]:
     else:
         conditions += [Task.status == PROCESSING, Task.lease_owner == worker_id]
     return conditions
-
-
-def _runnable(
-    models: Sequence[str], now: int, reserve: Mapping[str, int] | None = None
-) -> list[Any]:
-    """Conditions of a task a worker serving ``models`` may start now: one with less time
-    left than its model's ``reserve`` (ms) would only time out mid-run, so it is left for
-    the sweeper to expire."""
-    reserve = reserve or {}
-    return [
-        Task.status == CREATED,
-        Task.available_at <= now,
-        or_(Task.start_deadline_at.is_(None), Task.start_deadline_at > now),
-        or_(
-            *(
-                and_(Task.model == model, Task.deadline_at > now + reserve.get(model, 0))
-                for model in models
-            )
-        ),
-    ]

@@ -40,6 +40,11 @@ class ProgressRecorder:
         self._lines: list[tuple[int, str]] = []
         self._line_count = 0
         self._dirty = threading.Event()
+        # The background flusher starts at the first report, so a task whose engine
+        # reports nothing costs no flusher task or timer.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._flusher: asyncio.Task[None] | None = None
 
     def report(self, progress: float | None = None, log: str | None = None) -> None:
         """Called from the engine's thread; never blocks on the database."""
@@ -51,20 +56,33 @@ class ProgressRecorder:
                 if text:
                     self._lines.append((now_ms(), text))
                     self._line_count += 1
-        self._dirty.set()
+        if not self._dirty.is_set():
+            self._dirty.set()
+            if self._loop is not None and self._flusher is None:
+                with contextlib.suppress(RuntimeError):  # the loop closed: nothing to flush to
+                    self._loop.call_soon_threadsafe(self._start_flusher)
+
+    def _start_flusher(self) -> None:
+        if self._flusher is None and self._stop is not None and not self._stop.is_set():
+            self._flusher = asyncio.create_task(self.run(self._stop))
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         """Flush in the background while the engine runs, and what is left when it ends
         (before the terminal transition, so the last lines come before the result)."""
-        stop = asyncio.Event()
-        flusher = asyncio.create_task(self.run(stop))
+        self._stop = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        if self._dirty.is_set():
+            self._start_flusher()
         try:
             yield
         finally:
-            stop.set()
-            with contextlib.suppress(Exception):
-                await flusher
+            self._stop.set()
+            if self._flusher is not None:
+                with contextlib.suppress(Exception):
+                    await self._flusher
+            else:
+                await self._flush_logged()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Flush what was reported, at most once per interval, until ``stop``; then once more."""

@@ -35,6 +35,7 @@ from genhook.storage.blobs import extension_of, new_blob_key
 from genhook.storage.inputs import discard_inputs, keeps_inputs
 from genhook.tasks.concurrent import run_concurrent
 from genhook.tasks.group_complete import GroupCompleter
+from genhook.tasks.keeper import LeaseKeeper
 from genhook.tasks.lifecycle import Completion, Lifecycle
 from genhook.tasks.progress import ProgressRecorder
 
@@ -69,7 +70,13 @@ class Worker(Services):
         self.limits = {spec.id: spec.concurrency for spec in self.registry}
         self._load_lock = asyncio.Lock()
         self._completer = GroupCompleter(self.lifecycle, self.worker_id)
-        # Input images read for a whole claimed batch at once, by task id.
+        self._keeper = LeaseKeeper(
+            self.lifecycle,
+            self.worker_id,
+            self.settings.lease_seconds / 3,
+            self.settings.cancel_check_seconds,
+        )
+        # Input images read by the claim's transaction, by task id.
         self.prefetched: dict[str, dict[str, bytes]] = {}
         # Recent run times per model: a task with less time left than these is not started.
         self._run_seconds: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=8))
@@ -123,7 +130,9 @@ class Worker(Services):
                     await close()
 
     async def run_once(self, stop: asyncio.Event | None = None) -> bool:
-        task = await self.lifecycle.claim(self.worker_id, self._models, self._reserve_ms())
+        task = await self.lifecycle.claim(
+            self.worker_id, self._models, self._reserve_ms(), inputs=self.prefetched
+        )
         if task is None:
             return False
         await self.process(task, stop)
@@ -149,17 +158,14 @@ class Worker(Services):
         # task, since I/O-bound models run several tasks of one process at once.
         job_stop = threading.Event()
         lost = asyncio.Event()
-        heartbeat = asyncio.create_task(self._heartbeat(task.id, lost))
-        watch = asyncio.create_task(self._watch_cancel(task.id, lost))
+        # Heartbeats and cancel checks, batched with the process's other tasks (keeper.py).
+        self._keeper.hold(task.id, lost)
         work = asyncio.create_task(self._execute(task, job_stop))
         try:
             await self._supervise(task, work, lost, stop, job_stop)
         finally:
             self.prefetched.pop(task.id, None)
-            for helper in (heartbeat, watch):
-                helper.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await helper
+            self._keeper.drop(task.id)
         if self._engine_busy.is_set() and job_stop.is_set():
             # Asked to stop (cancel, deadline, lost lease): an engine that can, stops soon.
             for _ in range(ENGINE_STOP_POLLS):
@@ -224,32 +230,6 @@ class Worker(Services):
                 if waiter is not work:
                     waiter.cancel()
 
-    async def _watch_cancel(self, task_id: str, lost: asyncio.Event) -> None:
-        """Notice a cancel sooner than the next heartbeat would (a read, not a write)."""
-        while True:
-            await asyncio.sleep(self.settings.cancel_check_seconds)
-            try:
-                held = await self.lifecycle.still_held(task_id, self.worker_id)
-            except Exception:
-                log.exception("task %s: cancel check failed", task_id)
-                continue
-            if not held:
-                lost.set()
-                return
-
-    async def _heartbeat(self, task_id: str, lost: asyncio.Event) -> None:
-        interval = self.settings.lease_seconds / 3
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                alive = await self.lifecycle.heartbeat(task_id, self.worker_id)
-            except Exception:
-                log.exception("task %s: heartbeat failed", task_id)
-                continue
-            if not alive:
-                lost.set()
-                return
-
     async def _execute(self, task: Task, job_stop: threading.Event) -> None:
         # Storage and database faults before and after the engine are the service's own:
         # retried, then the task is requeued unharmed. Errors of the engine itself are not.
@@ -264,8 +244,10 @@ class Worker(Services):
                 budget_seconds=self.settings.fault_retry_seconds,
             )
             in_engine = True
-            async with self._load_lock:
-                engine = await asyncio.to_thread(self.engine, task.model)
+            engine = self._engines.get(task.model)
+            if engine is None:
+                async with self._load_lock:
+                    engine = await asyncio.to_thread(self.engine, task.model)
             job = EngineJob(
                 task_id=task.id,
                 model=task.model,

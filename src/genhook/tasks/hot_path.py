@@ -1,0 +1,259 @@
+"""Statements of the worker's hot path, built once: a claimed batch's input images and
+the completion transaction.
+
+A claim reads its batch's input images in its own transaction, so starting a task costs no
+transaction of its own. Completing a task is the service's most frequent write: it costs one
+conditional UPDATE of its own (which returns just the columns billing and cleanup need, not
+an ORM object), while a group commit's tasks share one DELETE of their input blobs and one
+multi-row INSERT of their usage lines. Full task rows are loaded only for tasks with a
+webhook, whose callback renders what polling shows, in the same transaction as before.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    Select,
+    Table,
+    Update,
+    and_,
+    bindparam,
+    delete,
+    insert,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from genhook import metrics
+from genhook.config import Settings
+from genhook.db import Blob, Task, UsageLine
+from genhook.storage import BlobStore
+from genhook.task_states import COMPLETED, CREATED, PROCESSING
+
+if TYPE_CHECKING:
+    from genhook.tasks.lifecycle import Completion
+
+_tasks = cast(Table, Task.__table__)
+_blobs = cast(Table, Blob.__table__)
+
+COMPLETE = (
+    update(_tasks)
+    .where(
+        _tasks.c.id == bindparam("task_id"),
+        _tasks.c.status == PROCESSING,
+        _tasks.c.lease_owner == bindparam("owner"),
+    )
+    .values(
+        status=COMPLETED,
+        outputs=bindparam("outputs"),
+        has_nsfw_contents=bindparam("nsfw"),
+        info=bindparam("info"),
+        lease_owner=None,
+        lease_expires_at=None,
+        finished_at=bindparam("now"),
+        updated_at=bindparam("now"),
+        outputs_expire_at=bindparam("expire_at"),
+    )
+    .returning(
+        _tasks.c.id,
+        _tasks.c.account_id,
+        _tasks.c.model,
+        _tasks.c.inputs,
+        _tasks.c.charge,
+        _tasks.c.webhook_url,
+        _tasks.c.started_at,
+    )
+)
+# A transcript is written only when there is one, so a task without one keeps what submit
+# stored.
+COMPLETE_WITH_STT = COMPLETE.values(stt_result=bindparam("stt_result"))
+DELETE_BLOBS = delete(_blobs).where(_blobs.c.key.in_(bindparam("keys", expanding=True)))
+INSERT_USAGE = insert(cast(Table, UsageLine.__table__))
+
+
+def _runnable(models: tuple[str, ...]) -> list[Any]:
+    """Conditions of a task a worker serving ``models`` may start at ``:now``; ``:start_by_<i>``
+    is ``now`` plus the time model ``i`` needs, so a task with less left before its deadline
+    (it would only time out mid-run) is left for the sweeper to expire."""
+    now = bindparam("now", type_=BigInteger)
+    return [
+        Task.status == CREATED,
+        Task.available_at <= now,
+        or_(Task.start_deadline_at.is_(None), Task.start_deadline_at > now),
+        or_(
+            *(
+                and_(Task.model == model, Task.deadline_at > bindparam(f"start_by_{index}"))
+                for index, model in enumerate(models)
+            )
+        ),
+    ]
+
+
+def _take(which: Any) -> Update:
+    """The UPDATE that puts the ``which`` tasks still waiting under ``:owner``'s lease."""
+    return (
+        update(Task)
+        .where(which, Task.status == CREATED)
+        .values(
+            status=PROCESSING,
+            lease_owner=bindparam("owner"),
+            lease_expires_at=bindparam("lease_until"),
+            attempts=Task.attempts + 1,
+            started_at=bindparam("now"),
+            updated_at=bindparam("now"),
+        )
+        .returning(Task)
+        .execution_options(synchronize_session=False)
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def claim_one(models: tuple[str, ...]) -> Update:
+    """Take the oldest runnable task of ``models``; built once per set of models, since
+    building the statement costs more than running it."""
+    candidate = (
+        select(Task.id)
+        .where(*_runnable(models))
+        .order_by(Task.available_at)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+    return _take(Task.id == candidate)
+
+
+@functools.lru_cache(maxsize=256)
+def claim_candidates(models: tuple[str, ...]) -> Select[Any]:
+    """The ids of up to ``:limit`` of the oldest runnable tasks of ``models``."""
+    return (
+        select(Task.id)
+        .where(*_runnable(models))
+        .order_by(Task.available_at)
+        .limit(bindparam("limit", type_=Integer))
+        .with_for_update(skip_locked=True)
+    )
+
+
+TAKE_IDS = _take(Task.id.in_(bindparam("ids", expanding=True)))
+
+
+def claim_params(
+    models: tuple[str, ...], worker_id: str, now: int, lease_ms: int, reserve: Mapping[str, int]
+) -> dict[str, Any]:
+    params: dict[str, Any] = {"now": now, "owner": worker_id, "lease_until": now + lease_ms}
+    for index, model in enumerate(models):
+        params[f"start_by_{index}"] = now + reserve.get(model, 0)
+    return params
+
+
+_held_ids = [
+    _tasks.c.id.in_(bindparam("ids", expanding=True)),
+    _tasks.c.status == PROCESSING,
+    _tasks.c.lease_owner == bindparam("owner"),
+]
+HEARTBEAT = (
+    update(_tasks)
+    .where(*_held_ids)
+    .values(lease_expires_at=bindparam("until"), updated_at=bindparam("now"))
+    .returning(_tasks.c.id)
+)
+HELD = select(_tasks.c.id).where(*_held_ids)
+READ_INPUTS = select(_blobs.c.key, _blobs.c.data).where(
+    _blobs.c.key.in_(bindparam("keys", expanding=True))
+)
+WEBHOOK_TASKS = select(Task).where(Task.id.in_(bindparam("ids", expanding=True)))
+
+
+async def read_inputs(
+    session: AsyncSession, tasks: Sequence[Task], into: dict[str, dict[str, bytes]]
+) -> None:
+    """Put the input images ``tasks`` keep in the database into ``into``, by task id; the
+    worker reads any missing here (another store, a URL) itself."""
+    keys = [item["blob"] for task in tasks for item in task.inputs if "blob" in item]
+    if not keys:
+        return
+    connection = await session.connection()
+    rows = await connection.execute(READ_INPUTS, {"keys": keys})
+    found = {key: bytes(data) for key, data in rows}
+    for task in tasks:
+        into[task.id] = {
+            item["blob"]: found[item["blob"]] for item in task.inputs if item.get("blob") in found
+        }
+
+
+def usage_row(row: Any, now: int, upstream_cost_micros: int | None) -> dict[str, Any]:
+    """The usage line of a completed task (``row``: a Task or a returned row)."""
+    charge = row.charge
+    return {
+        "account_id": row.account_id,
+        "task_id": row.id,
+        "model": row.model,
+        "tier": charge["tier"],
+        "output_pixels": charge["output_pixels"],
+        "input_images": charge["input_images"],
+        "lines": charge["lines"],
+        "amount_micros": charge["total_micros"],
+        "upstream_cost_micros": upstream_cost_micros,
+        "created_at": now,
+    }
+
+
+async def complete_in(
+    session: AsyncSession,
+    settings: Settings,
+    storage: BlobStore,
+    worker_id: str,
+    items: Sequence[Completion],
+    now: int,
+) -> list[bool]:
+    """End ``items`` as completed in the caller's transaction; per item, whether it was still
+    this worker's to end (processing under its lease)."""
+    from genhook.tasks.lifecycle import enqueue_callback
+
+    connection = await session.connection()
+    expire_at = now + int(settings.output_retention.total_seconds() * 1000)
+    done: list[bool] = []
+    input_keys: list[str] = []
+    usage: list[dict[str, Any]] = []
+    webhooks: list[str] = []
+    for item in items:
+        params = {
+            "task_id": item.task_id,
+            "owner": worker_id,
+            "outputs": item.outputs,
+            "nsfw": item.nsfw,
+            "info": item.info,
+            "now": now,
+            "expire_at": expire_at,
+        }
+        if item.stt_result is None:
+            row = (await connection.execute(COMPLETE, params)).first()
+        else:
+            params["stt_result"] = item.stt_result
+            row = (await connection.execute(COMPLETE_WITH_STT, params)).first()
+        done.append(row is not None)
+        if row is None:
+            continue
+        metrics.finished(row.model, COMPLETED, row.started_at, now)
+        input_keys += [entry["blob"] for entry in row.inputs if "blob" in entry]
+        if row.charge:
+            usage.append(usage_row(row, now, item.upstream_cost_micros))
+        if row.webhook_url:
+            webhooks.append(row.id)
+    if input_keys:
+        await connection.execute(DELETE_BLOBS, {"keys": input_keys})
+    if usage:
+        await connection.execute(INSERT_USAGE, usage)
+    if webhooks:
+        rows = (await session.scalars(WEBHOOK_TASKS, {"ids": webhooks})).all()
+        by_id = {task.id: task for task in rows}
+        for task_id in webhooks:  # in the order the tasks ended
+            await enqueue_callback(session, by_id[task_id], settings, storage, now)
+    return done

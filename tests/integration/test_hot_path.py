@@ -1,0 +1,134 @@
+"""The worker's hot path on SQLite and PostgreSQL: how many SQL statements a task costs from
+claim to completion (pinned, so a change that adds one fails here), and the batched lease
+keeper's heartbeats and cancel checks."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import event, func, select
+
+from genhook.db import Blob, Database, Task, UsageLine
+from genhook.tasks import Lifecycle
+from genhook.tasks.keeper import LeaseKeeper
+from genhook.tasks.lifecycle import Completion
+from tests.conftest import Harness
+from tests.support.images import data_url
+
+MODEL = "test/fake-edit"
+
+
+@contextmanager
+def counting(db: Database) -> Iterator[Counter[str]]:
+    """Statements sent through ``db`` by first word, and transactions begun (``"tx"``)."""
+    seen: Counter[str] = Counter()
+
+    def on_statement(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        verb = statement.split(None, 1)[0].upper()
+        if verb != "BEGIN":  # SQLite's explicit BEGIN; counted as a transaction below
+            seen[verb] += 1
+
+    def on_begin(conn: Any) -> None:
+        seen["tx"] += 1
+
+    engines = {id(e): e.sync_engine for e in (db.write_engine, db.read_engine)}.values()
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", on_statement)
+        event.listen(engine, "begin", on_begin)
+    try:
+        yield seen
+    finally:
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", on_statement)
+            event.remove(engine, "begin", on_begin)
+
+
+async def submit(h: Harness, prompt: str = "edit") -> str:
+    body = {"model": MODEL, "prompt": prompt, "images": [data_url()], "size": "1024*1024"}
+    response = await h.submit(body)
+    assert response.status_code == 200, response.text
+    task_id: str = response.json()["id"]
+    return task_id
+
+
+async def test_one_task_from_claim_to_completion_costs_five_statements(harness: Harness) -> None:
+    task_id = await submit(harness)
+    with counting(harness.state.db) as seen:
+        assert await harness.worker.run_once()
+    # Claim: UPDATE ... RETURNING, then its input image, in one transaction. Completion: the
+    # conditional UPDATE, the input blob's DELETE and the usage line's INSERT, in another.
+    assert dict(seen) == {"tx": 2, "UPDATE": 2, "SELECT": 1, "DELETE": 1, "INSERT": 1}
+    async with harness.state.db.read() as session:
+        task = await session.get(Task, task_id)
+        assert task is not None and task.status == "completed" and len(task.outputs) == 1
+        usage = await session.scalar(select(func.count()).where(UsageLine.task_id == task_id))
+        assert usage == 1
+        inputs = [item["blob"] for item in task.inputs]
+        assert await session.scalar(select(func.count()).where(Blob.key.in_(inputs))) == 0
+
+
+async def test_a_batch_costs_one_statement_per_task_beyond_its_shared_ones(
+    harness: Harness,
+) -> None:
+    ids = [await submit(harness) for _ in range(4)]
+    lifecycle = Lifecycle(harness.state.settings, harness.state.db, harness.state.storage)
+    inputs: dict[str, dict[str, bytes]] = {}
+    with counting(harness.state.db) as claim:
+        tasks = await lifecycle.claim_many("w-batch", [MODEL], 8, inputs=inputs)
+    assert sorted(task.id for task in tasks) == sorted(ids)
+    assert sorted(inputs) == sorted(ids) and all(len(images) == 1 for images in inputs.values())
+    # The ids, the UPDATE that takes them, and their input images: one transaction.
+    assert dict(claim) == {"tx": 1, "SELECT": 2, "UPDATE": 1}
+    items = [Completion(task_id, [], [], {"n": 1}) for task_id in ids]
+    items.append(Completion("no-such-task", [], [], {}))
+    with counting(harness.state.db) as complete:
+        done = await lifecycle.complete_many("w-batch", items)
+    assert done == [True, True, True, True, False]
+    # One UPDATE per task, one DELETE of every input blob, one INSERT of every usage line.
+    assert dict(complete) == {"tx": 1, "UPDATE": 5, "DELETE": 1, "INSERT": 1}
+    async with harness.state.db.read() as session:
+        rows = (await session.execute(select(Task.status, Task.info).where(Task.id.in_(ids)))).all()
+        assert [tuple(r) for r in rows] == [("completed", {"n": 1})] * 4
+        usage = await session.scalar(select(func.count()).where(UsageLine.task_id.in_(ids)))
+        assert usage == 4
+
+
+async def test_a_task_held_by_another_worker_is_not_completed(harness: Harness) -> None:
+    task_id = await submit(harness)
+    lifecycle = Lifecycle(harness.state.settings, harness.state.db, harness.state.storage)
+    assert await lifecycle.claim("w-owner", [MODEL]) is not None
+    assert not await lifecycle.complete(task_id, "w-other", outputs=[], nsfw=[], info={})
+    assert await lifecycle.complete(task_id, "w-owner", outputs=[], nsfw=[], info={})
+    async with harness.state.db.read() as session:
+        usage = await session.scalar(select(func.count()).where(UsageLine.task_id == task_id))
+    assert usage == 1
+
+
+async def test_keeper_extends_held_leases_and_reports_a_cancel(harness: Harness) -> None:
+    kept_id, canceled_id = await submit(harness), await submit(harness)
+    lifecycle = Lifecycle(harness.state.settings, harness.state.db, harness.state.storage)
+    assert len(await lifecycle.claim_many("w-keep", [MODEL], 2)) == 2
+    async with harness.state.db.read() as session:
+        before = await session.scalar(select(Task.lease_expires_at).where(Task.id == kept_id))
+    keeper = LeaseKeeper(lifecycle, "w-keep", heartbeat_seconds=0.3, check_seconds=0.1)
+    kept, canceled = asyncio.Event(), asyncio.Event()
+    keeper.hold(kept_id, kept)
+    keeper.hold(canceled_id, canceled)
+    try:
+        response = await harness.client.post(
+            f"/api/v1/model/result/{canceled_id}/cancel", headers=harness.headers
+        )
+        assert response.status_code == 200, response.text
+        await asyncio.wait_for(canceled.wait(), 5)  # noticed by a check, not a heartbeat
+        await asyncio.sleep(0.5)  # at least one heartbeat
+    finally:
+        keeper.drop(kept_id)
+        keeper.drop(canceled_id)
+    assert not kept.is_set()
+    async with harness.state.db.read() as session:
+        after = await session.scalar(select(Task.lease_expires_at).where(Task.id == kept_id))
+    assert before is not None and after is not None and after > before
