@@ -236,7 +236,7 @@ async def redeliver(db: Database, delivery_id: str, *, account_id: str | None) -
                 requested_at=now,
             )
         )
-    wake_dispatchers()
+        await wake_dispatchers(session)
     return await get_delivery(db, delivery_id, account_id=account_id)
 
 
@@ -334,6 +334,5 @@ async def redeliver_many(
                     for delivery_id, attempts in rows
                 ],
             )
-    if rows:
-        wake_dispatchers()
+            await wake_dispatchers(session)
     return BulkRedeliveryResult(redelivered=len(rows), ids=sorted(r[0] for r in rows), more=more)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import aiohttp
-from sqlalchemy import update
+from sqlalchemy import func, select, update
 from yarl import URL
 
 from genhook.config import Settings
@@ -55,6 +55,8 @@ READY_ROUNDS = 4
 # Exchanges with the feed in flight at once.
 MAX_EXCHANGES = 2
 RECORD_DELAY_SECONDS = 0.2
+# The soonest a dispatcher looks again after a claim that found too little, unless woken.
+MIN_LOOK_SECONDS = 0.02
 RETRY_AFTER_STATUSES = frozenset({429, 503})
 
 
@@ -115,6 +117,10 @@ class Dispatcher:
         # the poll interval has passed (retries fall due; other processes add deliveries).
         self._maybe_due = True
         self._short_at = 0.0
+        # When to look again after a short claim (monotonic): the slow poll, or sooner when
+        # the earliest scheduled retry falls due first (read once per short claim).
+        self._next_look = 0.0
+        self._due_unknown = False
         self._wakes = 0  # wake() calls so far: one during a claim outdates its answer
         # Whether the last claim came back full: only then is a second one started while
         # one is in flight (an idle dispatcher polls with one claim at a time).
@@ -227,10 +233,14 @@ class Dispatcher:
                     if want or self._record_due():
                         self._start_exchange(want)
                         continue
-                # Poll again one interval after the last claim that found too little.
+                # Look again at the earliest retry or one poll interval after the last claim
+                # that found too little, whichever is first; a wake-up comes sooner.
                 timeout = poll
                 if not self._maybe_due:
-                    timeout = max(0.001, self._short_at + poll - time.monotonic())
+                    if self._due_unknown:
+                        await self._read_next_due()
+                        continue
+                    timeout = max(0.001, self._next_look - time.monotonic())
                 await self._sleep(min(timeout, RECORD_DELAY_SECONDS) if self._outcomes else timeout)
         finally:
             stopping.cancel()
@@ -276,7 +286,7 @@ class Dispatcher:
         for ahead of the busy senders: an exchange hands work to another thread or process
         and back, and under load each hand-over waits for the loop to come round."""
         if not self._maybe_due:
-            if time.monotonic() - self._short_at < self.settings.webhook_poll_seconds:
+            if self._due_unknown or time.monotonic() < self._next_look:
                 return 0
             self._maybe_due = True
         if self._asked and not self._full:
@@ -335,6 +345,8 @@ class Dispatcher:
             if not self._full and wakes == self._wakes:
                 self._maybe_due = False
                 self._short_at = time.monotonic()
+                self._next_look = self._short_at + self.settings.webhook_poll_seconds
+                self._due_unknown = True
         queued = 0
         for attempt in attempts:
             checked = self._check(attempt)
@@ -347,6 +359,31 @@ class Dispatcher:
                     queued += 1
         self._wake_senders(queued)
         self._nudge()
+
+    async def _read_next_due(self) -> None:
+        """Bring the next look forward to the earliest scheduled attempt (a read: an idle
+        dispatcher writes nothing). Never sooner than MIN_LOOK_SECONDS after the short claim,
+        so a due row that cannot be claimed yet (its room is full) is not spun on."""
+        wakes = self._wakes
+        try:
+            async with self.db.read() as session:
+                earliest = await session.scalar(
+                    select(func.min(WebhookDelivery.next_attempt_at)).where(
+                        WebhookDelivery.status == "pending"
+                    )
+                )
+        except Exception:
+            log.warning("reading the next webhook attempt time failed", exc_info=True)
+            earliest = None
+        if wakes != self._wakes:
+            return  # woken meanwhile: a claim comes next anyway
+        self._due_unknown = False
+        if earliest is not None:
+            due = max(
+                self._short_at + MIN_LOOK_SECONDS,
+                time.monotonic() + (earliest - now_ms()) / 1000,
+            )
+            self._next_look = min(self._next_look, due)
 
     async def release_leases(self) -> None:
         """Make deliveries this process still holds due again at once (graceful stop)."""

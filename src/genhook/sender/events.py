@@ -27,7 +27,7 @@ from sqlalchemy.orm import aliased
 from genhook.db import Task, WebhookDelivery
 from genhook.errors import FieldError, InvalidRequest
 from genhook.sender.fairness import destination_of
-from genhook.sender.outbox import add_after_commit_wake, new_delivery_id
+from genhook.sender.outbox import new_delivery_id, wake_dispatchers
 
 EVENTS = ("processing", "terminal")
 SUPERSEDED = "superseded by the terminal event"
@@ -106,7 +106,7 @@ async def enqueue_processing(session: AsyncSession, task: Task, now: int) -> Non
             updated_at=now,
         )
     )
-    add_after_commit_wake(session)
+    await wake_dispatchers(session)
 
 
 async def supersede_progress(session: AsyncSession, task: Task, now: int) -> None:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import event, insert
+from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from genhook import wakeups
 from genhook.db import Task, WebhookDelivery
 from genhook.sender.fairness import destination_of
 from genhook.task_states import TERMINAL
@@ -22,23 +22,6 @@ from genhook.task_states import TERMINAL
 TIMEOUT_ERROR = "The task did not finish before its deadline."
 FAILED_ERROR = "The task failed."
 TERMINAL_STATUSES = TERMINAL
-
-_wake_listeners: set[Callable[[], None]] = set()
-
-
-def add_wake_listener(listener: Callable[[], None]) -> None:
-    """Called after a transaction that enqueued a delivery commits, in this process."""
-    _wake_listeners.add(listener)
-
-
-def remove_wake_listener(listener: Callable[[], None]) -> None:
-    _wake_listeners.discard(listener)
-
-
-def wake_dispatchers() -> None:
-    """Tell this process's dispatchers that a delivery became due (others poll)."""
-    for listener in list(_wake_listeners):
-        listener()
 
 
 def new_delivery_id() -> str:
@@ -85,8 +68,8 @@ async def enqueue_delivery(
 ) -> str:
     """Add the delivery row to the caller's transaction; returns its id.
 
-    Due at once. The in-process dispatcher is woken when the transaction commits; other
-    processes find the row on their next poll.
+    Due at once. Dispatchers, in this process and others, are woken when the transaction
+    commits (``genhook.wakeups``).
     """
     if not task.webhook_url:
         raise ValueError(f"task {task.id} has no webhook_url")
@@ -113,15 +96,10 @@ async def enqueue_delivery(
     from genhook.sender.events import supersede_progress
 
     await supersede_progress(session, task, now)
-    add_after_commit_wake(session)
+    await wake_dispatchers(session)
     return delivery_id
 
 
-def add_after_commit_wake(session: AsyncSession) -> None:
-    """Wake this process's dispatchers once the caller's transaction commits."""
-    if _wake_listeners:
-        event.listen(session.sync_session, "after_commit", _after_commit, once=True)
-
-
-def _after_commit(_session: Any) -> None:
-    wake_dispatchers()
+async def wake_dispatchers(session: AsyncSession) -> None:
+    """Wake every dispatcher once the caller's transaction commits: a delivery is due."""
+    await wakeups.notify(session, wakeups.DELIVERIES)

@@ -48,12 +48,10 @@ async def run_concurrent(worker: Worker, stop: asyncio.Event) -> None:
                 claimed = claimed or bool(tasks)
             if claimed:
                 continue
-            waiters: set[asyncio.Future[Any]] = {stopping, *running}
-            await asyncio.wait(
-                waiters,
-                timeout=worker.settings.worker_poll_seconds,
-                return_when="FIRST_COMPLETED",
-            )
+            woken = asyncio.ensure_future(worker.wakeup.wait(worker.settings.worker_poll_seconds))
+            waiters: set[asyncio.Future[Any]] = {stopping, woken, *running}
+            await asyncio.wait(waiters, return_when="FIRST_COMPLETED")
+            woken.cancel()
         if running:
             await asyncio.wait(running)
     finally:

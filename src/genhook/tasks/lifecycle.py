@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from genhook import wakeups
 from genhook.config import Settings
 from genhook.db import Blob, Database, Task, UsageLine, now_ms
 from genhook.errors import ErrorCode
@@ -185,6 +186,8 @@ class Lifecycle:
                 )
                 .execution_options(synchronize_session=False)
             )
+            if result.rowcount:  # type: ignore[attr-defined]
+                await wakeups.notify(session, wakeups.TASKS)
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
     async def complete(
@@ -467,6 +470,8 @@ class Lifecycle:
                 )
                 .execution_options(synchronize_session=False)
             )
+            if result.rowcount:  # type: ignore[attr-defined]
+                await wakeups.notify(session, wakeups.TASKS)
         if result.rowcount:  # type: ignore[attr-defined]
             log.warning("task %s lost its lease (worker %s); requeued", task_id, owner)
             return True

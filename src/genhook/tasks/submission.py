@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import insert
 
+from genhook import wakeups
 from genhook.config import Settings
 from genhook.db import Blob, Database, IdempotencyKey, Task, now_ms
 from genhook.engines.base import ModelKind
@@ -82,6 +83,7 @@ class GroupInserter:
                 await session.execute(insert(Blob), blobs)
             if keys:
                 await session.execute(insert(IdempotencyKey), keys)
+            await wakeups.notify(session, wakeups.TASKS)
 
 
 _Row = tuple[Task, list[dict[str, Any]], list[dict[str, Any]]]
