@@ -33,9 +33,9 @@ import aiohttp
 import httptools
 from sqlalchemy import insert, update
 
+from genhook import wakeups
 from genhook.config import Settings
 from genhook.db import Account, Base, Database, Task, WebhookDelivery, now_ms
-from genhook.sender import outbox
 from genhook.sender.fairness import destination_of
 from genhook.sender.outbox import build_body, enqueue_delivery
 from genhook.sender.service import WebhookService
@@ -329,7 +329,10 @@ async def latency(
     run = asyncio.create_task(service.run(stop))
     await dispatcher_ready(service)
     if not wake:
-        outbox._wake_listeners.clear()  # as if the producer ran in another process
+        # As if no wake-up arrived: only the dispatcher's own polling finds the rows.
+        hub = wakeups.hub_for(db.url)
+        if hub is not None:
+            hub.subscriptions[wakeups.DELIVERIES].clear()
     committed: dict[str, float] = {}
     baseline = await delivered_count(db)
     total = int(rate * seconds)

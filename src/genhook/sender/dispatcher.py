@@ -121,6 +121,7 @@ class Dispatcher:
         # the earliest scheduled retry falls due first (read once per short claim).
         self._next_look = 0.0
         self._due_unknown = False
+        self._look_is_poll = False
         self._wakes = 0  # wake() calls so far: one during a claim outdates its answer
         # Whether the last claim came back full: only then is a second one started while
         # one is in flight (an idle dispatcher polls with one claim at a time).
@@ -288,6 +289,12 @@ class Dispatcher:
         if not self._maybe_due:
             if self._due_unknown or time.monotonic() < self._next_look:
                 return 0
+            if self._look_is_poll:
+                # The safety poll reads before it claims: an idle dispatcher writes nothing.
+                self._short_at = time.monotonic()
+                self._next_look = self._short_at + self.settings.webhook_poll_seconds
+                self._due_unknown = True
+                return 0
             self._maybe_due = True
         if self._asked and not self._full:
             return 0
@@ -346,6 +353,7 @@ class Dispatcher:
                 self._maybe_due = False
                 self._short_at = time.monotonic()
                 self._next_look = self._short_at + self.settings.webhook_poll_seconds
+                self._look_is_poll = True
                 self._due_unknown = True
         queued = 0
         for attempt in attempts:
@@ -383,7 +391,9 @@ class Dispatcher:
                 self._short_at + MIN_LOOK_SECONDS,
                 time.monotonic() + (earliest - now_ms()) / 1000,
             )
-            self._next_look = min(self._next_look, due)
+            if due < self._next_look:
+                self._next_look = due
+                self._look_is_poll = False
 
     async def release_leases(self) -> None:
         """Make deliveries this process still holds due again at once (graceful stop)."""

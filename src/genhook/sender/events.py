@@ -130,26 +130,36 @@ async def supersede_progress(session: AsyncSession, task: Task, now: int) -> Non
     )
 
 
+def _stale_progress(now: int) -> list[Any]:
+    terminal = aliased(WebhookDelivery)
+    return [
+        WebhookDelivery.status == "pending",
+        WebhookDelivery.event_type.like("%.task.processing"),
+        or_(
+            WebhookDelivery.lease_expires_at.is_(None),
+            WebhookDelivery.lease_expires_at < now,
+        ),
+        exists(
+            select(terminal.id).where(
+                terminal.task_id == WebhookDelivery.task_id,
+                terminal.event_type.like("%.task.terminal"),
+            )
+        ),
+    ]
+
+
+async def stale_progress_exists(session: AsyncSession, now: int) -> bool:
+    """Whether ``supersede_stale_progress`` has anything to do (a read, for idle passes)."""
+    found = await session.scalar(select(WebhookDelivery.id).where(*_stale_progress(now)).limit(1))
+    return found is not None
+
+
 async def supersede_stale_progress(session: AsyncSession, now: int) -> int:
     """Reconciliation: processing events left pending behind their terminal event (their
     attempt was in flight when the task ended, and failed) are given up."""
-    terminal = aliased(WebhookDelivery)
     result = await session.execute(
         update(WebhookDelivery)
-        .where(
-            WebhookDelivery.status == "pending",
-            WebhookDelivery.event_type.like("%.task.processing"),
-            or_(
-                WebhookDelivery.lease_expires_at.is_(None),
-                WebhookDelivery.lease_expires_at < now,
-            ),
-            exists(
-                select(terminal.id).where(
-                    terminal.task_id == WebhookDelivery.task_id,
-                    terminal.event_type.like("%.task.terminal"),
-                )
-            ),
-        )
+        .where(*_stale_progress(now))
         .values(status="undeliverable", last_error=SUPERSEDED, updated_at=now)
         .execution_options(synchronize_session=False)
     )

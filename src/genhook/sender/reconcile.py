@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 
 from genhook.config import Settings
 from genhook.db import Database, Task, WebhookDelivery, now_ms
-from genhook.sender.events import supersede_stale_progress
+from genhook.sender.events import stale_progress_exists, supersede_stale_progress
 from genhook.sender.keys import retire_expired_keys
 from genhook.sender.outbox import TERMINAL_STATUSES
 from genhook.storage import open_blob_store
@@ -62,8 +62,11 @@ class Reconciler:
         # A full batch means more may be missing: continue from there on the next pass.
         self.since = resume if resume is not None else moment - OVERLAP_MS
         report.expired_leases = await self._clear_expired_leases(moment)
-        async with self.db.write() as session:
-            await supersede_stale_progress(session, moment)
+        async with self.db.read() as session:
+            stale = await stale_progress_exists(session, moment)
+        if stale:
+            async with self.db.write() as session:
+                await supersede_stale_progress(session, moment)
         report.overdue = await self._count_overdue(moment)
         report.retired_keys = await retire_expired_keys(self.db, now=moment)
         if (report.enqueued or report.expired_leases or report.overdue) and self.wake:
@@ -113,13 +116,15 @@ class Reconciler:
         return enqueued, resume
 
     async def _clear_expired_leases(self, now: int) -> int:
+        expired = (WebhookDelivery.status == "pending", WebhookDelivery.lease_expires_at < now)
+        # Read first: an idle service writes nothing.
+        async with self.db.read() as session:
+            if await session.scalar(select(WebhookDelivery.id).where(*expired).limit(1)) is None:
+                return 0
         async with self.db.write() as session:
             result = await session.execute(
                 update(WebhookDelivery)
-                .where(
-                    WebhookDelivery.status == "pending",
-                    WebhookDelivery.lease_expires_at < now,
-                )
+                .where(*expired)
                 .values(lease_owner=None, lease_expires_at=None, updated_at=now)
                 .execution_options(synchronize_session=False)
             )

@@ -92,6 +92,16 @@ class Lifecycle:
                 await enqueue_processing(session, task, now)  # opt-in progress event
             return task
 
+    async def any_runnable(
+        self, models: Sequence[str], reserve_ms: Mapping[str, int] | None = None
+    ) -> bool:
+        """Whether a claim would find a task: a read, so an idle worker's poll writes nothing."""
+        if not models:
+            return False
+        conditions = _runnable(models, now_ms(), reserve_ms)
+        async with self.db.read() as session:
+            return await session.scalar(select(Task.id).where(*conditions).limit(1)) is not None
+
     async def claim_many(self, worker_id: str, models: Sequence[str], limit: int) -> list[Task]:
         """Take up to ``limit`` of the oldest runnable tasks in one transaction (I/O engines).
 
@@ -376,6 +386,9 @@ class Lifecycle:
         changed = 0
         retention_ms = int(self.settings.output_retention.total_seconds() * 1000)
         for _ in range(max_batches):
+            async with self.db.read() as session:  # read first: an idle sweep writes nothing
+                if await session.scalar(select(Task.id).where(*conditions).limit(1)) is None:
+                    break
             chosen = (
                 select(Task.id).where(*conditions).limit(batch).with_for_update(skip_locked=True)
             )

@@ -111,10 +111,15 @@ class Worker:
         if any(limit > 1 for limit in self.limits.values()):
             await run_concurrent(self, stop)
         failures = 0
+        woken = True
         while not stop.is_set() and not self.tainted:
             pause = self.settings.worker_poll_seconds
             try:
-                ran = await self.run_once(stop)
+                # After a quiet poll interval, read before claiming: idle, nothing is written.
+                if woken or await self.lifecycle.any_runnable(self._models, self._reserve_ms()):
+                    ran = await self.run_once(stop)
+                else:
+                    ran = False
                 failures = 0
             except Exception as error:
                 failures += 1
@@ -124,8 +129,9 @@ class Worker:
                     log.exception("worker %s: claim failed; retrying", self.worker_id)
                 pause = backoff_delay(failures, pause, 2.0)
                 ran = False
+            woken = True
             if not ran and not stop.is_set():
-                await self.wakeup.wait(pause)
+                woken = await self.wakeup.wait(pause)
 
     async def close_engines(self) -> None:
         """Close what engines hold on the loop (an upstream engine's connection pool)."""
