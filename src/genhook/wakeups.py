@@ -105,7 +105,7 @@ async def notify(session: AsyncSession, channel: str) -> None:
             for name in channels:
                 announce(key, name, sqlite_path)
 
-        def after_rollback(_session: Any) -> None:
+        def after_rollback(_session: Any, _previous: Any = None) -> None:
             session.info.pop(_PENDING_KEY, None)
             with contextlib.suppress(Exception):
                 event.remove(session.sync_session, "after_commit", after_commit)

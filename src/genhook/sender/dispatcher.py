@@ -347,6 +347,8 @@ class Dispatcher:
             attempts = []
         finally:
             self._asked -= want
+        if outcomes or returned:
+            self._due_unknown = True  # a retry may now be scheduled: read when it falls due
         if want:
             self._full = len(attempts) == want
             if not self._full and wakes == self._wakes:
