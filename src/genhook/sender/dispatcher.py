@@ -389,11 +389,9 @@ class Dispatcher:
             return  # woken meanwhile: a claim comes next anyway
         self._due_unknown = False
         if earliest is not None:
-            due = max(
-                self._short_at + MIN_LOOK_SECONDS,
-                time.monotonic() + (earliest - now_ms()) / 1000,
-            )
-            if due < self._next_look:
+            wait = (earliest - now_ms()) / 1000
+            due = max(self._short_at + MIN_LOOK_SECONDS, time.monotonic() + wait)
+            if wait <= 0 or due < self._next_look:
                 self._next_look = due
                 self._look_is_poll = False
 
