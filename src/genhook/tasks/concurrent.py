@@ -30,15 +30,15 @@ async def run_concurrent(worker: Worker, stop: asyncio.Event) -> None:
     """Claim while a model has a free slot, until ``stop``; tasks in hand finish first."""
     running: dict[asyncio.Future[None], str] = {}
     stopping = asyncio.ensure_future(stop.wait())
-    woken = True
+    waited = False
     try:
         while not stop.is_set() and not worker.tainted:
             for finished in [job for job in running if job.done()]:
                 _reap(running, finished)
             claimed = False
             for models, free in _free_slots(worker.limits, list(running.values())):
-                if not woken and not running and not await _any_runnable(worker, models):
-                    continue  # a quiet poll: read first, so an idle worker writes nothing
+                if waited and not running and not await _any_runnable(worker, models):
+                    continue  # after a wait, read first: an idle worker writes nothing
                 try:
                     tasks = await worker.lifecycle.claim_many(worker.worker_id, models, free)
                 except Exception:
@@ -50,11 +50,12 @@ async def run_concurrent(worker: Worker, stop: asyncio.Event) -> None:
                     running[asyncio.ensure_future(worker.process(task, stop))] = task.model
                 claimed = claimed or bool(tasks)
             if claimed:
+                waited = False
                 continue
             waking = asyncio.ensure_future(worker.wakeup.wait(worker.settings.worker_poll_seconds))
             waiters: set[asyncio.Future[Any]] = {stopping, waking, *running}
             await asyncio.wait(waiters, return_when="FIRST_COMPLETED")
-            woken = not waking.done() or waking.result()
+            waited = True
             waking.cancel()
         if running:
             await asyncio.wait(running)

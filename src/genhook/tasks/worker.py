@@ -111,12 +111,15 @@ class Worker:
         if any(limit > 1 for limit in self.limits.values()):
             await run_concurrent(self, stop)
         failures = 0
-        woken = True
+        waited = False
         while not stop.is_set() and not self.tainted:
             pause = self.settings.worker_poll_seconds
             try:
-                # After a quiet poll interval, read before claiming: idle, nothing is written.
-                if woken or await self.lifecycle.any_runnable(self._models, self._reserve_ms()):
+                # After a wait (a wake-up or the poll), read before claiming: a claim is a
+                # write, and every idle worker is woken while only one gets the task.
+                if not waited or await self.lifecycle.any_runnable(
+                    self._models, self._reserve_ms()
+                ):
                     ran = await self.run_once(stop)
                 else:
                     ran = False
@@ -129,9 +132,10 @@ class Worker:
                     log.exception("worker %s: claim failed; retrying", self.worker_id)
                 pause = backoff_delay(failures, pause, 2.0)
                 ran = False
-            woken = True
+            waited = False
             if not ran and not stop.is_set():
-                woken = await self.wakeup.wait(pause)
+                await self.wakeup.wait(pause)
+                waited = True
 
     async def close_engines(self) -> None:
         """Close what engines hold on the loop (an upstream engine's connection pool)."""
