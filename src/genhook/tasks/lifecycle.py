@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, delete, or_, select, update
+from sqlalchemy import and_, delete, exists, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook import wakeups
@@ -355,6 +355,8 @@ class Lifecycle:
         Returns the number of tasks changed.
         """
         now = now_ms()
+        if not await self._sweep_due(now):
+            return 0
         changed = await self.expire_overdue(now)
         async with self.db.read() as session:
             expired = (
@@ -367,6 +369,16 @@ class Lifecycle:
         for task_id, owner, losses in expired:
             changed += int(await self._lose_lease(task_id, owner, losses, now, expired=True))
         return changed
+
+    async def _sweep_due(self, now: int) -> bool:
+        """Whether the sweep has anything to change: one read, the idle sweep's only cost."""
+        checks = [
+            exists().where(Task.status.in_(ACTIVE), Task.deadline_at <= now),
+            exists().where(Task.status == CREATED, Task.start_deadline_at <= now),
+            exists().where(Task.status == "processing", Task.lease_expires_at < now),
+        ]
+        async with self.db.read() as session:
+            return bool(await session.scalar(select(or_(*checks))))
 
     async def expire_overdue(self, now: int, batch: int = 500, max_batches: int = 20) -> int:
         """Time out every active task past its deadline, and every waiting task past its start
