@@ -54,6 +54,8 @@ bench: install-dev
 	$(BIN)/python benchmarks/audio.py
 	$(BIN)/python benchmarks/task_api.py
 	$(BIN)/python benchmarks/webhook_fairness.py
+	$(BIN)/python benchmarks/idle.py
+	$(BIN)/python benchmarks/e2e_latency.py
 	$(BIN)/python benchmarks/nsfw_threshold.py
 	$(BIN)/python benchmarks/console.py
 	$(BIN)/python benchmarks/blob_store.py

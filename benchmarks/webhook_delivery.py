@@ -444,6 +444,8 @@ async def main(args: argparse.Namespace) -> int:
         database_url=url,
         webhook_allow_private_targets=True,
         webhook_concurrency=CONCURRENCY,
+        # The "polling only" run polls as dispatchers did before wake-ups.
+        webhook_poll_seconds=0.02,
         log_level="WARNING",
     )
     # The dispatcher role refuses a database below the newest schema.

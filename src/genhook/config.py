@@ -28,7 +28,9 @@ class Settings(BaseSettings):
 
     # Workers: engines run in separate processes so CPU work never blocks the API loop.
     workers: int = Field(default=2, ge=0)
-    worker_poll_seconds: float = Field(default=0.05, gt=0)
+    # An idle worker is woken when a task is submitted or requeued (genhook.wakeups); this
+    # slow poll is only the safety net.
+    worker_poll_seconds: float = Field(default=5.0, gt=0)
     lease_seconds: float = Field(default=30.0, gt=0)
     max_lease_losses: int = Field(default=3, ge=1)
     sweep_interval_seconds: float = Field(default=1.0, gt=0)
@@ -82,8 +84,9 @@ class Settings(BaseSettings):
     webhook_encryption_key: str | None = None
     webhook_response_excerpt_bytes: int = Field(default=1024, ge=0)
     webhook_reconcile_interval_seconds: float = Field(default=30.0, gt=0)
-    # How often an idle dispatcher looks for due deliveries written by other processes.
-    webhook_poll_seconds: float = Field(default=0.02, gt=0)
+    # An idle dispatcher is woken when a delivery is enqueued and looks again when the
+    # earliest retry falls due; this slow poll is only the safety net.
+    webhook_poll_seconds: float = Field(default=5.0, gt=0)
     # Attempts in flight at once, per delivery process.
     webhook_concurrency: int = Field(default=128, ge=1)
     # Extra CA certificates (PEM) trusted for webhook and input-image TLS, besides the

@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from genhook.api.deps import AppState
 from genhook.config import Settings
 from genhook.sender.service import WebhookService
+from genhook.services import Services
 from genhook.tasks.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ class DispatcherRole:
     leases and the sweeper's updates are idempotent.
     """
 
-    def __init__(self, state: AppState, *, owner: str | None = None) -> None:
+    def __init__(self, state: Services, *, owner: str | None = None) -> None:
         self.state = state
         # The same policy (and resolver) as submit-time checks guards every delivery.
         self.webhooks = WebhookService(state.settings, state.db, policy=state.policy, owner=owner)

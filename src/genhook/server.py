@@ -146,23 +146,16 @@ def worker_main(settings: Settings, index: int, parent: int | None = None) -> No
 
 
 async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
-    from genhook.api.app import build_state
-    from genhook.api.shedding import ready_problems
+    # Not the API's state: a worker without FastAPI and the console is ~27 MB smaller.
     from genhook.roles import health_port
+    from genhook.services import open_services, ready_problems
     from genhook.storage.blobs import close_blob_store
     from genhook.tasks.worker import Worker
 
     stop = asyncio.Event()
     _stop_on_signals(stop.set)
-    state = build_state(settings)
-    worker = Worker(
-        state.settings,
-        state.db,
-        state.storage,
-        state.registry,
-        state.policy,
-        worker_id=worker_id_for(os.getpid(), index),
-    )
+    state = open_services(settings)
+    worker = Worker.sharing(state, worker_id=worker_id_for(os.getpid(), index))
     if settings.worker_concurrency:
         # Only engines that wait on I/O run several tasks at once; CPU engines keep one.
         worker.limits = {
@@ -224,13 +217,12 @@ def _fast_loop() -> Any:
 
 
 async def _dispatcher(settings: Settings, index: int, parent: int | None) -> None:
-    from genhook.api.app import build_state
-    from genhook.api.shedding import ready_problems
     from genhook.roles import DispatcherRole, health_port
+    from genhook.services import open_services, ready_problems
 
     stop = asyncio.Event()
     _stop_on_signals(stop.set)
-    state = build_state(settings)
+    state = open_services(settings)
     role = DispatcherRole(state, owner=dispatcher_owner_for(os.getpid(), index))
 
     def orphaned() -> None:

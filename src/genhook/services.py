@@ -7,7 +7,11 @@ listing the five again, and ``open_services`` is the one place that opens them.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Self
 
 from genhook.config import Settings
@@ -54,3 +58,35 @@ def open_services(
             allow_private=settings.webhook_allow_private_targets, resolver=resolver
         ),
     )
+
+
+async def ready_problems(state: Services) -> list[str]:
+    """What keeps this process from doing its work: an empty list when it is ready."""
+    problems: list[str] = []
+    try:
+        await asyncio.wait_for(state.db.check_writable(), state.settings.db_pool_timeout_seconds)
+    except Exception as exc:
+        problems.append(f"the database cannot be written ({type(exc).__name__}: {exc})")
+    try:
+        await asyncio.to_thread(_probe_directory, state.settings.data_dir)
+    except OSError as exc:
+        problems.append(f"the data directory cannot be written ({exc.strerror or exc})")
+    return problems
+
+
+_PROBE = b"\0" * 4096
+
+
+def _probe_directory(directory: Path) -> None:
+    """Write, flush and remove a small file: fails with ENOSPC on a full disk."""
+    path = os.path.join(directory, f".ready-{os.getpid()}")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, _PROBE)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)

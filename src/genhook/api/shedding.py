@@ -7,16 +7,14 @@ each hold memory and then time out anyway.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import os
-from pathlib import Path
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from genhook.api.deps import AppState
 from genhook.faults import RETRY_AFTER_SECONDS
+from genhook.services import ready_problems
+
+__all__ = ["LoadShedding", "ready_problems"]
 
 # Paths never shed: health probes must answer precisely when the service is busy.
 _EXEMPT = ("/healthz", "/readyz")
@@ -58,35 +56,3 @@ async def _refuse(send: Send, message: str) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
-
-
-async def ready_problems(state: AppState) -> list[str]:
-    """What keeps this process from doing its work: an empty list when it is ready."""
-    problems: list[str] = []
-    try:
-        await asyncio.wait_for(state.db.check_writable(), state.settings.db_pool_timeout_seconds)
-    except Exception as exc:
-        problems.append(f"the database cannot be written ({type(exc).__name__}: {exc})")
-    try:
-        await asyncio.to_thread(_probe_directory, state.settings.data_dir)
-    except OSError as exc:
-        problems.append(f"the data directory cannot be written ({exc.strerror or exc})")
-    return problems
-
-
-_PROBE = b"\0" * 4096
-
-
-def _probe_directory(directory: Path) -> None:
-    """Write, flush and remove a small file: fails with ENOSPC on a full disk."""
-    path = os.path.join(directory, f".ready-{os.getpid()}")
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, _PROBE)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -57,7 +58,8 @@ class _Checkpointer(threading.Thread):
     """Copies the WAL back into the database file every ``interval`` seconds, off the loop.
 
     PASSIVE checkpoints never block readers or writers; sqlite3 releases the GIL while
-    they do I/O.
+    they do I/O. A WAL untouched since the last checkpoint is left alone (one ``stat``), so
+    an idle process does no database work here.
     """
 
     def __init__(self, database: str, interval: float = 0.2) -> None:
@@ -68,8 +70,17 @@ class _Checkpointer(threading.Thread):
 
     def run(self) -> None:
         connection = sqlite3.connect(self.database, timeout=30, isolation_level=None)
+        wal = self.database + "-wal"
+        seen: tuple[int, int] | None = None
         try:
             while not self.stopped.wait(self.interval):
+                try:
+                    stat = os.stat(wal)
+                except OSError:
+                    continue
+                if (stat.st_size, stat.st_mtime_ns) == seen:
+                    continue
+                seen = (stat.st_size, stat.st_mtime_ns)
                 try:
                     connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 except sqlite3.Error as exc:

@@ -218,7 +218,7 @@ async def redeliver(db: Database, delivery_id: str, *, account_id: str | None) -
             )
         if not await rearm_delivery(session, delivery_id, row.attempts + 1, now):
             raise Conflict(f"webhook delivery {delivery_id} has an attempt in flight; retry later")
-    wake_dispatchers()
+        await wake_dispatchers(session)
     return await get_delivery(db, delivery_id, account_id=account_id)
 
 
@@ -286,6 +286,6 @@ async def redeliver_many(
         more = len(ids) > request.limit
         ids = ids[: request.limit]
         redelivered = await rearm_deliveries(session, ids, request.status, now)
-    if redelivered:
-        wake_dispatchers()
+        if redelivered:
+            await wake_dispatchers(session)
     return BulkRedeliveryResult(redelivered=len(redelivered), ids=sorted(redelivered), more=more)

@@ -43,7 +43,13 @@ from genhook.sender.destinations import record_transitions
 from genhook.sender.fairness import Fairness, Rooms, is_health_failure
 from genhook.sender.feed import LocalFeed
 from genhook.sender.keys import KeyRing
-from genhook.sender.queue import UNLIMITED, Outcome, Outgoing, release_deliveries
+from genhook.sender.queue import (
+    UNLIMITED,
+    Outcome,
+    Outgoing,
+    earliest_pending,
+    release_deliveries,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +62,8 @@ READY_ROUNDS = 4
 # Exchanges with the feed in flight at once.
 MAX_EXCHANGES = 2
 RECORD_DELAY_SECONDS = 0.2
+# The soonest a dispatcher looks again after a claim that found too little, unless woken.
+MIN_LOOK_SECONDS = 0.02
 RETRY_AFTER_STATUSES = frozenset({429, 503})
 
 
@@ -116,6 +124,11 @@ class Dispatcher:
         # the poll interval has passed (retries fall due; other processes add deliveries).
         self._maybe_due = True
         self._short_at = 0.0
+        # When to look again after a short claim (monotonic): the slow poll, or sooner when
+        # the earliest scheduled retry falls due first (read once per short claim).
+        self._next_look = 0.0
+        self._due_unknown = False
+        self._look_is_poll = False
         self._wakes = 0  # wake() calls so far: one during a claim outdates its answer
         # Whether the last claim came back full: only then is a second one started while
         # one is in flight (an idle dispatcher polls with one claim at a time).
@@ -227,10 +240,14 @@ class Dispatcher:
                     if want or self._record_due():
                         self._start_exchange(want)
                         continue
-                # Poll again one interval after the last claim that found too little.
+                # Look again at the earliest retry or one poll interval after the last claim
+                # that found too little, whichever is first; a wake-up comes sooner.
                 timeout = poll
                 if not self._maybe_due:
-                    timeout = max(0.001, self._short_at + poll - time.monotonic())
+                    if self._due_unknown:
+                        await self._read_next_due()
+                        continue
+                    timeout = max(0.001, self._next_look - time.monotonic())
                 await self._sleep(min(timeout, RECORD_DELAY_SECONDS) if self._outcomes else timeout)
         finally:
             stopping.cancel()
@@ -276,7 +293,13 @@ class Dispatcher:
         for ahead of the busy senders: an exchange hands work to another thread or process
         and back, and under load each hand-over waits for the loop to come round."""
         if not self._maybe_due:
-            if time.monotonic() - self._short_at < self.settings.webhook_poll_seconds:
+            if self._due_unknown or time.monotonic() < self._next_look:
+                return 0
+            if self._look_is_poll:
+                # The safety poll reads before it claims: an idle dispatcher writes nothing.
+                self._short_at = time.monotonic()
+                self._next_look = self._short_at + self.settings.webhook_poll_seconds
+                self._due_unknown = True
                 return 0
             self._maybe_due = True
         if self._asked and not self._full:
@@ -330,11 +353,16 @@ class Dispatcher:
             attempts = []
         finally:
             self._asked -= want
+        if outcomes or returned:
+            self._due_unknown = True  # a retry may now be scheduled: read when it falls due
         if want:
             self._full = len(attempts) == want
             if not self._full and wakes == self._wakes:
                 self._maybe_due = False
                 self._short_at = time.monotonic()
+                self._next_look = self._short_at + self.settings.webhook_poll_seconds
+                self._look_is_poll = True
+                self._due_unknown = True
         queued = 0
         for attempt in attempts:
             checked = self._check(attempt)
@@ -349,6 +377,26 @@ class Dispatcher:
                     queued += 1
         self._wake_senders(queued)
         self._nudge()
+
+    async def _read_next_due(self) -> None:
+        """Bring the next look forward to the earliest scheduled attempt (a read: an idle
+        dispatcher writes nothing). Never sooner than MIN_LOOK_SECONDS after the short claim,
+        so a due row that cannot be claimed yet (its room is full) is not spun on."""
+        wakes = self._wakes
+        try:
+            earliest = await earliest_pending(self.db)
+        except Exception:
+            log.warning("reading the next webhook attempt time failed", exc_info=True)
+            earliest = None
+        if wakes != self._wakes:
+            return  # woken meanwhile: a claim comes next anyway
+        self._due_unknown = False
+        if earliest is not None:
+            wait = (earliest - now_ms()) / 1000
+            due = max(self._short_at + MIN_LOOK_SECONDS, time.monotonic() + wait)
+            if wait <= 0 or due < self._next_look:
+                self._next_look = due
+                self._look_is_poll = False
 
     async def release_leases(self) -> None:
         """Make deliveries this process still holds due again at once (graceful stop)."""

@@ -20,12 +20,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import exists, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
 
 from genhook.db import Task, WebhookDelivery
 from genhook.errors import FieldError, InvalidRequest
-from genhook.sender.outbox import add_after_commit_wake
+from genhook.sender.outbox import wake_dispatchers
 from genhook.sender.queue import give_up_progress, insert_delivery
 
 EVENTS = ("processing", "terminal")
@@ -89,7 +90,7 @@ async def enqueue_processing(session: AsyncSession, task: Task, now: int) -> Non
     }
     data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     await insert_delivery(session, task, task.webhook_url, event_type, data, now)
-    add_after_commit_wake(session)
+    await wake_dispatchers(session)
 
 
 async def supersede_progress(session: AsyncSession, task: Task, now: int) -> None:
@@ -98,6 +99,30 @@ async def supersede_progress(session: AsyncSession, task: Task, now: int) -> Non
     if not wants(task, "processing"):
         return
     await give_up_progress(session, SUPERSEDED, now, task_id=task.id)
+
+
+def _stale_progress(now: int) -> list[Any]:
+    terminal = aliased(WebhookDelivery)
+    return [
+        WebhookDelivery.status == "pending",
+        WebhookDelivery.event_type.like("%.task.processing"),
+        or_(
+            WebhookDelivery.lease_expires_at.is_(None),
+            WebhookDelivery.lease_expires_at < now,
+        ),
+        exists(
+            select(terminal.id).where(
+                terminal.task_id == WebhookDelivery.task_id,
+                terminal.event_type.like("%.task.terminal"),
+            )
+        ),
+    ]
+
+
+async def stale_progress_exists(session: AsyncSession, now: int) -> bool:
+    """Whether ``supersede_stale_progress`` has anything to do (a read, for idle passes)."""
+    found = await session.scalar(select(WebhookDelivery.id).where(*_stale_progress(now)).limit(1))
+    return found is not None
 
 
 async def supersede_stale_progress(session: AsyncSession, now: int) -> int:

@@ -199,12 +199,12 @@ async def retire_signing_key(db: Database, kid: str, *, now: int | None = None) 
 
 async def retire_expired_keys(db: Database, *, now: int | None = None) -> int:
     moment = now if now is not None else now_ms()
+    due = (SigningKey.status == "rotated", SigningKey.retire_at <= moment)
+    async with db.read() as session:  # read first: an idle service writes nothing
+        if await session.scalar(select(SigningKey.kid).where(*due).limit(1)) is None:
+            return 0
     async with db.write() as session:
-        result = await session.execute(
-            update(SigningKey)
-            .where(SigningKey.status == "rotated", SigningKey.retire_at <= moment)
-            .values(status="retired")
-        )
+        result = await session.execute(update(SigningKey).where(*due).values(status="retired"))
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 

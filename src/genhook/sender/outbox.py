@@ -7,34 +7,16 @@ these bytes; only the timestamp and signatures change per attempt.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from genhook import wakeups
 from genhook.db import Task
 from genhook.sender.queue import insert_delivery
 from genhook.task_states import COMPLETED, TIMEOUT, TIMEOUT_MESSAGE, is_terminal
 
 FAILED_ERROR = "The task failed."
-
-_wake_listeners: set[Callable[[], None]] = set()
-
-
-def add_wake_listener(listener: Callable[[], None]) -> None:
-    """Called after a transaction that enqueued a delivery commits, in this process."""
-    _wake_listeners.add(listener)
-
-
-def remove_wake_listener(listener: Callable[[], None]) -> None:
-    _wake_listeners.discard(listener)
-
-
-def wake_dispatchers() -> None:
-    """Tell this process's dispatchers that a delivery became due (others poll)."""
-    for listener in list(_wake_listeners):
-        listener()
 
 
 def event_type_for(kind: str) -> str:
@@ -78,8 +60,8 @@ async def enqueue_delivery(
 ) -> str:
     """Add the delivery row to the caller's transaction; returns its id.
 
-    Due at once. The in-process dispatcher is woken when the transaction commits; other
-    processes find the row on their next poll.
+    Due at once. Dispatchers, in this process and others, are woken when the transaction
+    commits (``genhook.wakeups``).
     """
     if not task.webhook_url:
         raise ValueError(f"task {task.id} has no webhook_url")
@@ -89,15 +71,10 @@ async def enqueue_delivery(
     from genhook.sender.events import supersede_progress
 
     await supersede_progress(session, task, now)
-    add_after_commit_wake(session)
+    await wake_dispatchers(session)
     return delivery_id
 
 
-def add_after_commit_wake(session: AsyncSession) -> None:
-    """Wake this process's dispatchers once the caller's transaction commits."""
-    if _wake_listeners:
-        event.listen(session.sync_session, "after_commit", _after_commit, once=True)
-
-
-def _after_commit(_session: Any) -> None:
-    wake_dispatchers()
+async def wake_dispatchers(session: AsyncSession) -> None:
+    """Wake every dispatcher once the caller's transaction commits: a delivery is due."""
+    await wakeups.notify(session, wakeups.DELIVERIES)

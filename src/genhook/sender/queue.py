@@ -759,3 +759,16 @@ async def release_deliveries(db: Database, owner: str) -> int:
 
     async with db.write() as session:
         return await release_leases(session, owner, now_ms())
+
+
+async def earliest_pending(db: Database) -> int | None:
+    """When the next pending delivery is due (a read: an idle dispatcher writes nothing)."""
+    from sqlalchemy import func
+
+    async with db.read() as session:
+        earliest = await session.scalar(
+            select(func.min(WebhookDelivery.next_attempt_at)).where(
+                WebhookDelivery.status == "pending"
+            )
+        )
+    return None if earliest is None else int(earliest)

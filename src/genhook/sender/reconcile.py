@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 
 from genhook.config import Settings
 from genhook.db import Database, Task, WebhookDelivery, now_ms
-from genhook.sender.events import supersede_stale_progress
+from genhook.sender.events import stale_progress_exists, supersede_stale_progress
 from genhook.sender.keys import retire_expired_keys
 from genhook.sender.queue import clear_expired_leases
 from genhook.storage import open_blob_store
@@ -63,8 +63,11 @@ class Reconciler:
         # A full batch means more may be missing: continue from there on the next pass.
         self.since = resume if resume is not None else moment - OVERLAP_MS
         report.expired_leases = await self._clear_expired_leases(moment)
-        async with self.db.write() as session:
-            await supersede_stale_progress(session, moment)
+        async with self.db.read() as session:
+            stale = await stale_progress_exists(session, moment)
+        if stale:
+            async with self.db.write() as session:
+                await supersede_stale_progress(session, moment)
         report.overdue = await self._count_overdue(moment)
         report.retired_keys = await retire_expired_keys(self.db, now=moment)
         if (report.enqueued or report.expired_leases or report.overdue) and self.wake:
@@ -114,6 +117,11 @@ class Reconciler:
         return enqueued, resume
 
     async def _clear_expired_leases(self, now: int) -> int:
+        expired = (WebhookDelivery.status == "pending", WebhookDelivery.lease_expires_at < now)
+        # Read first: an idle service writes nothing.
+        async with self.db.read() as session:
+            if await session.scalar(select(WebhookDelivery.id).where(*expired).limit(1)) is None:
+                return 0
         async with self.db.write() as session:
             return await clear_expired_leases(session, now)
 

@@ -11,12 +11,12 @@ import logging
 import ssl
 from typing import TYPE_CHECKING
 
+from genhook import wakeups
 from genhook.config import Settings
 from genhook.db import Database
 from genhook.net import AddressPolicy, Resolver
 from genhook.sender.dispatcher import LEASE_MARGIN_SECONDS, Dispatcher
 from genhook.sender.keys import KeyRing, ensure_signing_key
-from genhook.sender.outbox import add_wake_listener, remove_wake_listener
 from genhook.sender.reconcile import Reconciler
 from genhook.storage import open_blob_store
 
@@ -68,21 +68,16 @@ class WebhookService:
             owner=self._owner,
             lease_margin_seconds=self._lease_margin,
         )
-        loop = asyncio.get_running_loop()
         dispatcher = self.dispatcher
-
-        def wake_threadsafe() -> None:
-            with contextlib.suppress(RuntimeError):  # the loop has closed
-                loop.call_soon_threadsafe(dispatcher.wake)
-
-        add_wake_listener(wake_threadsafe)
+        # Deliveries enqueued by any process wake this dispatcher (genhook.wakeups).
+        wake = wakeups.subscribe(self.db.url, wakeups.DELIVERIES, dispatcher.wake)
         sweeper = asyncio.create_task(self._reconcile_forever(stop))
         # Output retention runs on this role too, beside reconciliation.
         retention = asyncio.create_task(self._retention().run_forever(stop))
         try:
             await dispatcher.run(stop)
         finally:
-            remove_wake_listener(wake_threadsafe)
+            wake.close()
             if not stop.is_set():
                 sweeper.cancel()
                 retention.cancel()

@@ -22,6 +22,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from genhook import wakeups
 from genhook.config import Settings
 from genhook.data_urls import InlineData
 from genhook.db import AccountLimit, Blob, Database, IdempotencyKey, Task
@@ -190,6 +191,7 @@ class Admission:
                 )
                 if blobs:
                     await session.execute(insert(Blob), blobs)
+                await wakeups.notify(session, wakeups.TASKS)
         except IntegrityError:
             if key is None:
                 raise

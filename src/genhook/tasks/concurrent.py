@@ -34,6 +34,7 @@ async def run_concurrent(worker: Worker, stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     poll = worker.settings.worker_poll_seconds
     stopping = asyncio.ensure_future(stop.wait())
+    waited = False
     try:
         while not stop.is_set() and not worker.tainted:
             for finished in [job for job in running if job.done()]:
@@ -45,6 +46,9 @@ async def run_concurrent(worker: Worker, stop: asyncio.Event) -> None:
                     continue
                 if group not in idle_since and free < _min_batch(worker.limits, models):
                     continue  # a busy queue: wait for more free slots, then take a batch
+                if waited and not running and not await _any_runnable(worker, models):
+                    idle_since[group] = loop.time()
+                    continue  # after a wait, read first: an idle worker writes nothing
                 try:
                     tasks = await worker.lifecycle.claim_many(
                         worker.worker_id, models, free, inputs=worker.prefetched
@@ -60,17 +64,26 @@ async def run_concurrent(worker: Worker, stop: asyncio.Event) -> None:
                     running[asyncio.ensure_future(worker.process(task, stop))] = task.model
                 claimed = claimed or bool(tasks)
             if claimed:
+                waited = False
                 continue
-            waiters: set[asyncio.Future[Any]] = {stopping, *running}
-            await asyncio.wait(
-                waiters,
-                timeout=worker.settings.worker_poll_seconds,
-                return_when="FIRST_COMPLETED",
-            )
+            waking = asyncio.ensure_future(worker.wakeup.wait(worker.settings.worker_poll_seconds))
+            waiters: set[asyncio.Future[Any]] = {stopping, waking, *running}
+            await asyncio.wait(waiters, return_when="FIRST_COMPLETED")
+            waited = True
+            if waking.done() and not waking.cancelled() and waking.result():
+                idle_since.clear()  # woken: a task may be waiting now, ask every queue again
+            waking.cancel()
         if running:
             await asyncio.wait(running)
     finally:
         stopping.cancel()
+
+
+async def _any_runnable(worker: Worker, models: list[str]) -> bool:
+    try:
+        return await worker.lifecycle.any_runnable(models)
+    except Exception:
+        return True  # let the claim report the fault
 
 
 def _free_slots(limits: dict[str, int], running: list[str]) -> list[tuple[list[str], int]]:

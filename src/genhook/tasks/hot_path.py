@@ -144,12 +144,26 @@ def claim_candidates(models: tuple[str, ...]) -> Select[Any]:
 TAKE_IDS = _take(Task.id.in_(bindparam("ids", expanding=True)))
 
 
+@functools.lru_cache(maxsize=256)
+def runnable_one(models: tuple[str, ...]) -> Select[Any]:
+    """One runnable task's id, if any: the read an idle worker makes before it claims."""
+    return select(Task.id).where(*_runnable(models)).limit(1)
+
+
+def runnable_params(
+    models: tuple[str, ...], now: int, reserve: Mapping[str, int]
+) -> dict[str, Any]:
+    params: dict[str, Any] = {"now": now}
+    for index, model in enumerate(models):
+        params[f"start_by_{index}"] = now + reserve.get(model, 0)
+    return params
+
+
 def claim_params(
     models: tuple[str, ...], worker_id: str, now: int, lease_ms: int, reserve: Mapping[str, int]
 ) -> dict[str, Any]:
-    params: dict[str, Any] = {"now": now, "owner": worker_id, "lease_until": now + lease_ms}
-    for index, model in enumerate(models):
-        params[f"start_by_{index}"] = now + reserve.get(model, 0)
+    params = runnable_params(models, now, reserve)
+    params.update(owner=worker_id, lease_until=now + lease_ms)
     return params
 
 

@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, exists, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from genhook import metrics
+from genhook import metrics, wakeups
 from genhook.config import Settings
 from genhook.db import Blob, Database, Task, now_ms
 from genhook.errors import ErrorCode
@@ -47,6 +47,8 @@ from genhook.tasks.hot_path import (
     claim_params,
     complete_in,
     read_inputs,
+    runnable_one,
+    runnable_params,
     usage_row,
 )
 from genhook.tasks.views import prediction_view
@@ -109,6 +111,17 @@ class Lifecycle:
             if task is not None:
                 metrics.task_started(task)
             return task
+
+    async def any_runnable(
+        self, models: Sequence[str], reserve_ms: Mapping[str, int] | None = None
+    ) -> bool:
+        """Whether a claim would find a task: a read, so an idle worker's poll writes nothing."""
+        if not models:
+            return False
+        group = tuple(models)
+        params = runnable_params(group, now_ms(), reserve_ms or {})
+        async with self.db.read() as session:
+            return await session.scalar(runnable_one(group), params) is not None
 
     async def claim_many(
         self,
@@ -184,6 +197,8 @@ class Lifecycle:
                 )
                 .execution_options(synchronize_session=False)
             )
+            if result.rowcount:  # type: ignore[attr-defined]
+                await wakeups.notify(session, wakeups.TASKS)
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
     async def complete(
@@ -316,6 +331,8 @@ class Lifecycle:
         Returns the number of tasks changed.
         """
         now = now_ms()
+        if not await self._sweep_due(now):
+            return 0
         changed = await self.expire_overdue(now)
         async with self.db.read() as session:
             expired = (
@@ -328,6 +345,16 @@ class Lifecycle:
         for task_id, owner, losses in expired:
             changed += int(await self._lose_lease(task_id, owner, losses, now, expired=True))
         return changed
+
+    async def _sweep_due(self, now: int) -> bool:
+        """Whether the sweep has anything to change: one read, the idle sweep's only cost."""
+        checks = [
+            exists().where(Task.status.in_(ACTIVE), Task.deadline_at <= now),
+            exists().where(Task.status == CREATED, Task.start_deadline_at <= now),
+            exists().where(Task.status == PROCESSING, Task.lease_expires_at < now),
+        ]
+        async with self.db.read() as session:
+            return bool(await session.scalar(select(or_(*checks))))
 
     async def expire_overdue(self, now: int, batch: int = 500, max_batches: int = 20) -> int:
         """Time out every active task past its deadline, and every waiting task past its start
@@ -347,6 +374,9 @@ class Lifecycle:
         changed = 0
         retention_ms = int(self.settings.output_retention.total_seconds() * 1000)
         for _ in range(max_batches):
+            async with self.db.read() as session:  # read first: an idle sweep writes nothing
+                if await session.scalar(select(Task.id).where(*conditions).limit(1)) is None:
+                    break
             chosen = (
                 select(Task.id).where(*conditions).limit(batch).with_for_update(skip_locked=True)
             )
@@ -445,6 +475,8 @@ class Lifecycle:
                 )
                 .execution_options(synchronize_session=False)
             )
+            if result.rowcount:  # type: ignore[attr-defined]
+                await wakeups.notify(session, wakeups.TASKS)
         if result.rowcount:  # type: ignore[attr-defined]
             log.warning("task %s lost its lease (worker %s); requeued", task_id, owner)
             metrics.lease_lost(failed=False)

@@ -89,6 +89,9 @@ class Pruner:
                 .order_by(WebhookAttempt.id)
                 .limit(self.batch)
             )
+            async with self.db.read() as session:  # read first: an idle pass writes nothing
+                if await session.scalar(oldest.limit(1)) is None:
+                    break
             async with self.db.write() as session:
                 ids = list((await session.scalars(oldest)).all())
                 if ids:
@@ -112,6 +115,9 @@ class Pruner:
                 .order_by(Task.finished_at)
                 .limit(self.batch)
             )
+            async with self.db.read() as session:  # read first: an idle pass writes nothing
+                if (await session.execute(old.limit(1))).first() is None:
+                    break
             async with self.db.write() as session:
                 rows = (await session.execute(old)).all()
                 ids = [task_id for task_id, _ in rows]
@@ -215,6 +221,8 @@ class Retention:
                 )
             ).all()
         dropped = 0
+        if not keys:
+            return 0
         async with self.db.write() as session:
             for account_id, key in keys:
                 result = await session.execute(

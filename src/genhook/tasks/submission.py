@@ -15,7 +15,7 @@ from typing import Any, cast
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import Table, insert
 
-from genhook import metrics
+from genhook import metrics, wakeups
 from genhook.data_urls import INLINE_DATA, InlineData
 from genhook.db import Blob, Database, IdempotencyKey, Task, now_ms
 from genhook.db.thread_writes import ThreadWriter, write_task_rows
@@ -94,6 +94,7 @@ class GroupInserter:
                 await connection.execute(_INSERT_BLOBS, blobs)
             if keys:
                 await connection.execute(_INSERT_KEYS, keys)
+            await wakeups.notify(session, wakeups.TASKS)
 
 
 _Row = tuple[Task, list[dict[str, Any]], list[dict[str, Any]]]

@@ -38,6 +38,7 @@ from genhook.tasks.group_complete import GroupCompleter
 from genhook.tasks.keeper import LeaseKeeper
 from genhook.tasks.lifecycle import Completion, Lifecycle
 from genhook.tasks.progress import ProgressRecorder
+from genhook.wakeups import TASKS, Waiter
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class Worker(Services):
         self.prefetched: dict[str, dict[str, bytes]] = {}
         # Recent run times per model: a task with less time left than these is not started.
         self._run_seconds: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=8))
+        self.wakeup = Waiter()
 
     def engine(self, model: str) -> Engine:
         engine = self._engines.get(model)
@@ -99,13 +101,34 @@ class Worker(Services):
     async def run(self, stop: asyncio.Event) -> None:
         """Claim and run tasks until ``stop`` is set; the task in hand finishes first."""
         log.info("worker %s started (models: %s)", self.worker_id, ", ".join(self._models))
+        # A submit or a requeue in any process wakes the idle worker; the poll is the net.
+        self.wakeup.attach(self.db.url, TASKS, self.db.sqlite_path)
+        stopping = asyncio.ensure_future(stop.wait())
+        stopping.add_done_callback(lambda _: self.wakeup.set())
+        try:
+            await self._run(stop)
+        finally:
+            stopping.cancel()
+            self.wakeup.close()
+        await self.close_engines()
+        log.info("worker %s stopped", self.worker_id)
+
+    async def _run(self, stop: asyncio.Event) -> None:
         if any(limit > 1 for limit in self.limits.values()):
             await run_concurrent(self, stop)
         failures = 0
+        waited = False
         while not stop.is_set() and not self.tainted:
             pause = self.settings.worker_poll_seconds
             try:
-                ran = await self.run_once(stop)
+                # After a wait (a wake-up or the poll), read before claiming: a claim is a
+                # write, and every idle worker is woken while only one gets the task.
+                if not waited or await self.lifecycle.any_runnable(
+                    self._models, self._reserve_ms()
+                ):
+                    ran = await self.run_once(stop)
+                else:
+                    ran = False
                 failures = 0
             except Exception as error:
                 failures += 1
@@ -115,11 +138,10 @@ class Worker(Services):
                     log.exception("worker %s: claim failed; retrying", self.worker_id)
                 pause = backoff_delay(failures, pause, 2.0)
                 ran = False
-            if not ran:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), pause)
-        await self.close_engines()
-        log.info("worker %s stopped", self.worker_id)
+            waited = False
+            if not ran and not stop.is_set():
+                await self.wakeup.wait(pause)
+                waited = True
 
     async def close_engines(self) -> None:
         """Close what engines hold on the loop (an upstream engine's connection pool)."""

@@ -1,0 +1,141 @@
+"""The idle cost of ``genhook serve`` with two workers: CPU, memory and database writes.
+
+    .venv/bin/python benchmarks/idle.py [--seconds 10] [--settle 5] [--skip-postgres]
+
+Starts the service (SQLite, then PostgreSQL), waits ``--settle`` seconds for start-up work to
+end, then samples the CPU time of the whole process tree (supervisor, workers, the webhook
+feed helper) over ``--seconds`` and prints it as a share of one core, with the tree's total
+RSS and PSS. It also counts database writes in the window: SQLite's ``PRAGMA data_version``
+and WAL size, PostgreSQL's inserted, updated and deleted row counters. Targets: under 1% of
+one core, under 250 MB, no writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._harness import running_service  # noqa: E402
+from benchmarks._proc import cpu_seconds, descendants, memory_bytes  # noqa: E402
+
+MB = 1024 * 1024
+SETTINGS = {
+    "workers": "2",
+    "worker_poll_seconds": "5",
+    "webhook_poll_seconds": "5",
+    "log_level": "WARNING",
+}
+
+
+class SQLiteWrites:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.connection = sqlite3.connect(path)
+
+    def sample(self) -> tuple[int, int]:
+        (version,) = self.connection.execute("PRAGMA data_version").fetchone()
+        wal = self.path.with_name(self.path.name + "-wal")
+        return int(version), wal.stat().st_size if wal.exists() else 0
+
+
+class PostgresWrites:
+    def __init__(self, server: object, database: str) -> None:
+        self.server = server
+        self.database = database
+
+    def sample(self) -> tuple[int, int]:
+        from tests.support.postgres import _find
+
+        port = self.server.port  # type: ignore[attr-defined]
+        out = subprocess.run(
+            [
+                _find("psql"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-U",
+                "postgres",
+                "-d",
+                self.database,
+                "-At",
+                "-c",
+                "SELECT pg_stat_force_next_flush(); SELECT tup_inserted + tup_updated + "
+                f"tup_deleted, xact_commit FROM pg_stat_database WHERE datname = '{self.database}'",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        rows, commits = out[-1].split("|")
+        return int(rows), int(commits)
+
+
+def measure(
+    name: str, url: str | None, tmp: Path, args: argparse.Namespace, writes: object
+) -> None:
+    data_dir = tmp / name
+    with running_service(str(data_dir), url, **SETTINGS):
+        time.sleep(args.settle)
+        tree = descendants(os.getpid())
+        tree = [pid for pid in tree if _is_service(pid)]
+        probe = writes if writes is not None else SQLiteWrites(data_dir / "genhook.db")
+        before = probe.sample()  # type: ignore[attr-defined]
+        cpu0, t0 = cpu_seconds(tree), time.monotonic()
+        time.sleep(args.seconds)
+        cpu1, t1 = cpu_seconds(tree), time.monotonic()
+        time.sleep(1.0)  # PostgreSQL publishes its counters at most once a second
+        after = probe.sample()  # type: ignore[attr-defined]
+        rss, pss = memory_bytes(tree)
+    share = (cpu1 - cpu0) / (t1 - t0)
+    if writes is None:
+        what = f"data_version {before[0]}->{after[0]}, WAL {before[1]}->{after[1]} bytes"
+        wrote = after != before
+    else:
+        what = f"rows written {after[0] - before[0]}, commits {after[1] - before[1]}"
+        wrote = after[0] != before[0]
+    print(
+        f"{name:<9} {len(tree)} processes: CPU {share:6.2%} of one core over {t1 - t0:.0f} s; "
+        f"RSS {rss / MB:6.1f} MB (PSS {pss / MB:6.1f} MB); "
+        f"writes: {'YES' if wrote else 'none'} ({what})"
+    )
+
+
+def _is_service(pid: int) -> bool:
+    try:
+        return b"genhook" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    # PostgreSQL backends publish their row counters up to 10 s after going idle.
+    parser.add_argument("--settle", type=float, default=12.0)
+    parser.add_argument("--skip-postgres", action="store_true")
+    args = parser.parse_args()
+    print(f"idle benchmark: genhook serve, 2 workers; load {os.getloadavg()[0]:.2f}")
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        measure("sqlite", None, tmp, args, None)
+        if not args.skip_postgres:
+            from tests.support.postgres import running_postgres
+
+            server = stack.enter_context(running_postgres())
+            server.psql("CREATE DATABASE idle")
+            measure("postgres", server.url("idle"), tmp, args, PostgresWrites(server, "idle"))
+
+
+if __name__ == "__main__":
+    main()
