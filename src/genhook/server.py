@@ -190,6 +190,7 @@ def run_worker(settings: Settings) -> None:
     """``genhook worker``: one worker process, for machines that only compute."""
     configure_logging(settings, "worker")
     os.umask(0o077)
+    private_dir(settings.data_dir)  # its own, even when blobs live in a bucket
     require_migrated(settings)
     worker_main(settings, 0)
 
@@ -248,6 +249,7 @@ def run_dispatcher(settings: Settings) -> None:
     """``genhook dispatcher``: webhook delivery and lease sweeping, without the API."""
     configure_logging(settings, "dispatcher")
     os.umask(0o077)
+    private_dir(settings.data_dir)  # its own, even when blobs live in a bucket
     require_migrated(settings)
     dispatcher_main(settings, 0)
 
@@ -348,6 +350,7 @@ def run_api(settings: Settings) -> None:
     """``genhook api``: HTTP only; workers and dispatchers run elsewhere."""
     configure_logging(settings, "api")
     os.umask(0o077)
+    private_dir(settings.data_dir)  # its own, even when blobs live in a bucket
     private_dir(settings.data_dir)
     require_migrated(settings)
     api_main(settings)

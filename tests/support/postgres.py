@@ -70,6 +70,55 @@ class PostgresServer:
             capture_output=True,
         )
 
+    def rows(self, sql: str, database: str = "postgres") -> list[tuple[str, ...]]:
+        """The rows of one query, as text, through psql (no client library in the test)."""
+        out = subprocess.run(
+            [
+                _find("psql"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-d",
+                database,
+                "-At",
+                "-F",
+                "\t",
+                "-c",
+                sql,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return [tuple(line.split("\t")) for line in out.stdout.splitlines() if line]
+
+    def restart(self) -> None:
+        """A fast restart (``pg_ctl restart -m fast``): every connection is cut, the data stays."""
+        env = {**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
+        subprocess.run(
+            _as_postgres(
+                [
+                    _find("pg_ctl"),
+                    "-D",
+                    str(self.datadir),
+                    "-l",
+                    str(self.datadir.parent / "log"),
+                    "-m",
+                    "fast",
+                    "-w",
+                    "-t",
+                    "60",
+                    "restart",
+                ]
+            ),
+            check=True,
+            capture_output=True,
+            env=env,
+        )
+
 
 def _as_postgres(cmd: list[str]) -> list[str]:
     if os.geteuid() == 0:
