@@ -129,3 +129,7 @@ def configure_logging(settings: Settings, role: str = "serve") -> None:
         for old in list(logger.handlers):
             logger.removeHandler(old)
         logger.propagate = True
+        # An earlier server or dictConfig in this process may have left a level or switched
+        # it off; the root's level and handler decide from here.
+        logger.setLevel(logging.NOTSET)
+        logger.disabled = False
