@@ -4,7 +4,7 @@ The ``bench/noop`` model (``benchmarks/noop_engine.py``, registered through
 ``GENHOOK_EXTRA_ENGINES``) returns a constant 1×1 PNG, so what a task costs is the service's
 own work. Two phases, so neither process is measured while it waits for the other:
 
-1. The API: ``genhook serve`` with no worker; ``--tasks`` submits through the HTTP API
+1. The API: ``genhook serve`` with no worker (its api process is measured); ``--tasks`` submits through the HTTP API
    (``--connections`` at once), after ``--warmup`` submits. CPU time of the API process (with
    its sweeper and webhook service) and its SQL statements, per submit.
 2. The worker: a ``genhook worker`` process started on the backlog; its CPU time and SQL
@@ -104,7 +104,9 @@ async def api_phase(args: argparse.Namespace, data_dir: str, sql_dir: Path) -> N
         base,
         key,
     ):
-        (server,) = [pid for pid in _children(os.getpid()) if b"genhook.cli" in _argv(pid)]
+        (supervisor,) = [pid for pid in _children(os.getpid()) if b"genhook.cli" in _argv(pid)]
+        # The supervisor only supervises; its api child answers the requests.
+        (server,) = [pid for pid in _children(supervisor) if b"api" in _argv(pid)]
         await submit(base, key, args.warmup, args.connections)
         time.sleep(0.2)  # the statement count is written every 20 ms
         cpu, sql = cpu_seconds(server), statements(sql_dir, server)
