@@ -4,9 +4,9 @@ The ``bench/noop`` model (``benchmarks/noop_engine.py``, registered through
 ``GENHOOK_EXTRA_ENGINES``) returns a constant 1×1 PNG, so what a task costs is the service's
 own work. Two phases, so neither process is measured while it waits for the other:
 
-1. The API: ``genhook serve`` with no worker (its api process is measured); ``--tasks`` submits through the HTTP API
-   (``--connections`` at once), after ``--warmup`` submits. CPU time of the API process (with
-   its sweeper and webhook service) and its SQL statements, per submit.
+1. The API: ``genhook serve`` with no worker; ``--tasks`` submits through the HTTP API
+   (``--connections`` at once), after ``--warmup`` submits. CPU time of the api process (the
+   supervisor's child that answers HTTP) and its SQL statements, per submit.
 2. The worker: a ``genhook worker`` process started on the backlog; its CPU time and SQL
    statements from the moment ``--warmup`` tasks are completed to the last completion, per
    task completed in between (counted in the database, so no process polls for it).
