@@ -267,8 +267,9 @@ async def test_retry_after_is_honoured(env: tuple[Settings, Database]) -> None:
 
 async def test_timeout_redirect_and_refused_connection(env: tuple[Settings, Database]) -> None:
     settings, db = env
+    # Long enough for the redirect's answer on a busy machine; the hang still times out.
     settings = settings.model_copy(
-        update={"webhook_timeout_seconds": 0.3, "webhook_retry_max_attempts": 1}
+        update={"webhook_timeout_seconds": 2.0, "webhook_retry_max_attempts": 1}
     )
     release = asyncio.Event()
 
@@ -292,7 +293,7 @@ async def test_timeout_redirect_and_refused_connection(env: tuple[Settings, Data
             rows = [await settle(db, x) for x in (a, b, c)]
         release.set()
         assert [r.status for r in rows] == ["undeliverable"] * 3
-        assert (await attempts(db, a))[0].error == "timeout after 0.3 s"
+        assert (await attempts(db, a))[0].error == "timeout after 2 s"
         assert (await attempts(db, b))[0].status_code == 302
         assert "redirect not followed" in str((await attempts(db, b))[0].error)
         assert ok.received == []
