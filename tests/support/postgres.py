@@ -48,51 +48,28 @@ class PostgresServer:
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/{database}"
 
+    def _psql(self, database: str, *options: str) -> list[str]:
+        return [
+            _find("psql"),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-U",
+            "postgres",
+            "-d",
+            database,
+            *options,
+        ]
+
     def psql(self, sql: str) -> None:
-        subprocess.run(
-            [
-                _find("psql"),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "-U",
-                "postgres",
-                "-d",
-                "postgres",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-q",
-                "-c",
-                sql,
-            ],
-            check=True,
-            capture_output=True,
-        )
+        command = self._psql("postgres", "-v", "ON_ERROR_STOP=1", "-q", "-c", sql)
+        subprocess.run(command, check=True, capture_output=True)
 
     def rows(self, sql: str, database: str = "postgres") -> list[tuple[str, ...]]:
         """The rows of one query, as text, through psql (no client library in the test)."""
-        out = subprocess.run(
-            [
-                _find("psql"),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "-U",
-                "postgres",
-                "-d",
-                database,
-                "-At",
-                "-F",
-                "\t",
-                "-c",
-                sql,
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
+        command = self._psql(database, "-At", "-F", "\t", "-c", sql)
+        out = subprocess.run(command, check=True, capture_output=True, text=True)
         return [tuple(line.split("\t")) for line in out.stdout.splitlines() if line]
 
     def restart(self) -> None:
