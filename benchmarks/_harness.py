@@ -37,6 +37,39 @@ def wait_ready(url: str, timeout: float = 60.0) -> None:
     raise RuntimeError(f"{url} did not become ready")
 
 
+def children(pid: int) -> list[int]:
+    """The process ids whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def argv(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def api_process(supervisor: int, timeout: float = 30.0) -> int:
+    """The api child of a ``genhook serve`` supervisor: the process that answers HTTP."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [pid for pid in children(supervisor) if b"api" in argv(pid)]
+        if found:
+            return found[0]
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no api process under {supervisor}")
+        time.sleep(0.05)
+
+
 def percentile(values: list[float], pct: float) -> float:
     if not values:
         return float("nan")

@@ -34,7 +34,7 @@ from sqlalchemy import func, select
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import running_service  # noqa: E402
+from benchmarks._harness import api_process, argv, children, running_service  # noqa: E402
 from benchmarks.noop_engine import PNG  # noqa: E402
 
 from genhook.config import Settings  # noqa: E402
@@ -48,26 +48,6 @@ BODY = {
 }
 ENGINES = '["benchmarks.noop_engine:register"]'
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def _argv(pid: int) -> list[bytes]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return []
 
 
 def cpu_seconds(pid: int) -> float:
@@ -104,9 +84,8 @@ async def api_phase(args: argparse.Namespace, data_dir: str, sql_dir: Path) -> N
         base,
         key,
     ):
-        (supervisor,) = [pid for pid in _children(os.getpid()) if b"genhook.cli" in _argv(pid)]
-        # The supervisor only supervises; its api child answers the requests.
-        (server,) = [pid for pid in _children(supervisor) if b"api" in _argv(pid)]
+        (supervisor,) = [pid for pid in children(os.getpid()) if b"genhook.cli" in argv(pid)]
+        server = api_process(supervisor)  # the supervisor only supervises
         await submit(base, key, args.warmup, args.connections)
         time.sleep(0.2)  # the statement count is written every 20 ms
         cpu, sql = cpu_seconds(server), statements(sql_dir, server)
