@@ -3,11 +3,11 @@
     .venv/bin/python benchmarks/idle.py [--seconds 10] [--settle 5] [--skip-postgres]
 
 Starts the service (SQLite, then PostgreSQL), waits ``--settle`` seconds for start-up work to
-end, then samples the CPU time of the whole process tree (supervisor, workers, the webhook
-feed helper) over ``--seconds`` and prints it as a share of one core, with the tree's total
-RSS and PSS. It also counts database writes in the window: SQLite's ``PRAGMA data_version``
-and WAL size, PostgreSQL's inserted, updated and deleted row counters. Targets: under 1% of
-one core, under 250 MB, no writes.
+end, then samples the CPU time of the whole process tree (supervisor, api, workers,
+dispatcher) over ``--seconds`` and prints it as a share of one core, with the tree's total
+RSS and PSS and each process's (``serve`` is the supervisor). It also counts database writes
+in the window: SQLite's ``PRAGMA data_version`` and WAL size, PostgreSQL's inserted, updated
+and deleted row counters. Targets: under 1% of one core, under 250 MB, no writes.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import running_service  # noqa: E402
+from benchmarks._harness import argv, running_service  # noqa: E402
 from benchmarks._proc import cpu_seconds, descendants, memory_bytes  # noqa: E402
 
 MB = 1024 * 1024
@@ -97,6 +97,7 @@ def measure(
         time.sleep(1.0)  # PostgreSQL publishes its counters at most once a second
         after = probe.sample()  # type: ignore[attr-defined]
         rss, pss = memory_bytes(tree)
+        per_process = [(_role(pid), *memory_bytes([pid])) for pid in tree]
     share = (cpu1 - cpu0) / (t1 - t0)
     if writes is None:
         what = f"data_version {before[0]}->{after[0]}, WAL {before[1]}->{after[1]} bytes"
@@ -109,6 +110,17 @@ def measure(
         f"RSS {rss / MB:6.1f} MB (PSS {pss / MB:6.1f} MB); "
         f"writes: {'YES' if wrote else 'none'} ({what})"
     )
+    for role, rss, pss in per_process:
+        print(f"    {role:<14} RSS {rss / MB:6.1f} MB  PSS {pss / MB:6.1f} MB")
+
+
+def _role(pid: int) -> str:
+    """``serve`` for the supervisor, else the role and index from the lifeline's argv."""
+    args = [a.decode(errors="replace") for a in argv(pid)]
+    if "genhook.lifeline" in args:
+        at = args.index("genhook.lifeline")
+        return "-".join(args[at + 2 : at + 4])
+    return "serve"
 
 
 def _is_service(pid: int) -> bool:

@@ -1,6 +1,8 @@
 """Entry point of the service's child processes: ``python -m genhook.lifeline PARENT ROLE
 INDEX [FD]`` runs role ``ROLE`` (api, worker or dispatcher) number ``INDEX`` for the
-supervisor ``PARENT``; ``FD`` is the API's inherited listening socket.
+supervisor ``PARENT``; ``FD`` is the API's inherited listening socket. ``python -m
+genhook.lifeline PARENT release tasks|deliveries OWNER lost|stopped`` gives back what a dead
+child held, and exits.
 
 A child must never outlive its supervisor, whatever the moment the supervisor dies. So the
 very first thing this module does, before importing anything slow, is ask the kernel to
@@ -35,12 +37,16 @@ def die_with_parent(parent: int) -> None:
 def main() -> None:
     parent = int(sys.argv[1])
     die_with_parent(parent)
-    role, index = sys.argv[2], int(sys.argv[3])
+    role = sys.argv[2]
     payload = sys.stdin.buffer.read()
     from genhook import server
     from genhook.config import Settings
 
     settings = Settings.model_validate_json(payload)
+    if role == "release":
+        server.release_main(settings, sys.argv[3], sys.argv[4], lost=sys.argv[5] == "lost")
+        return
+    index = int(sys.argv[3])
     if role == "api":
         fd = int(sys.argv[4]) if len(sys.argv) > 4 else None
         server.api_main(settings, parent=parent, fd=fd)

@@ -2,8 +2,9 @@
 
 ``genhook api`` answers HTTP, ``genhook worker`` runs engines and ``genhook dispatcher``
 delivers webhooks and sweeps leases; each runs any number of times against one database.
-``genhook serve`` migrates, bootstraps, then supervises one api, ``workers`` workers and
-``dispatchers`` dispatchers as child processes that die with it (see ``genhook.lifeline``).
+``genhook serve`` migrates, bootstraps, then becomes the supervisor (``genhook.supervisor``,
+standard library only) of one api, ``workers`` workers and ``dispatchers`` dispatchers, child
+processes that die with it (see ``genhook.lifeline``).
 A child that dies is restarted; the tasks a dead worker held and the deliveries a dead
 dispatcher held are given back at once (their leases are the safety net when nobody is left
 to do that). SIGTERM or Ctrl-C stops every claim at once, lets in-flight work finish within
@@ -20,20 +21,15 @@ import logging
 import os
 import signal
 import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from genhook.config import Settings
 from genhook.files import private_dir
-from genhook.retry import backoff_delay
+from genhook.supervisor import dispatcher_owner_for, exec_supervisor, worker_id_for
 
 if TYPE_CHECKING:
-    from genhook.tasks.lifecycle import Lifecycle
     from genhook.tasks.worker import Worker
 
 log = logging.getLogger("genhook")
@@ -84,16 +80,6 @@ async def bootstrap(settings: Settings) -> dict[str, str] | None:
 EXIT_TAINTED = 3
 # Exit code of a role refusing to start on a database below the newest schema.
 EXIT_REFUSED = 2
-
-
-def worker_id_for(pid: int, index: int) -> str:
-    """The lease owner name of worker ``index`` running as ``pid`` on this machine."""
-    return f"{socket.gethostname()}:{pid}/{index}"
-
-
-def dispatcher_owner_for(pid: int, index: int) -> str:
-    """The delivery lease owner name of dispatcher ``index`` running as ``pid``."""
-    return f"{socket.gethostname()}:{pid}/dispatcher-{index}"
 
 
 def _name_process(role: str, index: int) -> None:
@@ -359,143 +345,6 @@ def run_api(settings: Settings) -> None:
 # -- the supervisor -------------------------------------------------------------------------
 
 
-@dataclass
-class Child:
-    """One supervised role process, restarted under the same role and index."""
-
-    role: str
-    index: int
-    process: subprocess.Popen[bytes] | None = None
-    started_at: float = 0.0
-    failures: int = 0
-
-    @property
-    def name(self) -> str:
-        return f"{self.role}-{self.index}"
-
-
-class Supervisor:
-    """Starts, restarts and stops role processes, and gives back what a dead one held.
-
-    Children are plain processes (``python -m genhook.lifeline PARENT ROLE INDEX``) started
-    from the main thread, so the kernel's parent-death signal follows this process, not a
-    helper thread. ``listen_fd`` is the API's listening socket, opened here once so that the
-    port stays open while an API process restarts.
-    """
-
-    def __init__(
-        self,
-        settings: Settings,
-        children: list[tuple[str, int]],
-        lifecycle: Lifecycle | None = None,
-        *,
-        listen_fd: int | None = None,
-    ) -> None:
-        self.settings = settings
-        self.children = [Child(role, index) for role, index in children]
-        self.lifecycle = lifecycle
-        self.listen_fd = listen_fd
-        self.stopping = False
-        self._signalled: set[int] = set()
-        # One health port per machine would collide between children: serve's own API
-        # process answers /readyz for all of them.
-        self._payload = settings.model_copy(update={"health_port": 0}).model_dump_json().encode()
-
-    def _start(self, child: Child) -> None:
-        args = [sys.executable, "-m", "genhook.lifeline", str(os.getpid()), child.role]
-        args.append(str(child.index))
-        fds: tuple[int, ...] = ()
-        if child.role == "api" and self.listen_fd is not None:
-            args.append(str(self.listen_fd))
-            fds = (self.listen_fd,)
-        process = subprocess.Popen(args, stdin=subprocess.PIPE, pass_fds=fds)
-        assert process.stdin is not None
-        try:
-            process.stdin.write(self._payload)
-            process.stdin.close()
-        except BrokenPipeError:
-            pass
-        child.process = process
-        child.started_at = time.monotonic()
-
-    def start(self) -> None:
-        for child in self.children:
-            self._start(child)
-
-    async def supervise(self, interval: float = 0.1) -> None:
-        while not self.stopping:
-            await asyncio.sleep(interval)
-            now = time.monotonic()
-            for child in self.children:
-                process = child.process
-                if process is None or self.stopping:
-                    continue
-                code = process.poll()
-                if code is None:
-                    continue
-                # A child that keeps dying at start waits longer each time.
-                child.failures = child.failures + 1 if now - child.started_at < 5 else 1
-                delay = backoff_delay(child.failures - 1, 0.5, 5.0) if child.failures > 1 else 0.0
-                log.warning("%s exited with %s; restarting", child.name, code)
-                child.process = None
-                await self._give_back(child, process.pid, lost=code != 0)
-                asyncio.get_running_loop().call_later(delay, self._restart, child)
-
-    def _restart(self, child: Child) -> None:
-        if not self.stopping and child.process is None:
-            self._start(child)
-
-    async def _give_back(self, child: Child, pid: int, *, lost: bool) -> None:
-        if self.lifecycle is None:
-            return
-        try:
-            if child.role == "worker":
-                await self.lifecycle.release_owner(worker_id_for(pid, child.index), lost=lost)
-            elif child.role == "dispatcher":
-                from genhook.sender.queue import release_deliveries
-
-                owner = dispatcher_owner_for(pid, child.index)
-                await release_deliveries(self.lifecycle.db, owner)
-        except Exception:
-            log.exception("could not give back what %s held; its leases will", child.name)
-
-    def _signal(self, roles: tuple[str, ...]) -> None:
-        """SIGTERM once to each child of ``roles``: a second one means "now" to uvicorn."""
-        for child in self.children:
-            process = child.process
-            if child.role not in roles or process is None or process.pid in self._signalled:
-                continue
-            self._signalled.add(process.pid)
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(signal.SIGTERM)
-
-    def begin_stop(self) -> None:
-        """Stop every claim now: each worker finishes or releases its task, the API stops.
-        Dispatchers stop after the workers, to send the callbacks of their last tasks."""
-        self.stopping = True
-        self._signal(("api", "worker"))
-
-    async def stop(self, grace: float) -> None:
-        self.begin_stop()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace + 2
-        for role in ("worker", "api", "dispatcher"):
-            self._signal((role,))
-            for child in self.children:
-                if child.role == role and child.process is not None:
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        remaining = max(0.0, deadline - loop.time())
-                        await asyncio.to_thread(child.process.wait, remaining)
-        for child in self.children:
-            process = child.process
-            if process is not None and process.poll() is None:
-                log.warning("%s did not stop in time; killing it", child.name)
-                process.kill()
-                await asyncio.to_thread(process.wait, 5)
-                await self._give_back(child, process.pid, lost=False)
-
-
 def serve_children(settings: Settings) -> list[tuple[str, int]]:
     """The processes ``genhook serve`` runs: one api, the workers, the dispatchers."""
     return (
@@ -536,30 +385,42 @@ def serve(settings: Settings) -> None:
         print(f"  signing secret: {credentials['signing_secret']}", flush=True)
         print(f"  (also written to {path}, mode 0600)", flush=True)
     sock = listen_socket(settings)
-    try:
-        asyncio.run(_supervise(settings, sock.fileno()))
-    finally:
-        sock.close()
+    # One health port per machine would collide between children: serve's own API process
+    # answers /readyz for all of them.
+    payload = settings.model_copy(update={"health_port": 0}).model_dump_json().encode()
+    exec_supervisor(
+        settings.data_dir,
+        serve_children(settings),
+        payload,
+        listen_fd=sock.fileno(),
+        grace=settings.shutdown_grace_seconds,
+        log_level=settings.log_level,
+        log_format=settings.log_format,
+    )
 
 
-async def _supervise(settings: Settings, listen_fd: int) -> None:
+def release_main(settings: Settings, what: str, owner: str, *, lost: bool) -> None:
+    """Entry point of a release process: give back the tasks (``what`` = tasks) or the
+    deliveries a dead child ``owner`` held; started by the supervisor, which has no database
+    handle of its own."""
+    configure_logging(settings, "serve")
+    asyncio.run(_release(settings, what, owner, lost=lost))
+
+
+async def _release(settings: Settings, what: str, owner: str, *, lost: bool) -> None:
     from genhook.db import Database
-    from genhook.storage import open_blob_store
-    from genhook.tasks.lifecycle import Lifecycle
 
-    # The supervisor's own handle: it gives back a dead child's leases at once.
-    db = Database(settings.resolved_database_url, pool_size=2)
-    lifecycle = Lifecycle(settings, db, open_blob_store(settings, db))
-    supervisor = Supervisor(settings, serve_children(settings), lifecycle, listen_fd=listen_fd)
-    stop = asyncio.Event()
-    # Children also receive a terminal's Ctrl-C; they stop gracefully on their own.
-    _stop_on_signals(stop.set)
-    supervisor.start()
-    watch = asyncio.create_task(supervisor.supervise())
+    db = Database(settings.resolved_database_url, pool_size=1)
     try:
-        await stop.wait()
-        supervisor.begin_stop()
+        if what == "tasks":
+            from genhook.storage import open_blob_store
+            from genhook.tasks.lifecycle import Lifecycle
+
+            lifecycle = Lifecycle(settings, db, open_blob_store(settings, db))
+            await lifecycle.release_owner(owner, lost=lost)
+        else:
+            from genhook.sender.queue import release_deliveries
+
+            await release_deliveries(db, owner)
     finally:
-        watch.cancel()
-        await supervisor.stop(settings.shutdown_grace_seconds)
         await db.dispose()
