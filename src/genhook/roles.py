@@ -12,13 +12,16 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-
-from aiohttp import web
+from typing import TYPE_CHECKING
 
 from genhook.config import Settings
-from genhook.sender.service import WebhookService
 from genhook.services import Services
 from genhook.tasks.lifecycle import Lifecycle
+
+if TYPE_CHECKING:
+    # Imported where used: a worker imports this module for its health port, and needs
+    # neither aiohttp's server (unless it opens one) nor the webhook sender.
+    from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,8 @@ class HealthPort:
 
     async def start(self) -> int:
         """Listen; returns the bound port (the one asked for, or an ephemeral one for 0)."""
+        from aiohttp import web
+
         app = web.Application()
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
@@ -58,9 +63,13 @@ class HealthPort:
             self._runner = None
 
     async def _healthz(self, _: web.Request) -> web.Response:
+        from aiohttp import web
+
         return web.json_response({"status": "ok"})
 
     async def _readyz(self, _: web.Request) -> web.Response:
+        from aiohttp import web
+
         try:
             problems = await self._ready()
         except Exception as exc:
@@ -72,6 +81,8 @@ class HealthPort:
         return web.json_response({"status": "ready"})
 
     async def _metrics(self, _: web.Request) -> web.Response:
+        from aiohttp import web
+
         from genhook import metrics
 
         body, content_type = await asyncio.to_thread(metrics.render)
@@ -112,6 +123,8 @@ class DispatcherRole:
     """
 
     def __init__(self, state: Services, *, owner: str | None = None) -> None:
+        from genhook.sender.service import WebhookService
+
         self.state = state
         # The same policy (and resolver) as submit-time checks guards every delivery.
         self.webhooks = WebhookService(state.settings, state.db, policy=state.policy, owner=owner)

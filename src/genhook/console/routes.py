@@ -14,10 +14,9 @@ import shlex
 from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import httpx
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
@@ -37,6 +36,11 @@ from genhook.console.session import (
 from genhook.errors import NotFound
 from genhook.task_states import is_terminal
 from genhook.tasks.reads import owned_task
+
+if TYPE_CHECKING:
+    # Imported where used: httpx pulls its command line (rich, click, pygments) along,
+    # tens of MB an API process would hold for a console nobody may open.
+    import httpx
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -81,6 +85,8 @@ async def _api(
     params: dict[str, str] | None = None,
 ) -> httpx.Response:
     """One call of the public API as the signed-in key, through the app's own routes."""
+    import httpx
+
     transport = httpx.ASGITransport(app=request.app)
     base = f"{request.url.scheme}://{request.url.netloc}"
     async with httpx.AsyncClient(transport=transport, base_url=base) as client:
@@ -578,6 +584,8 @@ async def redeliver_one(request: Request, delivery_id: str) -> Response:
 
 
 def _notice(text: str) -> str:
+    import httpx
+
     return str(httpx.QueryParams({"notice": text}))
 
 

@@ -1,8 +1,12 @@
-"""The target-address policy (SSRF defence) for webhook targets and input-image URLs."""
+"""The target-address policy (SSRF defence) for webhook targets and input-image URLs.
+
+The HTTP client side (``_connector``, ``_fetch``) imports aiohttp, so it loads on first use:
+a process that only checks addresses (the API, a worker without URL inputs) goes without.
+"""
+
+from typing import TYPE_CHECKING
 
 from genhook.net._addresses import Reach, classify
-from genhook.net._connector import PinnedResolver, client_ssl_context, pinned_connector
-from genhook.net._fetch import MAX_REDIRECTS, fetch_input_image
 from genhook.net._policy import (
     MSG_INVALID,
     MSG_NOT_HTTPS,
@@ -13,7 +17,29 @@ from genhook.net._policy import (
     Resolver,
     SystemResolver,
 )
+from genhook.net._tls import client_ssl_context
 from genhook.net._urls import MAX_URL_LENGTH, Problem, Target, TargetRefused, parse_target
+
+if TYPE_CHECKING:
+    from genhook.net._connector import PinnedResolver, pinned_connector
+    from genhook.net._fetch import MAX_REDIRECTS, fetch_input_image
+
+_LAZY = {
+    "PinnedResolver": "_connector",
+    "pinned_connector": "_connector",
+    "MAX_REDIRECTS": "_fetch",
+    "fetch_input_image": "_fetch",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"genhook.net.{module}"), name)
+
 
 __all__ = [
     "MAX_REDIRECTS",

@@ -10,7 +10,6 @@ IP-literal hosts bypass aiohttp's resolver, so callers check them with
 
 from __future__ import annotations
 
-import os
 import socket
 import ssl
 from typing import Any
@@ -20,15 +19,6 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 
 from genhook.net._addresses import parse_ip
 from genhook.net._policy import AddressPolicy
-
-
-def client_ssl_context(ca_file: str | os.PathLike[str] | None = None) -> ssl.SSLContext:
-    """System trust store, plus the PEM ``ca_file`` when given (``GENHOOK_WEBHOOK_CA_FILE``);
-    always verifies certificates and host names."""
-    context = ssl.create_default_context()
-    if ca_file is not None:
-        context.load_verify_locations(cafile=os.fspath(ca_file))
-    return context
 
 
 class PinnedResolver(AbstractResolver):

@@ -27,7 +27,7 @@ from genhook.engines.base import AsyncEngine, Engine, EngineJob, EngineResult, s
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.faults import is_infrastructure_error, retry_infrastructure
 from genhook.logs import bind_task, unbind
-from genhook.net import client_ssl_context, fetch_input_image
+from genhook.net import client_ssl_context
 from genhook.retry import backoff_delay
 from genhook.services import Services
 from genhook.storage import DatabaseBlobStore
@@ -389,6 +389,8 @@ class Worker(Services):
                     raise TaskFailure(ErrorCode.INTERNAL_ERROR, f"input image {index} is missing")
                 images.append(blob[0])
                 continue
+            from genhook.net import fetch_input_image  # aiohttp, on a task's first URL input
+
             try:
                 images.append(
                     await fetch_input_image(

@@ -1,16 +1,32 @@
 """Upstream provider engine: genhook models served by hosted or self-hosted model servers.
 
-See ``docs/engines/upstream.md``.
+See ``docs/engines/upstream.md``. The engine itself (aiohttp) loads on first use: the API
+imports this package for upstream callbacks whether or not any upstream model is configured.
 """
+
+from typing import TYPE_CHECKING
 
 from genhook.engines.upstream._callbacks import store_callback
 from genhook.engines.upstream._config import QueueProtocol, UpstreamModel, load_upstream_models
-from genhook.engines.upstream._engine import (
-    OptionalImagesRequest,
-    UpstreamEngine,
-    register_upstream_models,
-    upstream_spec,
-)
+
+if TYPE_CHECKING:
+    from genhook.engines.upstream._engine import (
+        OptionalImagesRequest,
+        UpstreamEngine,
+        register_upstream_models,
+        upstream_spec,
+    )
+
+_ENGINE = {"OptionalImagesRequest", "UpstreamEngine", "register_upstream_models", "upstream_spec"}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _ENGINE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from genhook.engines.upstream import _engine
+
+    return getattr(_engine, name)
+
 
 __all__ = [
     "OptionalImagesRequest",
