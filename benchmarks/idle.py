@@ -5,9 +5,10 @@
 Starts the service (SQLite, then PostgreSQL), waits ``--settle`` seconds for start-up work to
 end, then samples the CPU time of the whole process tree (supervisor, api, workers,
 dispatcher) over ``--seconds`` and prints it as a share of one core, with the tree's total
-RSS and PSS and each process's (``serve`` is the supervisor). It also counts database writes
-in the window: SQLite's ``PRAGMA data_version`` and WAL size, PostgreSQL's inserted, updated
-and deleted row counters. Targets: under 1% of one core, under 250 MB, no writes.
+RSS and PSS, then each process's memory, CPU and wake-ups (context switches; ``serve`` is the
+supervisor). It also counts database writes in the window: SQLite's ``PRAGMA data_version``
+and WAL size, PostgreSQL's inserted, updated and deleted row counters. Targets: under 1% of
+one core, under 250 MB, no writes.
 """
 
 from __future__ import annotations
@@ -91,13 +92,18 @@ def measure(
         tree = [pid for pid in tree if _is_service(pid)]
         probe = writes if writes is not None else SQLiteWrites(data_dir / "genhook.db")
         before = probe.sample()  # type: ignore[attr-defined]
+        own0 = [(cpu_seconds([pid]), wakeups(pid)) for pid in tree]
         cpu0, t0 = cpu_seconds(tree), time.monotonic()
         time.sleep(args.seconds)
         cpu1, t1 = cpu_seconds(tree), time.monotonic()
+        own1 = [(cpu_seconds([pid]), wakeups(pid)) for pid in tree]
         time.sleep(1.0)  # PostgreSQL publishes its counters at most once a second
         after = probe.sample()  # type: ignore[attr-defined]
         rss, pss = memory_bytes(tree)
-        per_process = [(_role(pid), *memory_bytes([pid])) for pid in tree]
+        per_process = [
+            (_role(pid), *memory_bytes([pid]), c1 - c0, w1 - w0)
+            for pid, (c0, w0), (c1, w1) in zip(tree, own0, own1, strict=True)
+        ]
     share = (cpu1 - cpu0) / (t1 - t0)
     if writes is None:
         what = f"data_version {before[0]}->{after[0]}, WAL {before[1]}->{after[1]} bytes"
@@ -110,8 +116,25 @@ def measure(
         f"RSS {rss / MB:6.1f} MB (PSS {pss / MB:6.1f} MB); "
         f"writes: {'YES' if wrote else 'none'} ({what})"
     )
-    for role, rss, pss in per_process:
-        print(f"    {role:<14} RSS {rss / MB:6.1f} MB  PSS {pss / MB:6.1f} MB")
+    for role, rss, pss, cpu, woke in per_process:
+        print(
+            f"    {role:<14} RSS {rss / MB:6.1f} MB  PSS {pss / MB:6.1f} MB  "
+            f"CPU {cpu / (t1 - t0):6.2%}  wake-ups {woke / (t1 - t0):6.1f}/s"
+        )
+
+
+def wakeups(pid: int) -> int:
+    """Context switches of all of ``pid``'s threads: how often the process woke up."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            text = (task / "status").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                total += int(line.split()[1])
+    return total
 
 
 def _role(pid: int) -> str:

@@ -258,6 +258,18 @@ def _server_class() -> type[Any]:
             if self.should_exit:
                 self.force_exit = True
             self.should_exit = True
+            wake = getattr(self, "_wake", None)
+            if wake is not None:
+                wake.set()
+
+        async def main_loop(self) -> None:
+            """uvicorn's loop wakes ten times a second to notice an exit; this one wakes
+            once a second, for the Date header (tick 0 always refreshes it), and at once on
+            ``request_exit``."""
+            self._wake = asyncio.Event()
+            while not await self.on_tick(0):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), 1.0)
 
     return Server
 

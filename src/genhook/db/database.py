@@ -55,38 +55,67 @@ def open_sqlite(database: str) -> sqlite3.Connection:
 
 
 class _Checkpointer(threading.Thread):
-    """Copies the WAL back into the database file every ``interval`` seconds, off the loop.
+    """Copies the WAL back into the database file, off the loop.
 
     PASSIVE checkpoints never block readers or writers; sqlite3 releases the GIL while
-    they do I/O. A WAL untouched since the last checkpoint is left alone (one ``stat``), so
-    an idle process does no database work here.
+    they do I/O. A commit in this process wakes the thread (``wake``); while the WAL keeps
+    changing it checkpoints every ``interval`` seconds, and once it stops changing the thread
+    sleeps until the next commit, looking only every ``idle_interval`` seconds (one ``stat``)
+    for writes made outside the engine, so an idle process neither wakes nor touches the
+    database here.
     """
 
-    def __init__(self, database: str, interval: float = 0.2) -> None:
+    def __init__(self, database: str, interval: float = 0.2, idle_interval: float = 5.0) -> None:
         super().__init__(name="sqlite-checkpoint", daemon=True)
         self.database = database
         self.interval = interval
+        self.idle_interval = idle_interval
         self.stopped = threading.Event()
+        self._written = threading.Event()
+
+    def wake(self, *_: Any) -> None:
+        """A write committed (any arguments: it is also a SQLAlchemy event listener)."""
+        if not self._written.is_set():
+            self._written.set()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self._written.set()
 
     def run(self) -> None:
-        connection = sqlite3.connect(self.database, timeout=30, isolation_level=None)
+        connection: sqlite3.Connection | None = None
         wal = self.database + "-wal"
         seen: tuple[int, int] | None = None
+        busy = False
         try:
-            while not self.stopped.wait(self.interval):
+            while not self.stopped.is_set():
+                if busy:
+                    self.stopped.wait(self.interval)
+                else:
+                    self._written.wait(self.idle_interval)
+                    self._written.clear()
+                if self.stopped.is_set():
+                    break
                 try:
                     stat = os.stat(wal)
                 except OSError:
+                    busy = False
                     continue
-                if (stat.st_size, stat.st_mtime_ns) == seen:
+                busy = (stat.st_size, stat.st_mtime_ns) != seen
+                if not busy:
                     continue
                 seen = (stat.st_size, stat.st_mtime_ns)
                 try:
+                    if connection is None:
+                        connection = sqlite3.connect(
+                            self.database, timeout=30, isolation_level=None
+                        )
                     connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 except sqlite3.Error as exc:
                     logging.getLogger(__name__).warning("WAL checkpoint failed: %s", exc)
         finally:
-            connection.close()
+            if connection is not None:
+                connection.close()
 
 
 class _RunNow:
@@ -143,6 +172,7 @@ class Database:
             if database and database != ":memory:":
                 self._checkpointer = _Checkpointer(database)
                 self._checkpointer.start()
+                event.listen(self.write_engine.sync_engine, "commit", self._checkpointer.wake)
         else:
             self._checkpointer = None
             self.write_engine = create_async_engine(
@@ -215,7 +245,7 @@ class Database:
 
     async def dispose(self) -> None:
         if self._checkpointer is not None:
-            self._checkpointer.stopped.set()
+            self._checkpointer.stop()
         await self.write_engine.dispose()
         if self.read_engine is not self.write_engine:
             await self.read_engine.dispose()

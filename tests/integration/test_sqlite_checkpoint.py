@@ -1,0 +1,52 @@
+"""SQLite's WAL checkpointer sleeps while its process is idle and is woken by a commit.
+
+The idle fallback is set to an hour here, so a checkpoint that happens at all was started by
+the commit. SQLite only: PostgreSQL has no checkpointer of ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from genhook.db import database
+from genhook.db.database import Database
+
+
+class _HourlyCheckpointer(database._Checkpointer):
+    def __init__(self, path: str, **options: Any) -> None:
+        super().__init__(path, idle_interval=3600.0)
+
+
+async def test_a_commit_wakes_the_checkpointer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "wal.db"
+    # Held open throughout: the last connection to close would checkpoint by itself.
+    keeper = sqlite3.connect(path, isolation_level=None)
+    keeper.execute("PRAGMA journal_mode=WAL")
+    keeper.execute("PRAGMA wal_autocheckpoint=0")
+    keeper.execute("CREATE TABLE item (id INTEGER PRIMARY KEY, body BLOB)")
+    keeper.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    monkeypatch.setattr(database, "_Checkpointer", _HourlyCheckpointer)
+    before = path.stat()
+    db = Database(f"sqlite+aiosqlite:///{path}")
+    try:
+        async with db.write() as session:
+            body = b"x" * 200_000
+            await session.execute(text("INSERT INTO item (body) VALUES (:body)"), {"body": body})
+        # The rows reach the database file only by a checkpoint.
+        deadline = time.monotonic() + 60
+        while path.stat().st_size == before.st_size:
+            assert time.monotonic() < deadline, "no checkpoint after the commit"
+            await asyncio.sleep(0.05)
+        assert keeper.execute("SELECT count(*) FROM item").fetchone() == (1,)
+    finally:
+        await db.dispose()
+        keeper.close()
