@@ -76,7 +76,7 @@ FORBIDDEN = {
     "worker": NEVER
     | {"fastapi", "starlette", "uvicorn", "click", "aiohttp", "httpx", "cryptography"},
     "dispatcher": NEVER | {"fastapi", "starlette", "uvicorn", "click", "httpx"},
-    "api": NEVER | {"aiohttp", "httpx"},
+    "api": NEVER | {"aiohttp", "httpx", "jinja2"},
 }
 
 

@@ -9,6 +9,7 @@ copy buttons and the transcript highlight.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import shlex
 from collections import defaultdict
@@ -20,7 +21,6 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
-from fastapi.templating import Jinja2Templates
 from starlette.datastructures import FormData, UploadFile
 
 from genhook.accounts import authenticate
@@ -41,9 +41,9 @@ if TYPE_CHECKING:
     # Imported where used: httpx pulls its command line (rich, click, pygments) along,
     # tens of MB an API process would hold for a console nobody may open.
     import httpx
+    from fastapi.templating import Jinja2Templates
 
 HERE = Path(__file__).parent
-templates = Jinja2Templates(directory=str(HERE / "templates"))
 router = APIRouter(prefix="/console", include_in_schema=False)
 
 CSP = (
@@ -110,6 +110,14 @@ def _local(request: Request, url: str) -> str:
     return url
 
 
+@functools.cache
+def _templates() -> Jinja2Templates:
+    """Loaded on the first page: an API process whose console nobody opens holds no Jinja."""
+    from fastapi.templating import Jinja2Templates
+
+    return Jinja2Templates(directory=str(HERE / "templates"))
+
+
 def _page(request: Request, name: str, key: str | None, status: int = 200, **ctx: Any) -> Response:
     signer = _console(request).signer
     context = {
@@ -118,7 +126,7 @@ def _page(request: Request, name: str, key: str | None, status: int = 200, **ctx
         "path": request.url.path,
         **ctx,
     }
-    return templates.TemplateResponse(
+    return _templates().TemplateResponse(
         request, name, context, status_code=status, headers=PAGE_HEADERS
     )
 
