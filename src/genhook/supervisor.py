@@ -22,7 +22,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,6 +219,8 @@ def exec_supervisor(
 
     The configuration goes through an unlinked file in ``data_dir`` (private, any size)
     whose descriptor the new program inherits."""
+    import tempfile  # here: the supervisor that runs after the exec goes without it
+
     config = {
         "children": children,
         "payload": payload.decode(),
