@@ -3,7 +3,7 @@
 ``genhook serve`` migrates and bootstraps with the whole service imported, binds the API's
 socket, then replaces itself (``os.execv``, same pid) with ``python -m genhook.supervisor
 FD``: this module, which imports only the standard library, so the process that lives as
-long as the service holds ~15 MB instead of ~100 MB. ``FD`` is an open file holding the
+long as the service holds about 22 MB instead of 100. ``FD`` is an open file holding the
 supervisor's configuration as JSON (see ``exec_supervisor``).
 
 What a dead child held in the database (a worker's tasks, a dispatcher's deliveries) is given
@@ -77,12 +77,10 @@ class Supervisor:
         payload: bytes,
         *,
         listen_fd: int | None = None,
-        give_back: bool = True,
     ) -> None:
         self.children = [Child(role, index) for role, index in children]
         self.payload = payload
         self.listen_fd = listen_fd
-        self.give_back = give_back
         self.stopping = False
         self._signalled: set[int] = set()
         self._releases: set[asyncio.Task[None]] = set()
@@ -149,7 +147,7 @@ class Supervisor:
 
     async def _give_back(self, child: Child, pid: int, *, lost: bool) -> None:
         """Give back what the dead ``child`` (pid ``pid``) held, in a release process."""
-        if not self.give_back or child.role not in ("worker", "dispatcher"):
+        if child.role not in ("worker", "dispatcher"):
             return
         if child.role == "worker":
             args = ["release", "tasks", worker_id_for(pid, child.index)]
