@@ -195,6 +195,10 @@ class Waiter:
     def set(self) -> None:
         self._event.set()
 
+    def pending(self) -> bool:
+        """Whether a wake-up arrived since the last wait."""
+        return self._event.is_set()
+
     async def wait(self, timeout: float) -> bool:
         """Until a wake-up (True) or ``timeout`` (False); a wake-up since the last wait
         counts, so none is lost between a claim that found nothing and this wait."""

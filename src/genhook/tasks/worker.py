@@ -117,14 +117,15 @@ class Worker(Services):
         if any(limit > 1 for limit in self.limits.values()):
             await run_concurrent(self, stop)
         failures = 0
-        waited = False
+        waited = ran = False
         while not stop.is_set() and not self.tainted:
             pause = self.settings.worker_poll_seconds
             try:
-                # After a wait (a wake-up or the poll), read before claiming: a claim is a
-                # write, and every idle worker is woken while only one gets the task.
-                if not waited or await self.lifecycle.any_runnable(
-                    self._models, self._reserve_ms()
+                # Read before claiming after a wait (every idle worker is woken while only one
+                # gets the task) and after a task when no submit has woken this worker since:
+                # a claim is a write, and an empty one still takes SQLite's write lock.
+                if not (waited or (ran and not self.wakeup.pending())) or (
+                    await self.lifecycle.any_runnable(self._models, self._reserve_ms())
                 ):
                     ran = await self.run_once(stop)
                 else:
