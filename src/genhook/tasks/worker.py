@@ -82,6 +82,8 @@ class Worker(Services):
         # Recent run times per model: a task with less time left than these is not started.
         self._run_seconds: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=8))
         self.wakeup = Waiter()
+        # Whether the last claim saw another task waiting (see _run).
+        self._more = False
 
     def engine(self, model: str) -> Engine:
         engine = self._engines.get(model)
@@ -121,11 +123,14 @@ class Worker(Services):
         while not stop.is_set() and not self.tainted:
             pause = self.settings.worker_poll_seconds
             try:
-                # Read before claiming after a wait (every idle worker is woken while only one
-                # gets the task) and after a task when no submit has woken this worker since:
-                # a claim is a write, and an empty one still takes SQLite's write lock.
-                if not (waited or (ran and not self.wakeup.pending())) or (
-                    await self.lifecycle.any_runnable(self._models, self._reserve_ms())
+                # After a wait (a wake-up or the poll), read before claiming: a claim is a
+                # write, and every idle worker is woken while only one gets the task. After
+                # a task, claim again only if another was waiting at the claim or a submit
+                # has woken this worker since.
+                if ran and not self._more and not self.wakeup.pending():
+                    ran = False
+                elif not waited or await self.lifecycle.any_runnable(
+                    self._models, self._reserve_ms()
                 ):
                     ran = await self.run_once(stop)
                 else:
@@ -153,7 +158,7 @@ class Worker(Services):
                     await close()
 
     async def run_once(self, stop: asyncio.Event | None = None) -> bool:
-        task = await self.lifecycle.claim(
+        task, self._more = await self.lifecycle.claim_next(
             self.worker_id, self._models, self._reserve_ms(), inputs=self.prefetched
         )
         if task is None:
