@@ -45,6 +45,7 @@ from genhook.tasks.hot_path import (
     claim_candidates,
     claim_one,
     claim_params,
+    claimed,
     complete_in,
     read_inputs,
     runnable_one,
@@ -118,9 +119,11 @@ class Lifecycle:
         params = claim_params(key, worker_id, now_ms(), self._lease_ms, reserve_ms or {})
         stmt = claim_one(key)
         async with self.db.write() as session:
-            task = (await session.execute(stmt, params)).scalars().first()
-            if task is None:
+            connection = await session.connection()
+            row = (await connection.execute(stmt, params)).first()
+            if row is None:
                 return None, False
+            (task,) = claimed([row])
             if task.webhook_events:
                 await enqueue_processing(session, task, params["now"])  # opt-in progress event
             if inputs is not None:
@@ -163,8 +166,8 @@ class Lifecycle:
             ids = list((await session.scalars(candidates, params | {"limit": limit})).all())
             if not ids:
                 return []
-            taken = await session.execute(TAKE_IDS, params | {"ids": ids})
-            tasks = list(taken.scalars().all())
+            connection = await session.connection()
+            tasks = claimed(await connection.execute(TAKE_IDS, params | {"ids": ids}))
             for task in tasks:
                 if task.webhook_events:
                     await enqueue_processing(session, task, now)  # opt-in progress event
