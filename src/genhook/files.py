@@ -42,7 +42,7 @@ def private_sqlite(database: str) -> None:
     path = Path(database)
     private_dir(path.parent)
     private_file(path)
-    for suffix in ("-wal", "-shm", "-journal"):
+    for suffix in ("-wal", "-shm", "-journal", "-writer"):
         companion = Path(database + suffix)
         if companion.exists():
             _tighten(companion, FILE_MODE)

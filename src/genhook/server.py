@@ -125,7 +125,9 @@ def worker_main(settings: Settings, index: int, parent: int | None = None) -> No
     """Entry point of one worker process; ``parent`` is its supervisor's pid, if any."""
     _name_process("worker", index)
     configure_logging(settings, "worker")
-    if asyncio.run(_worker(settings, index, parent)):
+    with asyncio.Runner(loop_factory=_fast_loop()) as runner:
+        tainted = runner.run(_worker(settings, index, parent))
+    if tainted:
         # An abandoned engine thread is still computing; leave without waiting for it.
         logging.shutdown()
         os._exit(EXIT_TAINTED)
@@ -194,8 +196,8 @@ def dispatcher_main(settings: Settings, index: int, parent: int | None = None) -
 
 
 def _fast_loop() -> Any:
-    """uvloop's event loop factory when it is installed: the dispatcher's loop is busy with
-    HTTP and that is where uvloop saves CPU."""
+    """uvloop's event loop factory when it is installed: every role's loop is busy with
+    sockets and callbacks (HTTP, the database, wake-ups), and that is where uvloop saves CPU."""
     try:
         import uvloop
     except ImportError:
@@ -296,7 +298,8 @@ def api_main(settings: Settings, parent: int | None = None, fd: int | None = Non
     """Entry point of the API process; ``fd`` is a listening socket its supervisor opened."""
     _name_process("api", 0)
     configure_logging(settings, "api")
-    asyncio.run(_api(settings, parent, fd))
+    with asyncio.Runner(loop_factory=_fast_loop()) as runner:
+        runner.run(_api(settings, parent, fd))
 
 
 async def _api(settings: Settings, parent: int | None, fd: int | None) -> None:

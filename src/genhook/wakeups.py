@@ -114,8 +114,10 @@ async def notify(session: AsyncSession, channel: str) -> None:
         event.listen(session.sync_session, "after_soft_rollback", after_rollback, once=True)
     pending.add(channel)
     if bind.dialect.name == "postgresql":
-        statement = text("SELECT pg_notify(:channel, '')")
-        await session.execute(statement, {"channel": PG_CHANNELS[channel]})
+        # The payload names this process, whose own listeners ``announce`` wakes at commit.
+        statement = text("SELECT pg_notify(:channel, :sender)")
+        params = {"channel": PG_CHANNELS[channel], "sender": str(os.getpid())}
+        await session.execute(statement, params)
 
 
 def announce(key: str, channel: str, sqlite_path: str | None = None) -> None:
@@ -194,6 +196,10 @@ class Waiter:
 
     def set(self) -> None:
         self._event.set()
+
+    def pending(self) -> bool:
+        """Whether a wake-up arrived since the last wait."""
+        return self._event.is_set()
 
     async def wait(self, timeout: float) -> bool:
         """Until a wake-up (True) or ``timeout`` (False); a wake-up since the last wait
@@ -362,7 +368,9 @@ class _PostgresHub(_Hub):
         if self._task is None:
             self._task = self.loop.create_task(self._listen_forever())
 
-    def _on_notify(self, _connection: Any, _pid: int, name: str, _payload: str) -> None:
+    def _on_notify(self, _connection: Any, _pid: int, name: str, payload: str) -> None:
+        if payload == str(os.getpid()):
+            return  # sent by this process, whose listeners were woken at its commit
         for channel, pg_name in PG_CHANNELS.items():
             if pg_name == name:
                 self.deliver(channel)

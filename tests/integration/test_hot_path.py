@@ -59,9 +59,10 @@ async def test_one_task_from_claim_to_completion_costs_five_statements(harness: 
     task_id = await submit(harness)
     with counting(harness.state.db) as seen:
         assert await harness.worker.run_once()
-    # Claim: UPDATE ... RETURNING, then its input image, in one transaction. Completion: the
-    # conditional UPDATE, the input blob's DELETE and the usage line's INSERT, in another.
-    assert dict(seen) == {"tx": 2, "UPDATE": 2, "SELECT": 1, "DELETE": 1, "INSERT": 1}
+    # Claim: UPDATE ... RETURNING, its input image and whether another task waits, in one
+    # transaction. Completion: the conditional UPDATE, the input blob's DELETE and the usage
+    # line's INSERT, in another.
+    assert dict(seen) == {"tx": 2, "UPDATE": 2, "SELECT": 2, "DELETE": 1, "INSERT": 1}
     async with harness.state.db.read() as session:
         task = await session.get(Task, task_id)
         assert task is not None and task.status == "completed" and len(task.outputs) == 1
@@ -69,6 +70,43 @@ async def test_one_task_from_claim_to_completion_costs_five_statements(harness: 
         assert usage == 1
         inputs = [item["blob"] for item in task.inputs]
         assert await session.scalar(select(func.count()).where(Blob.key.in_(inputs))) == 0
+
+
+async def test_a_claim_tells_whether_another_task_was_waiting(harness: Harness) -> None:
+    """A worker that knows nothing else waits needs no second claim (a write) after its task."""
+    lifecycle = harness.worker.lifecycle
+    first, second = await submit(harness), await submit(harness)
+    task, more = await lifecycle.claim_next("w-1", [MODEL])
+    assert task is not None and task.id == first and more
+    task, more = await lifecycle.claim_next("w-1", [MODEL])
+    assert task is not None and task.id == second and not more
+    assert await lifecycle.claim_next("w-1", [MODEL]) == (None, False)
+
+
+async def test_a_running_worker_claims_nothing_after_its_last_task(harness: Harness) -> None:
+    """After the last task the worker waits; it does not write an empty claim first."""
+    worker, db = harness.worker, harness.state.db
+    # Only the submit's wake-up starts it: a poll that finds the task first would leave that
+    # wake-up pending, and a pending wake-up is worth a claim.
+    worker.settings = worker.settings.model_copy(update={"worker_poll_seconds": 5.0})
+    stop = asyncio.Event()
+    with counting(db) as seen:
+        running = asyncio.create_task(worker.run(stop))
+        try:
+            async with asyncio.timeout(30):
+                while not seen["UPDATE"]:  # its first claim, on an empty queue
+                    await asyncio.sleep(0.01)
+            seen.clear()
+            task_id = await submit(harness)
+            async with asyncio.timeout(30):
+                while (await harness.result(task_id))["status"] != "completed":
+                    await asyncio.sleep(0.01)
+            await asyncio.sleep(0.3)  # time enough for the empty claim this test rules out
+        finally:
+            stop.set()
+            await running
+    # The claim and the completion; a lease of 5 s has no heartbeat in this time.
+    assert seen["UPDATE"] == 2
 
 
 async def test_a_batch_costs_one_statement_per_task_beyond_its_shared_ones(

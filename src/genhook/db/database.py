@@ -8,18 +8,23 @@ SQLite statement takes microseconds, while aiosqlite's hop to a connection threa
 costs far more under load (the thread waits for the GIL), which capped submits at a few
 hundred per second. Inline calls are safe because write transactions inside one process are
 serialized by ``_write_lock`` (so a process never waits on its own lock) and every write
-transaction is short; another process's lock is waited for through ``busy_timeout``.
+transaction is short. Processes take turns through ``WriterTurn``, a lock on a file beside
+the database that is waited for off the loop, so a writer never waits for another process
+inside SQLite, where the busy handler would stall the event loop in growing sleeps.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import logging
 import os
 import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
@@ -34,7 +39,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
-from genhook.files import private_sqlite
+from genhook.files import FILE_MODE, private_sqlite
 
 
 def now_ms() -> int:
@@ -118,6 +123,61 @@ class _Checkpointer(threading.Thread):
                 connection.close()
 
 
+class WriterTurn:
+    """The processes of one SQLite file take turns to write through ``flock`` on
+    ``<database>-writer``.
+
+    Uncontended, the turn is one non-blocking system call on the loop. Contended, it is
+    waited for in a thread of its own, which the kernel wakes the moment the holder lets go,
+    while the loop goes on serving; SQLite's own busy handler instead polls in sleeps of
+    up to 100 ms on the thread that asked. Writers outside the service (a CLI command,
+    a migration) still meet SQLite's lock, through ``busy_timeout``.
+    """
+
+    def __init__(self, database: str) -> None:
+        path = database + "-writer"
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+        self._waiter: ThreadPoolExecutor | None = None
+
+    async def acquire(self) -> None:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        if self._waiter is None:
+            self._waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-turn")
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._waiter, fcntl.flock, self._fd, fcntl.LOCK_EX)
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The thread may still get the lock after this caller has gone: give it back.
+            future.add_done_callback(self._release_late)
+            raise
+
+    def _release_late(self, future: asyncio.Future[None]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self.release()
+
+    def release(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    @asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        await self.acquire()
+        try:
+            yield
+        finally:
+            self.release()
+
+    def close(self) -> None:
+        if self._waiter is not None:
+            self._waiter.shutdown(wait=False, cancel_futures=True)
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
 class _RunNow:
     """Stands in for aiosqlite's request queue: runs each request at once and settles its
     future, so ``await`` on it completes without a thread hop."""
@@ -162,6 +222,7 @@ class Database:
         self.is_postgres = self.dialect == "postgresql"
         # The database file, for SQLite work on a connection of its own.
         self.sqlite_path: str | None = None
+        self._turn: WriterTurn | None = None
         if self.is_sqlite:
             database = parsed.database or ""
             self.sqlite_path = database
@@ -170,6 +231,8 @@ class Database:
             self.read_engine = self._sqlite_engine(url, immediate=False)
             self._checkpointer: _Checkpointer | None = None
             if database and database != ":memory:":
+                if not database.startswith("file:"):
+                    self._turn = WriterTurn(database)
                 self._checkpointer = _Checkpointer(database)
                 self._checkpointer.start()
                 event.listen(self.write_engine.sync_engine, "commit", self._checkpointer.wake)
@@ -186,7 +249,7 @@ class Database:
             self.read_engine = self.write_engine
         # SQLite allows one writer at a time; queueing this process's writers here costs
         # nothing, while letting them collide makes SQLite's busy handler sleep for
-        # milliseconds. Other processes still wait through busy_timeout.
+        # milliseconds. Other processes take turns with this one through ``WriterTurn``.
         self._write_lock: asyncio.Lock | None = asyncio.Lock() if self.is_sqlite else None
         self._write_sessions = async_sessionmaker(self.write_engine, expire_on_commit=False)
         self._read_sessions = async_sessionmaker(self.read_engine, expire_on_commit=False)
@@ -213,7 +276,12 @@ class Database:
             async with self._write_sessions() as session, session.begin():
                 yield session
             return
-        async with self._write_lock, self._write_sessions() as session, session.begin():
+        async with (
+            self._write_lock,
+            self._between_processes(),
+            self._write_sessions() as session,
+            session.begin(),
+        ):
             yield session
 
     @asynccontextmanager
@@ -223,8 +291,11 @@ class Database:
         if self._write_lock is None:
             yield
             return
-        async with self._write_lock:
+        async with self._write_lock, self._between_processes():
             yield
+
+    def _between_processes(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return contextlib.nullcontext() if self._turn is None else self._turn.held()
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncSession]:
@@ -246,6 +317,9 @@ class Database:
     async def dispose(self) -> None:
         if self._checkpointer is not None:
             self._checkpointer.stop()
+            self._checkpointer.stopped.set()
+        if self._turn is not None:
+            self._turn.close()
         await self.write_engine.dispose()
         if self.read_engine is not self.write_engine:
             await self.read_engine.dispose()

@@ -45,6 +45,7 @@ from genhook.tasks.hot_path import (
     claim_candidates,
     claim_one,
     claim_params,
+    claimed,
     complete_in,
     read_inputs,
     runnable_one,
@@ -97,20 +98,39 @@ class Lifecycle:
         deadline is never started (it would only time out mid-run); the sweeper expires it.
         ``inputs``, when given, receives the task's input images read in the same transaction.
         """
+        task, _ = await self.claim_next(worker_id, models, reserve_ms, inputs, look_on=False)
+        return task
+
+    async def claim_next(
+        self,
+        worker_id: str,
+        models: Sequence[str],
+        reserve_ms: Mapping[str, int] | None = None,
+        inputs: dict[str, dict[str, bytes]] | None = None,
+        *,
+        look_on: bool = True,
+    ) -> tuple[Task | None, bool]:
+        """``claim``, and whether another task was runnable then (``look_on``): a worker
+        that knows none was, and has not been woken since, need not ask again after this
+        one, which on SQLite would be a write."""
         if not models:
-            return None
+            return None, False
         key = tuple(models)
         params = claim_params(key, worker_id, now_ms(), self._lease_ms, reserve_ms or {})
         stmt = claim_one(key)
         async with self.db.write() as session:
-            task = (await session.execute(stmt, params)).scalars().first()
-            if task is not None and task.webhook_events:
+            connection = await session.connection()
+            row = (await connection.execute(stmt, params)).first()
+            if row is None:
+                return None, False
+            (task,) = claimed([row])
+            if task.webhook_events:
                 await enqueue_processing(session, task, params["now"])  # opt-in progress event
-            if task is not None and inputs is not None:
+            if inputs is not None:
                 await read_inputs(session, [task], inputs)
-            if task is not None:
-                metrics.task_started(task)
-            return task
+            more = look_on and await session.scalar(runnable_one(key), params) is not None
+            metrics.task_started(task)
+            return task, more
 
     async def any_runnable(
         self, models: Sequence[str], reserve_ms: Mapping[str, int] | None = None
@@ -146,8 +166,8 @@ class Lifecycle:
             ids = list((await session.scalars(candidates, params | {"limit": limit})).all())
             if not ids:
                 return []
-            taken = await session.execute(TAKE_IDS, params | {"ids": ids})
-            tasks = list(taken.scalars().all())
+            connection = await session.connection()
+            tasks = claimed(await connection.execute(TAKE_IDS, params | {"ids": ids}))
             for task in tasks:
                 if task.webhook_events:
                     await enqueue_processing(session, task, now)  # opt-in progress event

@@ -82,6 +82,8 @@ class Worker(Services):
         # Recent run times per model: a task with less time left than these is not started.
         self._run_seconds: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=8))
         self.wakeup = Waiter()
+        # Whether the last claim saw another task waiting (see _run).
+        self._more = False
 
     def engine(self, model: str) -> Engine:
         engine = self._engines.get(model)
@@ -117,13 +119,17 @@ class Worker(Services):
         if any(limit > 1 for limit in self.limits.values()):
             await run_concurrent(self, stop)
         failures = 0
-        waited = False
+        waited = ran = False
         while not stop.is_set() and not self.tainted:
             pause = self.settings.worker_poll_seconds
             try:
                 # After a wait (a wake-up or the poll), read before claiming: a claim is a
-                # write, and every idle worker is woken while only one gets the task.
-                if not waited or await self.lifecycle.any_runnable(
+                # write, and every idle worker is woken while only one gets the task. After
+                # a task, claim again only if another was waiting at the claim or a submit
+                # has woken this worker since.
+                if ran and not self._more and not self.wakeup.pending():
+                    ran = False
+                elif not waited or await self.lifecycle.any_runnable(
                     self._models, self._reserve_ms()
                 ):
                     ran = await self.run_once(stop)
@@ -152,7 +158,7 @@ class Worker(Services):
                     await close()
 
     async def run_once(self, stop: asyncio.Event | None = None) -> bool:
-        task = await self.lifecycle.claim(
+        task, self._more = await self.lifecycle.claim_next(
             self.worker_id, self._models, self._reserve_ms(), inputs=self.prefetched
         )
         if task is None:
