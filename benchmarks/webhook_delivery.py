@@ -45,8 +45,9 @@ from genhook.sender.outbox import build_body, enqueue_delivery, wake_dispatchers
 
 CONCURRENCY = 128
 # CPU microseconds per delivery, per measurement: this process for the bare loop, the
-# dispatcher processes for the service (the sink's process excluded).
-CPU_US: dict[str, list[float]] = {"bare": [], "signed": []}
+# dispatcher processes for the service (the sink's process excluded), and of those their
+# event loops' threads alone (the thread that bounds one process: the GIL's holder).
+CPU_US: dict[str, list[float]] = {"bare": [], "signed": [], "signed_loop": []}
 
 
 # -- the sink -----------------------------------------------------------------------------
@@ -273,12 +274,14 @@ async def wait_delivered(db: Database, target: int, interval: float = 0.05) -> N
         await asyncio.sleep(interval)
 
 
-def process_cpu(pids: list[int]) -> float:
-    """CPU seconds used so far by other processes (the dispatchers), from /proc."""
+def process_cpu(pids: list[int], *, loop_only: bool = False) -> float:
+    """CPU seconds used so far by other processes (the dispatchers), from /proc; with
+    ``loop_only``, by their main threads (the event loops) alone."""
     total = 0.0
     for pid in pids:
+        stat = f"/proc/{pid}/task/{pid}/stat" if loop_only else f"/proc/{pid}/stat"
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = Path(stat).read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -372,6 +375,7 @@ async def service_throughput(
         await dispatchers.ready(client)
         # Every delivery of the round becomes due at once; the clock starts when they are.
         started, cpu = time.perf_counter(), process_cpu(dispatchers.pids)
+        loop_cpu = process_cpu(dispatchers.pids, loop_only=True)
         async with db.write() as session:
             await session.execute(
                 update(WebhookDelivery)
@@ -387,6 +391,8 @@ async def service_throughput(
         await wait_delivered(db, delivered_after, interval=0.01)
         elapsed = time.perf_counter() - started
         CPU_US["signed"].append((process_cpu(dispatchers.pids) - cpu) / count * 1e6)
+        loop_cpu = process_cpu(dispatchers.pids, loop_only=True) - loop_cpu
+        CPU_US["signed_loop"].append(loop_cpu / count * 1e6)
     finally:
         dispatchers.stop()
     return count / elapsed
@@ -463,6 +469,7 @@ async def main(args: argparse.Namespace) -> int:
             # machine penalizes neither side more than the other.
             ceilings: list[float] = []
             signed_rates: dict[int, list[float]] = {n: [] for n in args.processes}
+            cpu_by: dict[int, list[tuple[float, float]]] = {n: [] for n in args.processes}
             delivered = 0
             bodies: list[bytes] = []
             for round_no in range(args.rounds):
@@ -477,9 +484,11 @@ async def main(args: argparse.Namespace) -> int:
                         settings, db, sink, client, prefix, args.count, delivered, processes
                     )
                     signed_rates[processes].append(rate)
+                    cpu_by[processes].append((CPU_US["signed"][-1], CPU_US["signed_loop"][-1]))
                     print(
                         f"round {round_no + 1}, {processes} dispatcher process(es): "
-                        f"signed {rate:,.0f}/s ({CPU_US['signed'][-1]:.0f} us CPU each), "
+                        f"signed {rate:,.0f}/s ({CPU_US['signed'][-1]:.0f} us CPU each, "
+                        f"{CPU_US['signed_loop'][-1]:.0f} on the event loops), "
                         f"bare {ceilings[-1]:,.0f}/s ({CPU_US['bare'][-1]:.0f} us CPU each)",
                         flush=True,
                     )
@@ -488,13 +497,19 @@ async def main(args: argparse.Namespace) -> int:
                 f"body size {len(bodies[0])} bytes; {args.count} deliveries per round", flush=True
             )
             results["ceiling_per_s"] = round(ceiling)
+            results["cpu_us_bare"] = round(statistics.median(CPU_US["bare"]))
             for processes, rates in signed_rates.items():
                 signed = max(rates)
                 results[f"signed_per_s_{processes}"] = round(signed)
                 results[f"ratio_{processes}"] = round(signed / ceiling, 3)
+                cpu, loop_cpu = (statistics.median(c) for c in zip(*cpu_by[processes], strict=True))
+                results[f"cpu_us_{processes}"] = round(cpu)
+                results[f"cpu_us_loop_{processes}"] = round(loop_cpu)
                 print(
                     f"{processes} dispatcher process(es): signed deliveries/s {signed:,.0f}  "
-                    f"bare aiohttp ceiling {ceiling:,.0f}  ratio {signed / ceiling:.0%}",
+                    f"bare aiohttp ceiling {ceiling:,.0f}  ratio {signed / ceiling:.0%}  "
+                    f"(median CPU per delivery: {cpu:.0f} us, event loops {loop_cpu:.0f} us; "
+                    f"bare {results['cpu_us_bare']} us)",
                     flush=True,
                 )
             if args.seconds > 0:

@@ -126,6 +126,17 @@ async def test_signed_delivery_migration_mode(env: tuple[Settings, Database]) ->
         assert body["payload"]["outputs"]
         assert "error" not in body
         h = got.headers
+        # The contract's headers and what HTTP/1.1 needs, nothing else (no Accept-Encoding:
+        # the excerpt of the answer is stored as received).
+        assert {name.lower() for name in h} == {
+            "host",
+            "content-length",
+            "content-type",
+            "user-agent",
+            *(f"x-service-webhook-{n}" for n in ("id", "event", "timestamp", "key-id")),
+            "x-service-webhook-signature",
+            "x-service-webhook-signature-ed25519",
+        }
         assert h["Content-Type"] == "application/json"
         assert h["User-Agent"] == "Service-Webhook/1.0"
         assert h["X-Service-Webhook-Id"] == "task_ok"
