@@ -84,7 +84,11 @@ async def api_phase(args: argparse.Namespace, data_dir: str, sql_dir: Path) -> N
         base,
         key,
     ):
-        (supervisor,) = [pid for pid in children(os.getpid()) if b"genhook.cli" in argv(pid)]
+        (supervisor,) = [
+            pid
+            for pid in children(os.getpid())
+            if {b"genhook.cli", b"genhook.supervisor"} & set(argv(pid))
+        ]
         server = api_process(supervisor)  # the supervisor only supervises
         await submit(base, key, args.warmup, args.connections)
         time.sleep(0.2)  # the statement count is written every 20 ms
