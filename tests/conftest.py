@@ -10,7 +10,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +178,19 @@ class LiveService:
             timeout=60,
         )
 
+    def as_new_account(self) -> LiveService:
+        """The same service seen by a new account of its own, so that tests sharing one
+        ``serve`` (a module-scoped fixture) never see each other's tasks, usage or limits."""
+        created = self.cli("accounts", "create", "t-" + uuid.uuid4().hex[:10], "--json")
+        assert created.returncode == 0, created.stdout + created.stderr
+        account = json.loads(created.stdout)
+        return replace(
+            self,
+            api_key=account["api_key"],
+            account_id=account["account_id"],
+            signing_secret=account["signing_secret"],
+        )
+
 
 def start_service(
     tmp_path: Path, database_url: str | None = None, *, args: tuple[str, ...] = (), **env: str
@@ -245,6 +258,17 @@ def stop_service(service: LiveService) -> None:
         except subprocess.TimeoutExpired:
             service.process.kill()
             service.process.wait(5)
+
+
+def live_database(request: pytest.FixtureRequest) -> str | None:
+    """The database of a live service parametrized on ``sqlite``/``postgres``: None (SQLite in
+    its data directory) or a new PostgreSQL database; usable from a module-scoped fixture."""
+    if request.param == "sqlite":
+        return None
+    server: PostgresServer = request.getfixturevalue("pg_server")
+    name = "t_" + uuid.uuid4().hex[:12]
+    server.psql(f"CREATE DATABASE {name}")
+    return server.url(name)
 
 
 @pytest.fixture
