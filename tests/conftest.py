@@ -21,11 +21,11 @@ from genhook.accounts import NewAccount, create_account
 from genhook.api import AppState, build_state, create_app
 from genhook.config import Settings
 from genhook.db import Database
-from genhook.db.migrate import upgrade_in_thread
 from genhook.engines.registry import build_registry
 from genhook.sender.keys import load_encryption_key
 from genhook.tasks import Worker
 from tests.support import netguard
+from tests.support.migrated import migrate
 from tests.support.postgres import PostgresServer, free_port, running_postgres
 from tests.support.s3 import Partition, S3Server, running_s3
 
@@ -103,7 +103,7 @@ def settings(tmp_path: Path, database_url: str) -> Settings:
 
 @pytest.fixture
 async def db(settings: Settings) -> AsyncIterator[Database]:
-    upgrade_in_thread(settings.resolved_database_url)
+    migrate(settings.resolved_database_url)
     database = Database(settings.resolved_database_url)
     yield database
     await database.dispose()
@@ -136,7 +136,7 @@ class Harness:
 
 
 async def make_harness(settings: Settings) -> Harness:
-    upgrade_in_thread(settings.resolved_database_url)
+    migrate(settings.resolved_database_url)
     state = build_state(settings, registry=build_registry(settings))
     app = create_app(state)
     account = await create_account(state.db, "test", encryption_key=load_encryption_key(settings))
