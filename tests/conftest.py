@@ -10,7 +10,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +21,11 @@ from genhook.accounts import NewAccount, create_account
 from genhook.api import AppState, build_state, create_app
 from genhook.config import Settings
 from genhook.db import Database
-from genhook.db.migrate import upgrade_in_thread
 from genhook.engines.registry import build_registry
 from genhook.sender.keys import load_encryption_key
 from genhook.tasks import Worker
 from tests.support import netguard
+from tests.support.migrated import migrate
 from tests.support.postgres import PostgresServer, free_port, running_postgres
 from tests.support.s3 import Partition, S3Server, running_s3
 
@@ -103,7 +103,7 @@ def settings(tmp_path: Path, database_url: str) -> Settings:
 
 @pytest.fixture
 async def db(settings: Settings) -> AsyncIterator[Database]:
-    upgrade_in_thread(settings.resolved_database_url)
+    migrate(settings.resolved_database_url)
     database = Database(settings.resolved_database_url)
     yield database
     await database.dispose()
@@ -136,7 +136,7 @@ class Harness:
 
 
 async def make_harness(settings: Settings) -> Harness:
-    upgrade_in_thread(settings.resolved_database_url)
+    migrate(settings.resolved_database_url)
     state = build_state(settings, registry=build_registry(settings))
     app = create_app(state)
     account = await create_account(state.db, "test", encryption_key=load_encryption_key(settings))
@@ -176,6 +176,19 @@ class LiveService:
             capture_output=True,
             text=True,
             timeout=60,
+        )
+
+    def as_new_account(self) -> LiveService:
+        """The same service seen by a new account of its own, so that tests sharing one
+        ``serve`` (a module-scoped fixture) never see each other's tasks, usage or limits."""
+        created = self.cli("accounts", "create", "t-" + uuid.uuid4().hex[:10], "--json")
+        assert created.returncode == 0, created.stdout + created.stderr
+        account = json.loads(created.stdout)
+        return replace(
+            self,
+            api_key=account["api_key"],
+            account_id=account["account_id"],
+            signing_secret=account["signing_secret"],
         )
 
 
@@ -245,6 +258,17 @@ def stop_service(service: LiveService) -> None:
         except subprocess.TimeoutExpired:
             service.process.kill()
             service.process.wait(5)
+
+
+def live_database(request: pytest.FixtureRequest) -> str | None:
+    """The database of a live service parametrized on ``sqlite``/``postgres``: None (SQLite in
+    its data directory) or a new PostgreSQL database; usable from a module-scoped fixture."""
+    if request.param == "sqlite":
+        return None
+    server: PostgresServer = request.getfixturevalue("pg_server")
+    name = "t_" + uuid.uuid4().hex[:12]
+    server.psql(f"CREATE DATABASE {name}")
+    return server.url(name)
 
 
 @pytest.fixture

@@ -1,5 +1,9 @@
 """The audio models as a user runs them: ``genhook serve`` in a subprocess, the SDK, and
-signed ``audio.task.terminal`` callbacks carrying the transcript, on SQLite and PostgreSQL."""
+signed ``audio.task.terminal`` callbacks carrying the transcript.
+
+On SQLite only: the same two models, their results and their callback payloads run on both
+databases in tests/integration/test_audio_api.py; what this adds (the roles as processes,
+the SDK, JWKS verification) does not depend on the database."""
 
 from __future__ import annotations
 
@@ -21,12 +25,11 @@ from tests.support.speech import word_error_rate
 SENTENCE = "We will meet at the library on Monday morning."
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LiveService]:
-    url = None if request.param == "sqlite" else request.getfixturevalue("pg_url")
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[LiveService]:
     # Keep an inherited PYTHONPATH (a source checkout ahead of the installed package).
     path = os.pathsep.join([str(NETGUARD), str(ROOT), os.environ.get("PYTHONPATH", "")])
-    live = start_service(tmp_path, url, PYTHONPATH=path)
+    live = start_service(tmp_path, None, PYTHONPATH=path)
     yield live
     stop_service(live)
 

@@ -7,10 +7,12 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.conftest import LiveService, start_service, stop_service
 from tests.support.images import data_url
@@ -53,6 +55,14 @@ def completed_task(service: LiveService) -> dict[str, Any]:
             return result
         time.sleep(0.05)
     raise AssertionError(f"task never completed:\n{service.log()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def live_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveService]:
+    """One ``serve`` for the tests that only read from it and add keys."""
+    service = start_service(tmp_path_factory.mktemp("first-hour"))
+    yield service
+    stop_service(service)
 
 
 def test_cli_finds_the_local_credentials_and_prints_whole_values(

@@ -9,7 +9,6 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,7 +18,7 @@ from PIL import Image
 from genhook.client import Client, Conflict, Prediction, TooManyRequests
 from genhook.receiver import WebhookVerifier
 from tests.acceptance.test_client_live import Inbox
-from tests.conftest import LiveService, start_service, stop_service
+from tests.conftest import LiveService, live_database, start_service, stop_service
 
 MODEL = "test/fake-edit"
 
@@ -30,18 +29,29 @@ def png() -> bytes:
     return buffer.getvalue()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def service(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LiveService]:
-    url = None if request.param == "sqlite" else request.getfixturevalue("pg_url")
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def shared(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveService]:
+    """One ``serve`` per database for this module; every test ends with its worker idle."""
     svc = start_service(
-        tmp_path,
-        url,
+        tmp_path_factory.mktemp("task-api"),
+        live_database(request),
         GENHOOK_OUTPUT_RETENTION="8",
         GENHOOK_RETENTION_INTERVAL_SECONDS="0.2",
         GENHOOK_AUTH_CACHE_SECONDS="0.2",
     )
     yield svc
     stop_service(svc)
+
+
+@pytest.fixture
+def service(shared: LiveService) -> LiveService:
+    """The shared service under an account of this test's own: usage and limits are per
+    account."""
+    return shared.as_new_account()
 
 
 @pytest.fixture

@@ -11,14 +11,33 @@ import httpx
 import pytest
 
 from genhook.client import Client, SSEDecoder, TaskEvent
-from tests.conftest import LiveService, start_service, stop_service
+from tests.conftest import LiveService, live_database, start_service, stop_service
 from tests.support.images import data_url
 
 MODEL = "test/fake-edit"
 
 
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def shared(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveService]:
+    """One ``serve`` per database for the tests that leave it running."""
+    live = start_service(tmp_path_factory.mktemp("watch"), live_database(request))
+    yield live
+    stop_service(live)
+
+
 @pytest.fixture
-def service(tmp_path: Path, database_url: str) -> Iterator[LiveService]:
+def service(shared: LiveService) -> LiveService:
+    """The shared service under an account of this test's own (task listings are per account)."""
+    return shared.as_new_account()
+
+
+@pytest.fixture
+def own_service(tmp_path: Path, database_url: str) -> Iterator[LiveService]:
+    """A service of this test's own, for a test that stops it."""
     live = start_service(tmp_path, database_url)
     yield live
     stop_service(live)
@@ -93,7 +112,8 @@ def test_cli_tasks_and_watch(service: LiveService) -> None:
     assert bad.returncode == 3 and "limit" in bad.stderr
 
 
-def test_shutdown_ends_open_streams_at_once(service: LiveService) -> None:
+def test_shutdown_ends_open_streams_at_once(own_service: LiveService) -> None:
+    service = own_service
     with client(service) as c:
         task_id = edit(c, "sleep=8 steps=8")
         request = c._events_request(task_id, None)

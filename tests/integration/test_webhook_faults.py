@@ -56,8 +56,9 @@ class DiskFullOnce:
 
 
 async def test_acknowledgement_survives_a_full_disk(tmp_path: Path, database_url: str) -> None:
-    # A short lease: dropped, the outcome would be re-sent well within the test.
-    settings = webhook_settings(tmp_path, database_url, webhook_timeout_seconds=0.5)
+    # A short lease: dropped, the outcome would be re-sent well within the test. Not shorter:
+    # on a busy machine a 0.5 s attempt timed out after the receiver had answered.
+    settings = webhook_settings(tmp_path, database_url, webhook_timeout_seconds=2.0)
     db = Database(database_url)
     await create_schema(db)
     await add_account(db)
@@ -85,8 +86,8 @@ async def test_acknowledgement_survives_a_full_disk(tmp_path: Path, database_url
                 if row is not None and row.status == "delivered":
                     break
                 await asyncio.sleep(0.02)
-        # Longer than the lease: a lost acknowledgement would have been sent again by now.
-        await asyncio.sleep(1.5)
+        # Longer than the lease (2.2 s): a lost acknowledgement would have been sent again.
+        await asyncio.sleep(3.0)
         stop.set()
         await run
         assert feed.failed == 1
