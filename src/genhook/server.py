@@ -168,6 +168,7 @@ async def _leave_when_orphaned(worker: Worker, orphaned: asyncio.Event) -> None:
     once, so nothing of this generation keeps claiming next to the supervisor's successor."""
     await orphaned.wait()
     log.warning("worker %s: the supervisor is gone; leaving", worker.worker_id)
+    worker.lifecycle.closed = True  # a claim in flight takes nothing now
     with contextlib.suppress(Exception):
         await asyncio.wait_for(worker.lifecycle.release_owner(worker.worker_id, lost=False), 3)
     logging.shutdown()

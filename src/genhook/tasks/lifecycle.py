@@ -84,6 +84,9 @@ class Lifecycle:
     settings: Settings
     db: Database
     storage: BlobStore
+    # Set by a worker that is leaving at once (its supervisor died): a claim that has not
+    # yet written takes nothing, so what ``release_owner`` then gives back is all it held.
+    closed: bool = False
 
     async def claim(
         self,
@@ -119,6 +122,8 @@ class Lifecycle:
         params = claim_params(key, worker_id, now_ms(), self._lease_ms, reserve_ms or {})
         stmt = claim_one(key)
         async with self.db.write() as session:
+            if self.closed:
+                return None, False
             connection = await session.connection()
             row = (await connection.execute(stmt, params)).first()
             if row is None:
@@ -162,6 +167,8 @@ class Lifecycle:
         params = claim_params(key, worker_id, now_ms(), self._lease_ms, {})
         now = params["now"]
         async with self.db.write() as session:
+            if self.closed:
+                return []
             candidates = claim_candidates(key)
             ids = list((await session.scalars(candidates, params | {"limit": limit})).all())
             if not ids:
