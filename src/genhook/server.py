@@ -121,6 +121,15 @@ def _stop_on_signals(stop: Any) -> None:
 # -- worker ---------------------------------------------------------------------------------
 
 
+def _prepare_role(settings: Settings, role: str) -> None:
+    """What a role started on its own (``genhook api|worker|dispatcher``) does first: its
+    own private data directory, even when blobs live in a bucket, and a current schema."""
+    configure_logging(settings, role)
+    os.umask(0o077)
+    private_dir(settings.data_dir)
+    require_migrated(settings)
+
+
 def worker_main(settings: Settings, index: int, parent: int | None = None) -> None:
     """Entry point of one worker process; ``parent`` is its supervisor's pid, if any."""
     _name_process("worker", index)
@@ -177,10 +186,7 @@ async def _leave_when_orphaned(worker: Worker, orphaned: asyncio.Event) -> None:
 
 def run_worker(settings: Settings) -> None:
     """``genhook worker``: one worker process, for machines that only compute."""
-    configure_logging(settings, "worker")
-    os.umask(0o077)
-    private_dir(settings.data_dir)  # its own, even when blobs live in a bucket
-    require_migrated(settings)
+    _prepare_role(settings, "worker")
     worker_main(settings, 0)
 
 
@@ -236,10 +242,7 @@ async def _dispatcher(settings: Settings, index: int, parent: int | None) -> Non
 
 def run_dispatcher(settings: Settings) -> None:
     """``genhook dispatcher``: webhook delivery and lease sweeping, without the API."""
-    configure_logging(settings, "dispatcher")
-    os.umask(0o077)
-    private_dir(settings.data_dir)  # its own, even when blobs live in a bucket
-    require_migrated(settings)
+    _prepare_role(settings, "dispatcher")
     dispatcher_main(settings, 0)
 
 
@@ -350,11 +353,7 @@ async def _api(settings: Settings, parent: int | None, fd: int | None) -> None:
 
 def run_api(settings: Settings) -> None:
     """``genhook api``: HTTP only; workers and dispatchers run elsewhere."""
-    configure_logging(settings, "api")
-    os.umask(0o077)
-    private_dir(settings.data_dir)  # its own, even when blobs live in a bucket
-    private_dir(settings.data_dir)
-    require_migrated(settings)
+    _prepare_role(settings, "api")
     api_main(settings)
 
 

@@ -317,7 +317,6 @@ class Database:
     async def dispose(self) -> None:
         if self._checkpointer is not None:
             self._checkpointer.stop()
-            self._checkpointer.stopped.set()
         if self._turn is not None:
             self._turn.close()
         await self.write_engine.dispose()
