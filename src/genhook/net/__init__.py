@@ -6,6 +6,7 @@ a process that only checks addresses (the API, a worker without URL inputs) goes
 
 from typing import TYPE_CHECKING
 
+from genhook.lazy import lazy_names as _lazy_names
 from genhook.net._addresses import Reach, classify
 from genhook.net._policy import (
     MSG_INVALID,
@@ -24,21 +25,15 @@ if TYPE_CHECKING:
     from genhook.net._connector import PinnedResolver, pinned_connector
     from genhook.net._fetch import MAX_REDIRECTS, fetch_input_image
 
-_LAZY = {
-    "PinnedResolver": "_connector",
-    "pinned_connector": "_connector",
-    "MAX_REDIRECTS": "_fetch",
-    "fetch_input_image": "_fetch",
-}
-
-
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f"genhook.net.{module}"), name)
+__getattr__ = _lazy_names(
+    __name__,
+    {
+        "PinnedResolver": "_connector",
+        "pinned_connector": "_connector",
+        "MAX_REDIRECTS": "_fetch",
+        "fetch_input_image": "_fetch",
+    },
+)
 
 
 __all__ = [

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from genhook.engines.upstream._callbacks import store_callback
 from genhook.engines.upstream._config import QueueProtocol, UpstreamModel, load_upstream_models
+from genhook.lazy import lazy_names as _lazy_names
 
 if TYPE_CHECKING:
     from genhook.engines.upstream._engine import (
@@ -17,15 +18,13 @@ if TYPE_CHECKING:
         upstream_spec,
     )
 
-_ENGINE = {"OptionalImagesRequest", "UpstreamEngine", "register_upstream_models", "upstream_spec"}
-
-
-def __getattr__(name: str) -> object:
-    if name not in _ENGINE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from genhook.engines.upstream import _engine
-
-    return getattr(_engine, name)
+__getattr__ = _lazy_names(
+    __name__,
+    dict.fromkeys(
+        ("OptionalImagesRequest", "UpstreamEngine", "register_upstream_models", "upstream_spec"),
+        "_engine",
+    ),
+)
 
 
 __all__ = [
