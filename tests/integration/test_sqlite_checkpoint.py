@@ -1,4 +1,4 @@
-"""SQLite's WAL checkpointer sleeps while its process is idle and is woken by a commit.
+"""SQLite's WAL checkpointer sleeps while its process is idle and is woken after a commit.
 
 The idle fallback is set to an hour here, so a checkpoint that happens at all was started by
 the commit. SQLite only: PostgreSQL has no checkpointer of ours.
@@ -50,3 +50,39 @@ async def test_a_commit_wakes_the_checkpointer(
     finally:
         await db.dispose()
         keeper.close()
+
+
+async def test_the_commit_leaves_the_thread_asleep_until_one_interval_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Woken at the commit, the thread would compete with it for the GIL."""
+    monkeypatch.setattr(database, "_Checkpointer", _HourlyCheckpointer)
+    db = Database(f"sqlite+aiosqlite:///{tmp_path / 'quiet.db'}")
+    checkpointer = db._checkpointer
+    assert checkpointer is not None
+    woken: list[float] = []
+    wake = checkpointer.wake
+    monkeypatch.setattr(checkpointer, "wake", lambda: (woken.append(time.monotonic()), wake()))
+    try:
+        async with db.write() as session:
+            await session.execute(text("CREATE TABLE item (id INTEGER PRIMARY KEY)"))
+        committed = time.monotonic()
+        assert woken == []
+        for _ in range(5):  # more commits within the interval schedule nothing more
+            async with db.write() as session:
+                await session.execute(text("INSERT INTO item DEFAULT VALUES"))
+        deadline = time.monotonic() + 30
+        while not woken:
+            assert time.monotonic() < deadline, "the thread was never woken"
+            await asyncio.sleep(0.02)
+        assert woken[0] - committed >= checkpointer.interval * 0.9
+        await asyncio.sleep(checkpointer.interval * 2)
+        assert len(woken) == 1
+    finally:
+        await db.dispose()
+
+
+def test_a_commit_outside_an_event_loop_wakes_the_thread_at_once(tmp_path: Path) -> None:
+    checkpointer = database._Checkpointer(str(tmp_path / "thread.db"), idle_interval=3600.0)
+    checkpointer.committed()
+    assert checkpointer._written.is_set()
