@@ -426,3 +426,34 @@ async def test_binary_answers_are_logged_safely(env: tuple[Settings, Database]) 
         )
     finally:
         await receiver.stop()
+
+
+async def test_the_next_due_read_waits_for_the_attempt_in_flight(
+    env: tuple[Settings, Database], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim that found fewer deliveries than asked for calls for a read of the next due
+    time; run on the loop at once, it would hold back the request just claimed. It waits
+    for the attempt, whose recorded outcome calls for the same read, so one read serves."""
+    from genhook.sender import dispatcher as dispatcher_module
+
+    settings, db = env
+    receiver = await Receiver(status(204)).start()
+    reads: list[int] = []  # requests received when each read began
+    earliest = dispatcher_module.earliest_pending
+
+    async def counted(database: Database) -> int | None:
+        reads.append(len(receiver.received))
+        return await earliest(database)
+
+    monkeypatch.setattr(dispatcher_module, "earliest_pending", counted)
+    try:
+        task = terminal_task("task_read", f"http://127.0.0.1:{receiver.port}/hook")
+        delivery_id = await enqueue(db, task)
+        async with Running(WebhookService(settings, db)):
+            assert (await settle(db, delivery_id)).status == "delivered"
+            async with asyncio.timeout(10):
+                while not reads:
+                    await asyncio.sleep(0.01)
+        assert reads[0] == 1
+    finally:
+        await receiver.stop()

@@ -64,6 +64,9 @@ MAX_EXCHANGES = 2
 RECORD_DELAY_SECONDS = 0.2
 # The soonest a dispatcher looks again after a claim that found too little, unless woken.
 MIN_LOOK_SECONDS = 0.02
+# How long the read of the next due time waits for attempts in flight: on the loop, the
+# read would hold back the request an attempt is about to write.
+READ_DEFER_SECONDS = 0.05
 RETRY_AFTER_STATUSES = frozenset({429, 503})
 
 
@@ -128,6 +131,7 @@ class Dispatcher:
         # the earliest scheduled retry falls due first (read once per short claim).
         self._next_look = 0.0
         self._due_unknown = False
+        self._unknown_at = 0.0  # when _due_unknown was last set (monotonic)
         self._look_is_poll = False
         self._wakes = 0  # wake() calls so far: one during a claim outdates its answer
         # Whether the last claim came back full: only then is a second one started while
@@ -249,6 +253,12 @@ class Dispatcher:
                 timeout = poll
                 if not self._maybe_due:
                     if self._due_unknown:
+                        deferred = time.monotonic() - self._unknown_at
+                        if (self._busy or self._ready) and deferred < READ_DEFER_SECONDS:
+                            # The attempts go out first; their outcomes, recorded when they
+                            # end, call for this same read, so one read serves both.
+                            await self._sleep(READ_DEFER_SECONDS - deferred)
+                            continue
                         await self._read_next_due()
                         continue
                     timeout = max(0.001, self._next_look - time.monotonic())
@@ -289,6 +299,12 @@ class Dispatcher:
                 log.warning("recording the last webhook attempts failed; retrying", exc_info=True)
                 await asyncio.sleep(delay)
 
+    def _forget_next_due(self) -> None:
+        """The next due time must be read again (when first unknown: see READ_DEFER_SECONDS)."""
+        if not self._due_unknown:
+            self._unknown_at = time.monotonic()
+            self._due_unknown = True
+
     def _backing_off(self) -> bool:
         return time.monotonic() - self._failed_at < 1.0
 
@@ -303,7 +319,7 @@ class Dispatcher:
                 # The safety poll reads before it claims: an idle dispatcher writes nothing.
                 self._short_at = time.monotonic()
                 self._next_look = self._short_at + self.settings.webhook_poll_seconds
-                self._due_unknown = True
+                self._forget_next_due()
                 return 0
             self._maybe_due = True
         if self._asked and not self._full:
@@ -358,7 +374,7 @@ class Dispatcher:
         finally:
             self._asked -= want
         if outcomes or returned:
-            self._due_unknown = True  # a retry may now be scheduled: read when it falls due
+            self._forget_next_due()  # a retry may now be scheduled: read when it falls due
         if want:
             self._full = len(attempts) == want
             if not self._full and wakes == self._wakes:
@@ -366,7 +382,7 @@ class Dispatcher:
                 self._short_at = time.monotonic()
                 self._next_look = self._short_at + self.settings.webhook_poll_seconds
                 self._look_is_poll = True
-                self._due_unknown = True
+                self._forget_next_due()
         queued = 0
         for attempt in attempts:
             checked = self._check(attempt)
