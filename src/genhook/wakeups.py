@@ -30,14 +30,17 @@ import os
 import secrets
 import socket
 import stat
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 from sqlalchemy import event, text
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
 
 from genhook.files import private_dir
 from genhook.retry import backoff_delay
@@ -89,35 +92,63 @@ async def notify(session: AsyncSession, channel: str) -> None:
 
     Cheap and idempotent per transaction: the announcement goes out once, at commit.
     """
-    pending: set[str] | None = session.info.get(_PENDING_KEY)
-    if pending is not None and channel in pending:
-        return
-    bind = session.get_bind()
+    pending: _Pending | None = session.info.get(_PENDING_KEY)
     if pending is None:
-        pending = session.info[_PENDING_KEY] = set()
-        key = database_key(bind.engine.url)
-        sqlite_path = bind.engine.url.database if bind.dialect.name == "sqlite" else None
-
-        def after_commit(_session: Any) -> None:
-            channels = session.info.pop(_PENDING_KEY, set())
-            with contextlib.suppress(Exception):
-                event.remove(session.sync_session, "after_soft_rollback", after_rollback)
-            for name in channels:
-                announce(key, name, sqlite_path)
-
-        def after_rollback(_session: Any, _previous: Any = None) -> None:
-            session.info.pop(_PENDING_KEY, None)
-            with contextlib.suppress(Exception):
-                event.remove(session.sync_session, "after_commit", after_commit)
-
-        event.listen(session.sync_session, "after_commit", after_commit, once=True)
-        event.listen(session.sync_session, "after_soft_rollback", after_rollback, once=True)
-    pending.add(channel)
-    if bind.dialect.name == "postgresql":
+        engine = session.get_bind().engine
+        target = _targets.get(engine)
+        if target is None:
+            target = _targets[engine] = _target(engine)
+        pending = session.info[_PENDING_KEY] = _Pending(target)
+    elif channel in pending.channels:
+        return
+    pending.channels.add(channel)
+    if pending.target.postgres:
         # The payload names this process, whose own listeners ``announce`` wakes at commit.
         statement = text("SELECT pg_notify(:channel, :sender)")
         params = {"channel": PG_CHANNELS[channel], "sender": str(os.getpid())}
         await session.execute(statement, params)
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """Where one engine's announcements go, worked out once per engine."""
+
+    key: str
+    sqlite_path: str | None
+    postgres: bool
+
+
+@dataclass(slots=True)
+class _Pending:
+    target: _Target
+    channels: set[str] = field(default_factory=set)
+
+
+_targets: weakref.WeakKeyDictionary[Engine, _Target] = weakref.WeakKeyDictionary()
+
+
+def _target(engine: Engine) -> _Target:
+    sqlite = engine.dialect.name == "sqlite"
+    return _Target(
+        database_key(engine.url),
+        engine.url.database if sqlite else None,
+        engine.dialect.name == "postgresql",
+    )
+
+
+# Registered once for every session: a listener added and removed per transaction cost
+# more than the rest of the announcement.
+@event.listens_for(Session, "after_commit")
+def _after_commit(session: Session) -> None:
+    pending: _Pending | None = session.info.pop(_PENDING_KEY, None)
+    if pending is not None:
+        for name in pending.channels:
+            announce(pending.target.key, name, pending.target.sqlite_path)
+
+
+@event.listens_for(Session, "after_soft_rollback")
+def _after_rollback(session: Session, _previous: Any) -> None:
+    session.info.pop(_PENDING_KEY, None)
 
 
 def announce(key: str, channel: str, sqlite_path: str | None = None) -> None:
