@@ -148,7 +148,9 @@ class Worker(Services):
                 ran = False
             waited = False
             if not ran and not stop.is_set():
-                waited = await self.wakeup.wait(pause) is not Wake.TARGETED
+                wake = await self.wakeup.wait(pause)
+                log.debug("worker %s: woken (%s)", self.worker_id, wake.value)
+                waited = wake is not Wake.TARGETED
 
     async def close_engines(self) -> None:
         """Close what engines hold on the loop (an upstream engine's connection pool)."""
@@ -163,6 +165,7 @@ class Worker(Services):
             self.worker_id, self._models, self._reserve_ms(), inputs=self.prefetched
         )
         if task is None:
+            log.debug("worker %s: claim found no task", self.worker_id)
             return False
         await self.process(task, stop)
         return True
