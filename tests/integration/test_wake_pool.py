@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -117,7 +118,7 @@ def test_a_stale_idle_socket_is_removed_and_the_next_idle_one_woken(
     (listeners.directory / "2-abstract.idle.sock").touch()  # an abstract listener, gone too
     listeners.bind("3-live.idle.sock")
     # The writer picks idle sockets in random order; here the dead ones come first.
-    monkeypatch.setattr(wakeups.random, "shuffle", lambda stems: stems.sort())
+    monkeypatch.setattr(random, "shuffle", lambda stems: stems.sort())
     assert wakeups.send_wakeups(listeners.directory) == 1
     assert listeners.received("3-live.idle.sock") == [b"1"]
     assert listeners.names() == ["3-live.busy.sock"]
