@@ -23,18 +23,24 @@ and the other takes the next idle one. That worker claims at once, without readi
 Only when no idle socket can be taken does the writer send ``!`` to every pooled one.
 Sockets nobody is bound to any more (``ECONNREFUSED``, ``ENOENT``) are removed.
 
-No announcement is lost on SQLite, because a worker marks itself idle (renames busy to idle)
-before it waits, never after, and claims again after a task when a wake-up arrived meanwhile
-(``Waiter.pending``):
+No announcement is lost on SQLite while its workers live, because a worker marks itself
+idle (renames busy to idle) before it waits, never after, and claims again after a task when
+a wake-up arrived meanwhile (``Waiter.pending``):
 
 - A writer that took an idle socket sent to a worker that was waiting then. If its wait ended
   meanwhile (the poll), the datagram is still queued and counts as a pending wake-up.
 - A writer that found no idle socket sent to every busy one, including a worker that went
   idle just after the writer looked (a send that meets the other name follows the rename).
   The datagram waits in the socket's queue, so the wait that follows returns at once.
-- A worker that read or claimed before a commit and saw nothing was busy at that commit's
-  scan, or idle and so taken; a datagram read before a claim belongs to a commit that the
-  claim sees, and the claim reports whether a second task waited (``Lifecycle.claim``).
+- A worker that looked (read or claimed) before a commit and found nothing is, at that
+  writer's scan either still busy (the writer then took another, idle worker, or sent to
+  every busy one) or already idle (and may be the one taken). Datagrams read together
+  before one claim make one wake-up, but each belongs to a commit that claim sees, and the
+  claim reports whether a second task waited (``Lifecycle.claim_next``), so the worker
+  claims again after its task.
+
+Only a worker killed just after a writer took it drops a wake-up; its task waits for another
+worker's poll.
 
 Listeners in the writer's own process are woken directly. Wake-ups are a hint: every
 listener still polls slowly (``GENHOOK_WORKER_POLL_SECONDS``,
