@@ -7,12 +7,40 @@ transaction commits, and never before, so a woken claim always finds the row.
 
 - PostgreSQL: ``pg_notify`` in the transaction (PostgreSQL delivers it at commit) and one
   dedicated asyncpg ``LISTEN`` connection per process and event loop, reconnected with the
-  shared backoff after a database restart.
+  shared backoff after a database restart. Every listener hears every announcement.
 - SQLite: a Unix datagram socket per listening process and channel under
-  ``<database directory>/wake/<channel>/`` (0700); after commit the writer sends one byte
-  to each and removes sockets nobody listens on any more. A path longer than ``sun_path``
-  allows is bound in Linux's abstract namespace under a hash of that path, with a plain
-  file at the path so writers still find it.
+  ``<database directory>/wake/<channel>/`` (0700). A path longer than ``sun_path`` allows
+  is bound in Linux's abstract namespace under a hash of its state-free name
+  (``<pid>-<token>.sock``), with a plain file at the path so writers still find it.
+
+On SQLite a worker's socket (a ``Waiter``, one of a pool that any member can serve) is named
+``<pid>-<token>.idle.sock`` while one of its process's Waiters waits and
+``<pid>-<token>.busy.sock`` otherwise; every other socket is ``<pid>-<token>.sock`` and gets
+every announcement. After commit the writer sends ``!`` (for everyone) to each plain socket,
+then takes one idle socket by renaming it to its busy name and sends it ``1`` (for it
+alone): ``rename`` is atomic, so of two writers racing for one idle worker exactly one wins,
+and the other takes the next idle one. That worker claims at once, without reading first.
+Only when no idle socket can be taken does the writer send ``!`` to every pooled one.
+Sockets nobody is bound to any more (``ECONNREFUSED``, ``ENOENT``) are removed.
+
+No announcement is lost on SQLite while its workers live, because a worker marks itself
+idle (renames busy to idle) before it waits, never after, and claims again after a task when
+a wake-up arrived meanwhile (``Waiter.pending``):
+
+- A writer that took an idle socket sent to a worker that was waiting then. If its wait ended
+  meanwhile (the poll), the datagram is still queued and counts as a pending wake-up.
+- A writer that found no idle socket sent to every busy one, including a worker that went
+  idle just after the writer looked (a send that meets the other name follows the rename).
+  The datagram waits in the socket's queue, so the wait that follows returns at once.
+- A worker that looked (read or claimed) before a commit and found nothing is, at that
+  writer's scan either still busy (the writer then took another, idle worker, or sent to
+  every busy one) or already idle (and may be the one taken). Datagrams read together
+  before one claim make one wake-up, but each belongs to a commit that claim sees, and the
+  claim reports whether a second task waited (``Lifecycle.claim_next``), so the worker
+  claims again after its task.
+
+Only a worker killed just after a writer took it drops a wake-up; its task waits for another
+worker's poll.
 
 Listeners in the writer's own process are woken directly. Wake-ups are a hint: every
 listener still polls slowly (``GENHOOK_WORKER_POLL_SECONDS``,
@@ -23,10 +51,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import errno
 import hashlib
 import logging
 import os
+import random
 import secrets
 import socket
 import stat
@@ -58,6 +88,14 @@ SUN_PATH_MAX = 107
 PG_CHECK_SECONDS = 30.0
 
 _PENDING_KEY = "genhook_wakeups"
+
+# Socket names on SQLite: a pooled listener's, by state, and everyone else's.
+IDLE = ".idle.sock"
+BUSY = ".busy.sock"
+PLAIN = ".sock"
+# What a datagram says: there is work, for everyone; or for the one socket it was sent to.
+BROADCAST_BYTE = b"!"
+TARGETED_BYTE = b"1"
 
 
 def database_key(url: str | URL) -> str:
@@ -166,7 +204,8 @@ def announce(key: str, channel: str, sqlite_path: str | None = None) -> None:
 
 
 def send_wakeups(directory: Path) -> int:
-    """One byte to every other process's socket in ``directory``; removes stale ones.
+    """Wake other processes' sockets in ``directory`` (see the module docstring): every plain
+    one, and one idle pooled one, or every pooled one when none is idle. Removes stale ones.
 
     Returns how many sockets were sent to.
     """
@@ -175,30 +214,111 @@ def send_wakeups(directory: Path) -> int:
     except FileNotFoundError:
         return 0
     mine = f"{os.getpid()}-"
+    idle: list[str] = []
+    pooled: list[str] = []
     sent = 0
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
         sender.setblocking(False)
         for entry in entries:
             if entry.name.startswith(mine):
                 continue  # this process's own listeners were woken directly
-            path = Path(entry.path)
+            stem, state = socket_state(entry.name)
+            if state is None:  # not pooled: every announcement
+                path = Path(entry.path)
+                try:
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                except FileNotFoundError:
+                    continue
+                if _send(sender, path, path, mode, BROADCAST_BYTE):
+                    sent += 1
+            else:
+                (idle if state == IDLE else pooled).append(stem)
+        random.shuffle(idle)  # spread the work over the idle workers
+        for stem in idle:
             try:
-                mode = entry.stat(follow_symlinks=False).st_mode
-                address: str | bytes = entry.path if stat.S_ISSOCK(mode) else abstract_address(path)
-                sender.sendto(b"!", address)
+                os.rename(directory / f"{stem}{IDLE}", directory / f"{stem}{BUSY}")
+            except OSError:
+                pooled.append(stem)  # another writer took it, or it woke: it is busy now
+                continue
+            if _send_pooled(sender, directory, stem, TARGETED_BYTE):
+                return sent + 1
+        for stem in pooled:
+            if _send_pooled(sender, directory, stem, BROADCAST_BYTE):
                 sent += 1
-            except BlockingIOError:
-                sent += 1  # its queue is full: it has wake-ups to read already
-            except OSError as error:
-                if error.errno in (errno.ECONNREFUSED, errno.ENOENT):
-                    with contextlib.suppress(FileNotFoundError):
-                        path.unlink()  # its process is gone
-                else:
-                    log.debug("wake-up to %s failed: %s", path, error)
     return sent
 
 
+def socket_state(name: str) -> tuple[str, str | None]:
+    """A socket file's state-free stem and its pool state (None: not pooled)."""
+    for state in (IDLE, BUSY):
+        if name.endswith(state):
+            return name[: -len(state)], state
+    return name.removesuffix(PLAIN), None
+
+
+def _send_pooled(sender: socket.socket, directory: Path, stem: str, data: bytes) -> bool:
+    """Send to a pooled socket under whichever name it has; its listener may rename it
+    between idle and busy meanwhile (or to plain), so a name that has just gone is tried
+    again."""
+    names = [f"{stem}{suffix}" for suffix in (BUSY, IDLE, PLAIN, BUSY, IDLE)]
+    for name in names:
+        path = directory / name
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        try:
+            address = _address(path, directory / f"{stem}{PLAIN}", mode)
+            sender.sendto(data, address)
+            return True
+        except BlockingIOError:
+            return True  # its queue is full: it has wake-ups to read already
+        except OSError as error:
+            if error.errno == errno.ENOENT:
+                continue  # renamed between the lstat and the send
+            return _failed(path, error)
+    return False
+
+
+def _send(sender: socket.socket, path: Path, stable: Path, mode: int, data: bytes) -> bool:
+    try:
+        sender.sendto(data, _address(path, stable, mode))
+        return True
+    except BlockingIOError:
+        return True  # its queue is full: it has wake-ups to read already
+    except OSError as error:
+        return _failed(path, error)
+
+
+def _address(path: Path, stable: Path, mode: int) -> str | bytes:
+    """Where a socket file's listener is bound: the path itself, or for a plain file the
+    abstract address of its state-free name."""
+    return str(path) if stat.S_ISSOCK(mode) else abstract_address(stable)
+
+
+def _failed(path: Path, error: OSError) -> bool:
+    if error.errno in (errno.ECONNREFUSED, errno.ENOENT):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # its process is gone
+    else:
+        log.debug("wake-up to %s failed: %s", path, error)
+    return False
+
+
 # -- listening ----------------------------------------------------------------------------
+
+
+class Wake(enum.Enum):
+    """Why a ``Waiter.wait`` returned."""
+
+    TARGETED = "targeted"  # a writer took this idle worker: its task is there, claim at once
+    BROADCAST = "broadcast"  # an announcement to every listener: read before claiming
+    LOCAL = "local"  # this process: a commit of its own, or a stop
+    TIMEOUT = "timeout"  # nothing arrived: the safety-net poll
+
+
+# Of several wake-ups before one wait returns, the one that tells the most.
+_RANK = {Wake.TIMEOUT: 0, Wake.LOCAL: 1, Wake.BROADCAST: 2, Wake.TARGETED: 3}
 
 
 class Subscription(Protocol):
@@ -206,43 +326,69 @@ class Subscription(Protocol):
 
 
 class _Subscription:
-    def __init__(self, hub: _Hub, channel: str, callback: Callable[[], None]) -> None:
+    def __init__(
+        self, hub: _Hub, channel: str, callback: Callable[[Wake], None], pooled: bool
+    ) -> None:
         self.hub = hub
         self.channel = channel
         self.callback = callback
+        self.pooled = pooled
+        self.waiting = False
 
     def close(self) -> None:
         self.hub.unsubscribe(self)
 
 
 class Waiter:
-    """A channel's wake-ups as something to wait on (a worker between claims)."""
+    """A channel's wake-ups as something to wait on (a worker between claims); one of a
+    pool, so on SQLite a writer wakes one idle Waiter rather than all of them."""
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
-        self._subscription: Subscription | None = None
+        self._wake: Wake | None = None
+        self._subscription: _Subscription | None = None
 
     def attach(self, url: str | URL, channel: str, sqlite_path: str | None = None) -> None:
-        self._subscription = subscribe(url, channel, self._event.set, sqlite_path)
+        self._subscription = _subscribe(url, channel, self._woken, sqlite_path, pooled=True)
+
+    def _woken(self, wake: Wake) -> None:
+        if self._wake is None or _RANK[wake] > _RANK[self._wake]:
+            self._wake = wake
+        self._event.set()
 
     def set(self) -> None:
-        self._event.set()
+        self._woken(Wake.LOCAL)
 
     def pending(self) -> bool:
         """Whether a wake-up arrived since the last wait."""
         return self._event.is_set()
 
-    async def wait(self, timeout: float) -> bool:
-        """Until a wake-up (True) or ``timeout`` (False); a wake-up since the last wait
-        counts, so none is lost between a claim that found nothing and this wait."""
+    async def wait(self, timeout: float, *, idle: bool = True) -> Wake:
+        """Until a wake-up or ``timeout`` (``Wake.TIMEOUT``); a wake-up since the last wait
+        counts, so none is lost between a claim that found nothing and this wait.
+
+        ``idle``: whether this worker would take a task now, and so may be woken alone (it
+        is marked idle before waiting, so a datagram sent meanwhile is already queued).
+        """
+        subscription = self._subscription
+        marked = idle and subscription is not None and not self._event.is_set()
+        if marked and subscription is not None:
+            subscription.hub.set_waiting(subscription, True)
+        timed_out = False
         try:
             async with asyncio.timeout(timeout):
                 await self._event.wait()
         except TimeoutError:
-            return False
+            timed_out = True
         finally:
-            self._event.clear()
-        return True
+            if marked and subscription is not None:
+                subscription.hub.set_waiting(subscription, False)
+        # Consumed only by a wait that returns: a canceled one leaves it pending.
+        wake, self._wake = self._wake, None
+        self._event.clear()
+        if wake is not None:
+            return wake
+        return Wake.TIMEOUT if timed_out else Wake.LOCAL
 
     def close(self) -> None:
         if self._subscription is not None:
@@ -257,6 +403,16 @@ def subscribe(
     sqlite_path: str | None = None,
 ) -> Subscription:
     """Call ``callback`` on the running loop whenever ``channel`` work may be claimable."""
+    return _subscribe(url, channel, lambda _wake: callback(), sqlite_path, pooled=False)
+
+
+def _subscribe(
+    url: str | URL,
+    channel: str,
+    callback: Callable[[Wake], None],
+    sqlite_path: str | None,
+    pooled: bool,
+) -> _Subscription:
     if channel not in CHANNELS:
         raise ValueError(f"unknown wake-up channel {channel!r}")
     loop = asyncio.get_running_loop()
@@ -270,7 +426,7 @@ def subscribe(
             path = sqlite_path if sqlite_path is not None else (parsed.database or "")
             hub = _SQLiteHub(key, loop, wake_dir(path))
         _hubs[(key, id(loop))] = hub
-    return hub.subscribe(channel, callback)
+    return hub.subscribe(channel, callback, pooled)
 
 
 class _Hub:
@@ -281,12 +437,16 @@ class _Hub:
         self.loop = loop
         self.subscriptions: dict[str, list[_Subscription]] = {c: [] for c in CHANNELS}
 
-    def subscribe(self, channel: str, callback: Callable[[], None]) -> Subscription:
-        subscription = _Subscription(self, channel, callback)
+    def subscribe(
+        self, channel: str, callback: Callable[[Wake], None], pooled: bool = False
+    ) -> _Subscription:
+        subscription = _Subscription(self, channel, callback, pooled)
         first = not self.subscriptions[channel]
         self.subscriptions[channel].append(subscription)
         if first:
-            self.open_channel(channel)
+            self.open_channel(channel, pooled)
+        elif not pooled:
+            self.unpool(channel)
         return subscription
 
     def unsubscribe(self, subscription: _Subscription) -> None:
@@ -295,26 +455,58 @@ class _Hub:
             listeners.remove(subscription)
         if not listeners:
             self.close_channel(subscription.channel)
+        elif subscription.waiting:
+            self.set_waiting(subscription, False)
         if not any(self.subscriptions.values()):
             self.close()
             if _hubs.get((self.key, id(self.loop))) is self:
                 del _hubs[(self.key, id(self.loop))]
+
+    def set_waiting(self, subscription: _Subscription, waiting: bool) -> None:
+        """A pooled listener starts or stops waiting: the process is idle while any waits."""
+        before = self.waiting(subscription.channel)
+        subscription.waiting = waiting
+        after = self.waiting(subscription.channel)
+        if before != after:
+            self.mark(subscription.channel, after)
+
+    def waiting(self, channel: str) -> bool:
+        return any(s.waiting for s in self.subscriptions[channel])
 
     def poke(self, channel: str) -> None:
         """From any thread: run the channel's callbacks on the hub's loop."""
         if not self.subscriptions[channel]:
             return
         with contextlib.suppress(RuntimeError):  # the loop has closed
-            self.loop.call_soon_threadsafe(self.deliver, channel)
+            self.loop.call_soon_threadsafe(self.deliver, channel, Wake.LOCAL)
 
-    def deliver(self, channel: str) -> None:
-        for subscription in list(self.subscriptions[channel]):
+    def deliver(self, channel: str, wake: Wake) -> None:
+        """Run the channel's callbacks; a targeted wake-up goes to one waiting pooled
+        listener only (any other listener that is not pooled hears a broadcast)."""
+        listeners = list(self.subscriptions[channel])
+        chosen = None
+        if wake is Wake.TARGETED:
+            chosen = next((s for s in listeners if s.pooled and s.waiting), None)
+            if chosen is not None:
+                chosen.waiting = False
+                # The writer renamed the socket busy; another Waiter may still be waiting.
+                self.mark(channel, self.waiting(channel))
+                listeners = [s for s in listeners if s is chosen or not s.pooled]
+        for subscription in listeners:
             try:
-                subscription.callback()
+                if wake is Wake.TARGETED and subscription is not chosen:
+                    subscription.callback(Wake.BROADCAST)
+                else:
+                    subscription.callback(wake)
             except Exception:
                 log.exception("wake-up listener failed")
 
-    def open_channel(self, channel: str) -> None: ...
+    def open_channel(self, channel: str, pooled: bool) -> None: ...
+
+    def unpool(self, channel: str) -> None:
+        """A listener that is not one of a pool joined: the channel hears everything."""
+
+    def mark(self, channel: str, idle: bool) -> None: ...
 
     def close_channel(self, channel: str) -> None: ...
 
@@ -325,22 +517,25 @@ class _SQLiteHub(_Hub):
     def __init__(self, key: str, loop: asyncio.AbstractEventLoop, directory: Path | None) -> None:
         super().__init__(key, loop)
         self.directory = directory
-        self.sockets: dict[str, tuple[socket.socket, Path]] = {}
+        # Per channel: the socket, its directory, its state-free stem, and whether pooled.
+        self.sockets: dict[str, tuple[socket.socket, Path, str, bool]] = {}
 
-    def open_channel(self, channel: str) -> None:
+    def open_channel(self, channel: str, pooled: bool) -> None:
         if self.directory is None:
             return  # an in-memory database has no other process to hear from
         try:
-            self.sockets[channel] = self._bind(self.directory / channel)
+            sock, stem = self._bind(self.directory / channel, pooled)
         except OSError as error:
             log.warning("no wake-up socket for %s (%s); polling only", channel, error)
             return
-        sock, _ = self.sockets[channel]
+        self.sockets[channel] = (sock, self.directory / channel, stem, pooled)
         self.loop.add_reader(sock.fileno(), self._drain, sock, channel)
 
-    def _bind(self, directory: Path) -> tuple[socket.socket, Path]:
+    def _bind(self, directory: Path, pooled: bool) -> tuple[socket.socket, str]:
         private_dir(directory)
-        path = directory / f"{os.getpid()}-{secrets.token_hex(4)}.sock"
+        stem = f"{os.getpid()}-{secrets.token_hex(4)}"
+        # A pooled socket starts busy: it is idle only while a Waiter waits.
+        path = directory / (stem + (BUSY if pooled else PLAIN))
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             sock.setblocking(False)
@@ -348,36 +543,65 @@ class _SQLiteHub(_Hub):
                 sock.bind(str(path))
                 os.chmod(path, 0o600)
             else:
-                sock.bind(abstract_address(path))
+                # Named after the stem, which stays the same when the file is renamed.
+                sock.bind(abstract_address(directory / f"{stem}{PLAIN}"))
                 os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         except BaseException:
             sock.close()
             raise
-        return sock, path
+        return sock, stem
 
     def _drain(self, sock: socket.socket, channel: str) -> None:
-        woken = False
+        targeted = broadcast = False
         while True:
             try:
-                sock.recv(64)
-                woken = True
-            except (BlockingIOError, InterruptedError):
+                data = sock.recv(64)
+            except OSError:  # BlockingIOError: nothing left
                 break
-            except OSError:
-                break
-        if woken:
-            self.deliver(channel)
+            if data == TARGETED_BYTE:
+                targeted = True
+            else:
+                broadcast = True
+        if targeted:
+            self.deliver(channel, Wake.TARGETED)
+        if broadcast:
+            self.deliver(channel, Wake.BROADCAST)
+
+    def mark(self, channel: str, idle: bool) -> None:
+        entry = self.sockets.get(channel)
+        if entry is None or not entry[3]:
+            return
+        _, directory, stem, _ = entry
+        source, target = (BUSY, IDLE) if idle else (IDLE, BUSY)
+        try:
+            os.rename(directory / f"{stem}{source}", directory / f"{stem}{target}")
+        except FileNotFoundError:
+            pass  # busy already: a writer took this socket (only this process makes it idle)
+        except OSError as error:
+            log.debug("wake-up socket %s not marked: %s", stem, error)
+
+    def unpool(self, channel: str) -> None:
+        entry = self.sockets.get(channel)
+        if entry is None or not entry[3]:
+            return
+        sock, directory, stem, _ = entry
+        self.sockets[channel] = (sock, directory, stem, False)
+        for source in (IDLE, BUSY):  # a writer may rename idle to busy meanwhile
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(directory / f"{stem}{source}", directory / f"{stem}{PLAIN}")
+                return
 
     def close_channel(self, channel: str) -> None:
         entry = self.sockets.pop(channel, None)
         if entry is None:
             return
-        sock, path = entry
+        sock, directory, stem, _ = entry
         with contextlib.suppress(Exception):
             self.loop.remove_reader(sock.fileno())
         sock.close()
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        for suffix in (PLAIN, IDLE, BUSY):
+            with contextlib.suppress(FileNotFoundError):
+                (directory / f"{stem}{suffix}").unlink()
 
     def close(self) -> None:
         for channel in list(self.sockets):
@@ -395,7 +619,7 @@ class _PostgresHub(_Hub):
         self._task: asyncio.Task[None] | None = None
         self._connection: Any = None
 
-    def open_channel(self, channel: str) -> None:
+    def open_channel(self, channel: str, pooled: bool) -> None:
         if self._task is None:
             self._task = self.loop.create_task(self._listen_forever())
 
@@ -404,7 +628,7 @@ class _PostgresHub(_Hub):
             return  # sent by this process, whose listeners were woken at its commit
         for channel, pg_name in PG_CHANNELS.items():
             if pg_name == name:
-                self.deliver(channel)
+                self.deliver(channel, Wake.BROADCAST)
 
     async def _listen_forever(self) -> None:
         import asyncpg
@@ -424,7 +648,7 @@ class _PostgresHub(_Hub):
                 self.connected.set()
                 # Whatever was announced while no connection listened is claimable now.
                 for channel in CHANNELS:
-                    self.deliver(channel)
+                    self.deliver(channel, Wake.BROADCAST)
                 while not lost.is_set():
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(lost.wait(), PG_CHECK_SECONDS)

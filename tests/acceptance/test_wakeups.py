@@ -187,3 +187,46 @@ def test_idle_service_writes_nothing(
             assert written == 0, (pg.datadir.parent / "log").read_text()[-3000:]
     finally:
         stop_service(service)
+
+
+def test_two_workers_a_submit_wakes_one_and_no_claim_comes_back_empty(tmp_path: Path) -> None:
+    """SQLite, two worker processes, 30 s polls: each submit (made while both workers wait)
+    wakes one of them alone, which claims at once; the other neither wakes nor claims."""
+    service = start_service(
+        tmp_path, None, GENHOOK_WORKERS="2", GENHOOK_LOG_LEVEL="DEBUG", **SLOW_POLLS
+    )
+    tasks = service.data_dir / "wake" / "tasks"
+
+    def both_idle() -> None:
+        deadline = time.monotonic() + 60
+        while len(list(tasks.glob("*.idle.sock"))) < 2:
+            assert time.monotonic() < deadline, service.log()[-3000:]
+            time.sleep(0.02)
+
+    try:
+        both_idle()
+        seen = len(service.log())
+        rounds = 4
+        for _ in range(rounds):
+            started = time.monotonic()
+            response = httpx.post(
+                f"{service.base_url}/api/v1/model/generateImage",
+                json={"model": MODEL, "prompt": "edit", "images": [data_url()]},
+                headers={"Authorization": f"Bearer {service.api_key}"},
+                timeout=10,
+            )
+            assert response.status_code == 200, response.text
+            result = f"{service.base_url}/api/v1/model/result/{response.json()['id']}"
+            headers = {"Authorization": f"Bearer {service.api_key}"}
+            while httpx.get(result, headers=headers, timeout=10).json()["status"] != "completed":
+                assert time.monotonic() - started < 8, (
+                    "not completed within 8 s, with 30 s polls: " + service.log()[-3000:]
+                )
+                time.sleep(0.02)
+            both_idle()
+        log = service.log()[seen:]
+        assert log.count("woken (targeted)") == rounds, log[-3000:]
+        assert "woken (broadcast)" not in log, log[-3000:]
+        assert "claim found no task" not in log, log[-3000:]
+    finally:
+        stop_service(service)

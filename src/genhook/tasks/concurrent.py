@@ -13,6 +13,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from genhook.wakeups import Wake
+
 if TYPE_CHECKING:
     from genhook.tasks.worker import Worker
 
@@ -66,12 +68,18 @@ async def run_concurrent(worker: Worker, stop: asyncio.Event) -> None:
             if claimed:
                 waited = False
                 continue
-            waking = asyncio.ensure_future(worker.wakeup.wait(worker.settings.worker_poll_seconds))
+            # Idle (a writer may take it alone) only with a slot free for what it is sent.
+            free = bool(_free_slots(worker.limits, list(running.values())))
+            waking = asyncio.ensure_future(worker.wakeup.wait(poll, idle=free))
             waiters: set[asyncio.Future[Any]] = {stopping, waking, *running}
             await asyncio.wait(waiters, return_when="FIRST_COMPLETED")
             waited = True
-            if waking.done() and not waking.cancelled() and waking.result():
-                idle_since.clear()  # woken: a task may be waiting now, ask every queue again
+            if waking.done() and not waking.cancelled():
+                wake = waking.result()
+                if wake is not Wake.TIMEOUT:
+                    idle_since.clear()  # woken: a task may be waiting now, ask every queue
+                # Sent a task alone: claim it without reading first.
+                waited = wake is not Wake.TARGETED
             waking.cancel()
         if running:
             await asyncio.wait(running)

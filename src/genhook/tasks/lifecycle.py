@@ -224,7 +224,9 @@ class Lifecycle:
                 )
                 .execution_options(synchronize_session=False)
             )
-            if result.rowcount:  # type: ignore[attr-defined]
+            # A delayed task is not claimable yet: a worker woken for it alone would claim
+            # at once and find nothing. The poll finds it when it is due.
+            if result.rowcount and delay_seconds <= 0:  # type: ignore[attr-defined]
                 await wakeups.notify(session, wakeups.TASKS)
         return bool(result.rowcount)  # type: ignore[attr-defined]
 

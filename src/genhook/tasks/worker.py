@@ -38,7 +38,7 @@ from genhook.tasks.group_complete import GroupCompleter
 from genhook.tasks.keeper import LeaseKeeper
 from genhook.tasks.lifecycle import Completion, Lifecycle
 from genhook.tasks.progress import ProgressRecorder
-from genhook.wakeups import TASKS, Waiter
+from genhook.wakeups import TASKS, Waiter, Wake
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +123,12 @@ class Worker(Services):
         while not stop.is_set() and not self.tainted:
             pause = self.settings.worker_poll_seconds
             try:
-                # After a wait (a wake-up or the poll), read before claiming: a claim is a
-                # write, and every idle worker is woken while only one gets the task. After
-                # a task, claim again only if another was waiting at the claim or a submit
-                # has woken this worker since.
+                # After a wait (a broadcast wake-up or the poll), read before claiming: a
+                # claim is a write, and a broadcast wakes every idle worker while only one
+                # gets the task. A writer that took this worker alone (Wake.TARGETED) sent
+                # it a task, so that claim goes ahead at once. After a task, claim again
+                # only if another was waiting at the claim or a submit has woken this
+                # worker since.
                 if ran and not self._more and not self.wakeup.pending():
                     ran = False
                 elif not waited or await self.lifecycle.any_runnable(
@@ -146,8 +148,9 @@ class Worker(Services):
                 ran = False
             waited = False
             if not ran and not stop.is_set():
-                await self.wakeup.wait(pause)
-                waited = True
+                wake = await self.wakeup.wait(pause)
+                log.debug("worker %s: woken (%s)", self.worker_id, wake.value)
+                waited = wake is not Wake.TARGETED
 
     async def close_engines(self) -> None:
         """Close what engines hold on the loop (an upstream engine's connection pool)."""
@@ -162,6 +165,7 @@ class Worker(Services):
             self.worker_id, self._models, self._reserve_ms(), inputs=self.prefetched
         )
         if task is None:
+            log.debug("worker %s: claim found no task", self.worker_id)
             return False
         await self.process(task, stop)
         return True
