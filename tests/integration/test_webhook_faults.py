@@ -45,11 +45,12 @@ class DiskFullOnce:
         limit: int,
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
+        inline: bool = False,
     ) -> list[Outgoing]:
         if outcomes and not self.failed:
             self.failed += 1
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return await self.feed.exchange(outcomes, limit, rooms, returned)
+        return await self.feed.exchange(outcomes, limit, rooms, returned, inline=inline)
 
     async def close(self) -> None:
         await self.feed.close()

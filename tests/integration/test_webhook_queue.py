@@ -201,3 +201,44 @@ async def test_task_rows_untouched(db: Database, queue: DeliveryQueue) -> None:
     async with db.read() as session:
         task = await session.get(Task, "t_000")
     assert task is not None and task.status == "completed"
+
+
+@pytest.mark.parametrize("inline", [True, False])
+async def test_an_idle_callers_tick_runs_on_its_own_thread(
+    db: Database, queue: DeliveryQueue, inline: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle dispatcher's tick skips the hop to the queue's thread and back; a busy one's
+    overlaps with its sends there. Either way the same rows are claimed and recorded."""
+    import threading
+
+    from genhook.sender.queue import SQLiteDeliveryQueue
+
+    if not isinstance(queue, SQLiteDeliveryQueue):
+        pytest.skip("the PostgreSQL queue has no thread of its own")
+    threads: list[int] = []
+    run = queue._tick
+
+    def watched(*args: object) -> list[Outgoing]:
+        threads.append(threading.get_ident())
+        return run(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(queue, "_tick", watched)
+    await add_deliveries(db, 2)
+    now = now_ms()
+    claimed = await queue.tick(
+        [], owner="owner-a", now=now, lease_expires_at=now + 40_000, limit=5, inline=inline
+    )
+    assert sorted(c.id for c in claimed) == ["whd_000", "whd_001"]
+    await queue.tick(
+        [recorded(c, now=now) for c in claimed],
+        owner="owner-a",
+        now=now,
+        lease_expires_at=now + 40_001,
+        limit=0,
+        inline=inline,
+    )
+    async with db.read() as session:
+        statuses = (await session.scalars(select(WebhookDelivery.status))).all()
+    assert sorted(statuses) == ["delivered", "delivered"]
+    assert len(threads) == 2
+    assert (threads[0] == threading.get_ident()) is inline

@@ -37,6 +37,7 @@ class ScriptedFeed:
         limit: int,
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
+        inline: bool = False,
     ) -> list[Outgoing]:
         if not limit:
             return []

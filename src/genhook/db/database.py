@@ -3,7 +3,8 @@
 On SQLite, write transactions start with ``BEGIN IMMEDIATE`` so two processes never both
 hold a read snapshot and then fail to upgrade it to a write lock; reads stay deferred.
 
-SQLite statements run inline on the event loop (``InlineSQLiteConnection``). An embedded
+SQLite statements run inline on the event loop (``InlineSQLiteConnection``, and under
+SQLAlchemy's adapter ``_InlineAdapter``, which calls the sqlite3 connection directly). An embedded
 SQLite statement takes microseconds, while aiosqlite's hop to a connection thread and back
 costs far more under load (the thread waits for the GIL), which capped submits at a few
 hundred per second. Inline calls are safe because write transactions inside one process are

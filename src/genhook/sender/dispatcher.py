@@ -358,8 +358,9 @@ class Dispatcher:
         returned: Sequence[tuple[str, int]],
     ) -> None:
         wakes = self._wakes
+        idle = not self._busy and not self._ready
         try:
-            attempts = await self.feed.exchange(outcomes, want, rooms, returned)
+            attempts = await self.feed.exchange(outcomes, want, rooms, returned, inline=idle)
         except Exception:
             # Keep the outcomes for the next exchange (after a pause): dropped, an
             # acknowledged delivery would be sent again when its lease expires. Recording

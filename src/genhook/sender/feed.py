@@ -69,6 +69,7 @@ class LocalFeed:
         limit: int,
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
+        inline: bool = False,
     ) -> list[Outgoing]:
         now = now_ms()
         for outcome in outcomes:
@@ -81,6 +82,7 @@ class LocalFeed:
             limit=limit,
             rooms=rooms,
             returned=returned,
+            inline=inline,
         )
         if not claimed:
             return []

@@ -153,9 +153,11 @@ class DeliveryQueue(Protocol):
         limit: int,
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
+        inline: bool = False,
     ) -> list[Outgoing]:
         """Record ``records``, give back ``returned`` (delivery id, due at) unsent, and claim
-        up to ``limit`` due deliveries within ``rooms``, in one transaction."""
+        up to ``limit`` due deliveries within ``rooms``, in one transaction. ``inline``: the
+        caller's loop has nothing else to do meanwhile (an idle dispatcher)."""
         ...
 
     async def close(self) -> None: ...
@@ -323,6 +325,7 @@ class SQLiteDeliveryQueue:
         limit: int,
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
+        inline: bool = False,
     ) -> list[Outgoing]:
         # Strictly increasing, so a claim's rows are exactly those leased to this owner
         # until this instant.
@@ -330,6 +333,10 @@ class SQLiteDeliveryQueue:
         outcomes = json.dumps([r.json_row() for r in records]) if records else None
         back = json.dumps(list(returned)) if returned else None
         work = partial(self._tick, outcomes, len(records), owner, now, expires, limit, rooms, back)
+        if inline:
+            # Nothing to overlap with: the hop to the thread and back would be all the gain.
+            async with self.db.write_turn():
+                return work()
         if self._thread is None:
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhook-queue")
         loop = asyncio.get_running_loop()
@@ -539,6 +546,7 @@ class PostgresDeliveryQueue:
         limit: int,
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
+        inline: bool = False,
     ) -> list[Outgoing]:
         async with self.db.write_engine.connect() as connection:
             raw = await connection.get_raw_connection()
