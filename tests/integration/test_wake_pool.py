@@ -270,3 +270,53 @@ async def test_a_worker_taken_alone_claims_without_reading_first(
         await observer.dispose()
         await h.client.aclose()
         await h.state.db.dispose()
+
+
+@pytest.mark.postgres
+async def test_a_worker_woken_by_notify_claims_without_reading_first(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL a claim that finds nothing writes and locks nothing (SKIP LOCKED), so a
+    worker woken by NOTIFY claims at once; the poll still reads first."""
+    import asyncpg
+
+    h = await make_harness(make_settings(tmp_path, pg_url, worker_poll_seconds=30.0))
+    observer = Database(pg_url)
+    # The submit comes from "another process": only its NOTIFY wakes the worker.
+    monkeypatch.setattr(wakeups, "announce", lambda *args, **kwargs: None)
+    monkeypatch.setattr(wakeups, "notify", _no_notify)
+    stop = asyncio.Event()
+    running = asyncio.create_task(h.worker.run(stop))
+    dsn = pg_url.replace("postgresql+asyncpg://", "postgresql://")
+    try:
+        async with asyncio.timeout(30):
+            while not (hubs := [x for x in wakeups._hubs.values() if x.key.startswith("post")]):
+                await asyncio.sleep(0.01)
+            (hub,) = hubs
+            assert isinstance(hub, wakeups._PostgresHub)
+            await hub.connected.wait()
+        task_id = await submit(h)
+        with counting(h.state.db) as seen:
+            other = await asyncpg.connect(dsn)
+            try:
+                await other.execute("SELECT pg_notify('genhook_tasks', 'another process')")
+            finally:
+                await other.close()
+            async with asyncio.timeout(30):
+                while True:
+                    async with observer.read() as session:
+                        status = await session.scalar(select(Task.status).where(Task.id == task_id))
+                    if status == "completed":
+                        break
+                    await asyncio.sleep(0.02)
+        assert seen["tx"] == 2, dict(seen)  # the claim and the completion, no read first
+    finally:
+        stop.set()
+        await running
+        await observer.dispose()
+        await h.client.aclose()
+        await h.state.db.dispose()
+
+
+async def _no_notify(*args: object, **kwargs: object) -> None:
+    """Submits without announcing: the test sends the NOTIFY itself."""

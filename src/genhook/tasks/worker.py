@@ -150,7 +150,11 @@ class Worker(Services):
             if not ran and not stop.is_set():
                 wake = await self.wakeup.wait(pause)
                 log.debug("worker %s: woken (%s)", self.worker_id, wake.value)
-                waited = wake is not Wake.TARGETED
+                # On PostgreSQL a claim that finds nothing writes nothing and locks nothing
+                # (SKIP LOCKED), so a worker woken by NOTIFY claims at once too.
+                waited = wake is not Wake.TARGETED and not (
+                    wake is Wake.BROADCAST and self.db.is_postgres
+                )
 
     async def close_engines(self) -> None:
         """Close what engines hold on the loop (an upstream engine's connection pool)."""
