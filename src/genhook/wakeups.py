@@ -312,13 +312,14 @@ class Wake(enum.Enum):
     """Why a ``Waiter.wait`` returned."""
 
     TARGETED = "targeted"  # a writer took this idle worker: its task is there, claim at once
-    BROADCAST = "broadcast"  # an announcement to every listener: read before claiming
+    BROADCAST = "broadcast"  # an announcement to every listener (SQLite: read before claiming)
     LOCAL = "local"  # this process: a commit of its own, or a stop
+    RECONNECTED = "reconnected"  # the PostgreSQL listener (re)connected: maybe missed some
     TIMEOUT = "timeout"  # nothing arrived: the safety-net poll
 
 
 # Of several wake-ups before one wait returns, the one that tells the most.
-_RANK = {Wake.TIMEOUT: 0, Wake.LOCAL: 1, Wake.BROADCAST: 2, Wake.TARGETED: 3}
+_RANK = {Wake.TIMEOUT: 0, Wake.RECONNECTED: 1, Wake.LOCAL: 2, Wake.BROADCAST: 3, Wake.TARGETED: 4}
 
 
 class Subscription(Protocol):
@@ -648,7 +649,7 @@ class _PostgresHub(_Hub):
                 self.connected.set()
                 # Whatever was announced while no connection listened is claimable now.
                 for channel in CHANNELS:
-                    self.deliver(channel, Wake.BROADCAST)
+                    self.deliver(channel, Wake.RECONNECTED)
                 while not lost.is_set():
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(lost.wait(), PG_CHECK_SECONDS)

@@ -132,6 +132,7 @@ class Dispatcher:
         self._next_look = 0.0
         self._due_unknown = False
         self._unknown_at = 0.0  # when _due_unknown was last set (monotonic)
+        self._forgotten = 0  # _forget_next_due() calls so far
         self._look_is_poll = False
         self._wakes = 0  # wake() calls so far: one during a claim outdates its answer
         # Whether the last claim came back full: only then is a second one started while
@@ -300,7 +301,9 @@ class Dispatcher:
                 await asyncio.sleep(delay)
 
     def _forget_next_due(self) -> None:
-        """The next due time must be read again (when first unknown: see READ_DEFER_SECONDS)."""
+        """The next due time must be read again (when first unknown: see READ_DEFER_SECONDS).
+        A read in flight meanwhile is outdated: it may have begun before this change."""
+        self._forgotten += 1
         if not self._due_unknown:
             self._unknown_at = time.monotonic()
             self._due_unknown = True
@@ -403,7 +406,7 @@ class Dispatcher:
         """Bring the next look forward to the earliest scheduled attempt (a read: an idle
         dispatcher writes nothing). Never sooner than MIN_LOOK_SECONDS after the short claim,
         so a due row that cannot be claimed yet (its room is full) is not spun on."""
-        wakes = self._wakes
+        wakes, forgotten = self._wakes, self._forgotten
         try:
             earliest = await earliest_pending(self.db)
         except Exception:
@@ -411,7 +414,8 @@ class Dispatcher:
             earliest = None
         if wakes != self._wakes:
             return  # woken meanwhile: a claim comes next anyway
-        self._due_unknown = False
+        if forgotten == self._forgotten:
+            self._due_unknown = False  # else an outcome recorded meanwhile calls for another
         if earliest is not None:
             wait = (earliest - now_ms()) / 1000
             due = max(self._short_at + MIN_LOOK_SECONDS, time.monotonic() + wait)
