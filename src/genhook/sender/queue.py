@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
-from sqlalchemy import ColumnElement, delete, exists, insert, or_, select, update
+from sqlalchemy import ColumnElement, Table, delete, exists, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
@@ -588,28 +588,37 @@ def new_delivery_id() -> str:
     return "whd_" + secrets.token_hex(12)
 
 
+_INSERT_DELIVERY = insert(cast(Table, WebhookDelivery.__table__))
+
+
 async def insert_delivery(
     session: AsyncSession, task: Task, url: str, event_type: str, body: bytes, now: int
 ) -> str:
-    """A delivery of ``body`` to ``url``, due at once; returns its id."""
+    """A delivery of ``body`` to ``url``, due at once; returns its id.
+
+    One prebuilt Core statement on the session's connection: building an ORM insert's
+    ``values()`` per call cost more CPU than the INSERT itself (it runs in every terminal
+    transaction with a webhook)."""
     delivery_id = new_delivery_id()
-    await session.execute(
-        insert(WebhookDelivery).values(
-            id=delivery_id,
-            task_id=task.id,
-            account_id=task.account_id,
-            url=url,
-            destination=destination_of(url),
-            event_type=event_type,
-            body=body,
-            status="pending",
-            attempts=0,
-            round_start=0,
-            redeliveries=0,
-            next_attempt_at=now,
-            created_at=now,
-            updated_at=now,
-        )
+    connection = await session.connection()
+    await connection.execute(
+        _INSERT_DELIVERY,
+        {
+            "id": delivery_id,
+            "task_id": task.id,
+            "account_id": task.account_id,
+            "url": url,
+            "destination": destination_of(url),
+            "event_type": event_type,
+            "body": body,
+            "status": "pending",
+            "attempts": 0,
+            "round_start": 0,
+            "redeliveries": 0,
+            "next_attempt_at": now,
+            "created_at": now,
+            "updated_at": now,
+        },
     )
     return delivery_id
 
