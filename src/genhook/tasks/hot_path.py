@@ -3,10 +3,10 @@ the completion transaction.
 
 A claim reads its batch's input images in its own transaction, so starting a task costs no
 transaction of its own. Completing a task is the service's most frequent write: it costs one
-conditional UPDATE of its own (which returns just the columns billing and cleanup need, not
-an ORM object), while a group commit's tasks share one DELETE of their input blobs and one
-multi-row INSERT of their usage lines. Full task rows are loaded only for tasks with a
-webhook, whose callback renders what polling shows, in the same transaction as before.
+conditional UPDATE of its own (a Core statement, not an ORM object), while a group commit's
+tasks share one DELETE of their input blobs and one multi-row INSERT of their usage lines. The
+UPDATE returns the whole finished row, so a task with a webhook renders its callback (what
+polling shows) from it, without reading the task again.
 """
 
 from __future__ import annotations
@@ -61,15 +61,7 @@ COMPLETE = (
         updated_at=bindparam("now"),
         outputs_expire_at=bindparam("expire_at"),
     )
-    .returning(
-        _tasks.c.id,
-        _tasks.c.account_id,
-        _tasks.c.model,
-        _tasks.c.inputs,
-        _tasks.c.charge,
-        _tasks.c.webhook_url,
-        _tasks.c.started_at,
-    )
+    .returning(*_tasks.c)
 )
 # A transcript is written only when there is one, so a task without one keeps what submit
 # stored.
@@ -117,7 +109,8 @@ def _take(which: Any) -> Update:
 
 
 def claimed(rows: Any) -> list[Task]:
-    """The claimed tasks of ``_take``'s result, as detached ``Task`` objects."""
+    """Tasks from rows returning every column (``_take``, ``COMPLETE``), as detached
+    ``Task`` objects, without an ORM query."""
     return [Task(**row._mapping) for row in rows]
 
 
@@ -189,7 +182,6 @@ HELD = select(_tasks.c.id).where(*_held_ids)
 READ_INPUTS = select(_blobs.c.key, _blobs.c.data).where(
     _blobs.c.key.in_(bindparam("keys", expanding=True))
 )
-WEBHOOK_TASKS = select(Task).where(Task.id.in_(bindparam("ids", expanding=True)))
 
 
 async def read_inputs(
@@ -243,7 +235,7 @@ async def complete_in(
     done: list[bool] = []
     input_keys: list[str] = []
     usage: list[dict[str, Any]] = []
-    webhooks: list[str] = []
+    webhooks: list[Any] = []
     for item in items:
         params = {
             "task_id": item.task_id,
@@ -267,14 +259,11 @@ async def complete_in(
         if row.charge:
             usage.append(usage_row(row, now, item.upstream_cost_micros))
         if row.webhook_url:
-            webhooks.append(row.id)
+            webhooks.append(row)
     if input_keys:
         await connection.execute(DELETE_BLOBS, {"keys": input_keys})
     if usage:
         await connection.execute(INSERT_USAGE, usage)
-    if webhooks:
-        rows = (await session.scalars(WEBHOOK_TASKS, {"ids": webhooks})).all()
-        by_id = {task.id: task for task in rows}
-        for task_id in webhooks:  # in the order the tasks ended
-            await enqueue_callback(session, by_id[task_id], settings, storage, now)
+    for task in claimed(webhooks):  # in the order the tasks ended
+        await enqueue_callback(session, task, settings, storage, now)
     return done
