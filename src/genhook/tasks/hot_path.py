@@ -30,6 +30,8 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm.attributes import instance_dict
+from sqlalchemy.orm.instrumentation import manager_of_class
 
 from genhook import metrics
 from genhook.config import Settings
@@ -108,10 +110,22 @@ def _take(which: Any) -> Update:
     )
 
 
+_new_task = manager_of_class(Task).new_instance
+
+
 def claimed(rows: Any) -> list[Task]:
     """Tasks from rows returning every column (``_take``, ``COMPLETE``), as detached
-    ``Task`` objects, without an ORM query."""
-    return [Task(**row._mapping) for row in rows]
+    ``Task`` objects, without an ORM query.
+
+    Filled the way the ORM's loader fills an instance, straight into its ``__dict__``:
+    ``Task(**row)`` goes through instrumented ``__set__`` per column, about 60 us a task, more
+    than a claim's own SQL. Never added to a session; attributes read and set as usual."""
+    tasks = []
+    for row in rows:
+        task = _new_task()
+        instance_dict(task).update(row._mapping)
+        tasks.append(task)
+    return tasks
 
 
 @functools.lru_cache(maxsize=256)
