@@ -133,7 +133,10 @@ class Lifecycle:
                 await enqueue_processing(session, task, params["now"])  # opt-in progress event
             if inputs is not None:
                 await read_inputs(session, [task], inputs)
-            more = look_on and await session.scalar(runnable_one(key), params) is not None
+            more = (
+                look_on
+                and (await connection.execute(runnable_one(key), params)).first() is not None
+            )
             metrics.task_started(task)
             return task, more
 
