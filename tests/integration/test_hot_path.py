@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import event, func, select
+from sqlalchemy import event, func, select, update
 
-from genhook.db import Blob, Database, Task, UsageLine, WebhookDelivery
+from genhook.db import Blob, Database, Task, UsageLine, WebhookDelivery, now_ms
 from genhook.sender.outbox import build_body, event_type_for
 from genhook.tasks import Lifecycle
 from genhook.tasks.keeper import LeaseKeeper
@@ -214,3 +214,40 @@ async def test_a_callback_rendered_from_the_completion_row_is_the_one_polling_sh
             )
         )
         assert progress == "undeliverable"
+
+
+async def test_a_completion_gives_up_only_progress_events_not_in_flight(harness: Harness) -> None:
+    """A task's pending processing event gives way to its terminal one unless an attempt of it
+    is on the wire (its lease runs); a task claimed again keeps its one processing event."""
+    hook, events = "http://127.0.0.1:9/hook", ["processing", "terminal"]
+    idle = await submit(harness, webhook_url=hook, webhook_events=events)
+    lapsed = await submit(harness, webhook_url=hook, webhook_events=events)
+    in_flight = await submit(harness, webhook_url=hook, webhook_events=events)
+    lifecycle, db = harness.worker.lifecycle, harness.state.db
+    assert len(await lifecycle.claim_many("w-progress", [MODEL], 8)) == 3
+    assert await lifecycle.release(idle, "w-progress")
+    assert (await lifecycle.claim("w-progress", [MODEL])) is not None  # ``idle`` again
+    now = now_ms()
+    progress = WebhookDelivery.event_type.like("%.task.processing")
+    async with db.write() as session:
+        for task_id, lease in ((lapsed, now - 1000), (in_flight, now + 60_000)):
+            await session.execute(
+                update(WebhookDelivery)
+                .where(WebhookDelivery.task_id == task_id, progress)
+                .values(lease_owner="d-1", lease_expires_at=lease)
+            )
+    items = [Completion(task_id, [], [], {}) for task_id in (idle, lapsed, in_flight)]
+    assert await lifecycle.complete_many("w-progress", items) == [True, True, True]
+    async with db.read() as session:
+        rows = (
+            await session.execute(
+                select(WebhookDelivery.task_id, WebhookDelivery.status, WebhookDelivery.last_error)
+                .where(progress)
+                .order_by(WebhookDelivery.created_at)
+            )
+        ).all()
+    states = {task_id: (status, error) for task_id, status, error in rows}
+    assert len(rows) == 3
+    assert states[idle] == ("undeliverable", "superseded by the terminal event")
+    assert states[lapsed] == ("undeliverable", "superseded by the terminal event")
+    assert states[in_flight] == ("pending", None)

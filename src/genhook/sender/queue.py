@@ -25,7 +25,17 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol, cast
 
-from sqlalchemy import ColumnElement, Table, delete, exists, insert, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Table,
+    bindparam,
+    delete,
+    exists,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
@@ -627,28 +637,55 @@ def _lease_free(now: int) -> ColumnElement[bool]:
     return or_(WebhookDelivery.lease_expires_at.is_(None), WebhookDelivery.lease_expires_at < now)
 
 
+_deliveries = cast(Table, WebhookDelivery.__table__)
+_EVENT_OF_TASK = select(_deliveries.c.id).where(
+    _deliveries.c.task_id == bindparam("of_task"),
+    _deliveries.c.event_type == bindparam("event_type"),
+)
+# A task's pending progress events, not in flight: given up in its terminal transaction.
+_GIVE_UP_TASK_PROGRESS = (
+    update(_deliveries)
+    .where(
+        _deliveries.c.task_id == bindparam("of_task"),
+        _deliveries.c.status == "pending",
+        _deliveries.c.event_type.like("%.task.processing"),
+        or_(
+            _deliveries.c.lease_expires_at.is_(None),
+            _deliveries.c.lease_expires_at < bindparam("now"),
+        ),
+    )
+    .values(status="undeliverable", last_error=bindparam("reason"), updated_at=bindparam("now"))
+)
+
+
+async def event_enqueued(session: AsyncSession, task_id: str, event_type: str) -> bool:
+    """Whether ``task_id`` already has a delivery of ``event_type``."""
+    connection = await session.connection()
+    params = {"of_task": task_id, "event_type": event_type}
+    return (await connection.execute(_EVENT_OF_TASK, params)).first() is not None
+
+
 async def give_up_progress(
     session: AsyncSession, reason: str, now: int, *, task_id: str | None = None
 ) -> int:
     """Pending progress events not in flight become undeliverable: ``task_id``'s, or, without
     it, every one whose task's terminal event exists."""
+    if task_id is not None:  # in a terminal transaction: one prebuilt statement
+        connection = await session.connection()
+        params = {"of_task": task_id, "reason": reason, "now": now}
+        return int((await connection.execute(_GIVE_UP_TASK_PROGRESS, params)).rowcount)
+    terminal = aliased(WebhookDelivery)
     which = [
         WebhookDelivery.status == "pending",
         WebhookDelivery.event_type.like("%.task.processing"),
         _lease_free(now),
-    ]
-    if task_id is not None:
-        which.append(WebhookDelivery.task_id == task_id)
-    else:
-        terminal = aliased(WebhookDelivery)
-        which.append(
-            exists(
-                select(terminal.id).where(
-                    terminal.task_id == WebhookDelivery.task_id,
-                    terminal.event_type.like("%.task.terminal"),
-                )
+        exists(
+            select(terminal.id).where(
+                terminal.task_id == WebhookDelivery.task_id,
+                terminal.event_type.like("%.task.terminal"),
             )
-        )
+        ),
+    ]
     result = await session.execute(
         update(WebhookDelivery)
         .where(*which)
