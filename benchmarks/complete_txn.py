@@ -1,15 +1,15 @@
 """CPU of the worker's two transactions per task: the claim and the completion.
 
 Creates a migrated database, inserts ``--tasks`` tasks the way a submit stores them (a
-webhook_url, one input image in the ``blobs`` table, a price), then claims every one through
-``Lifecycle.claim_next`` (reading its input) and completes every one through
-``Lifecycle.complete``, one transaction each, and prints this process's CPU time per claim
-and per completion (``time.process_time``: on PostgreSQL the server's own CPU is not in it).
+webhook_url unless ``--no-webhook``, one input image in the ``blobs`` table, a price), then
+claims every one through ``Lifecycle.claim_next`` (reading its input) and completes every one
+through ``Lifecycle.complete``, one transaction each, and prints this process's CPU time per
+claim and per completion (``time.process_time``: on PostgreSQL the server's own CPU is not in it).
 Each round uses fresh tasks; the best round is the figure, as the others only add noise
 from a shared machine.
 
     .venv/bin/python benchmarks/complete_txn.py [--tasks 500] [--rounds 5]
-        [--postgres | --database-url URL]
+        [--no-webhook] [--postgres | --database-url URL]
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ CHARGE = {
 INFO = {"plan": [{"op": "grayscale"}, {"op": "border", "color": "red", "width": 12}]}
 
 
-def task_rows(account_id: str, count: int, now: int) -> tuple[list[dict[str, Any]], list[Any]]:
+def task_rows(
+    account_id: str, count: int, now: int, webhook_url: str | None
+) -> tuple[list[dict[str, Any]], list[Any]]:
     tasks, blobs = [], []
     for index in range(count):
         task_id = secrets.token_hex(16)
@@ -64,7 +66,7 @@ def task_rows(account_id: str, count: int, now: int) -> tuple[list[dict[str, Any
                 "status": "created",
                 "params": {"prompt": "black and white, then a red border", "size": "1024*1024"},
                 "inputs": [{"blob": key, "format": "png"}],
-                "webhook_url": "https://hooks.example.com/genhook?tenant=bench",
+                "webhook_url": webhook_url,
                 "webhook_events": None,
                 "created_at": now,
                 "updated_at": now,
@@ -81,9 +83,11 @@ def task_rows(account_id: str, count: int, now: int) -> tuple[list[dict[str, Any
     return tasks, blobs
 
 
-async def round_of(lifecycle: Lifecycle, account_id: str, count: int) -> tuple[float, float]:
+async def round_of(
+    lifecycle: Lifecycle, account_id: str, count: int, webhook_url: str | None
+) -> tuple[float, float]:
     """Microseconds of CPU per claim and per completion over ``count`` fresh tasks."""
-    tasks, blobs = task_rows(account_id, count, now_ms() - 10_000)
+    tasks, blobs = task_rows(account_id, count, now_ms() - 10_000, webhook_url)
     async with lifecycle.db.write() as session:
         connection = await session.connection()
         await connection.execute(insert(cast(Table, Task.__table__)), tasks)
@@ -119,10 +123,11 @@ async def measure(label: str, url: str, data_dir: Path, args: argparse.Namespace
     try:
         account = await create_account(db, "bench")
         lifecycle = Lifecycle(settings, db, open_blob_store(settings, db))
-        await round_of(lifecycle, account.account_id, min(50, args.tasks))  # warm the caches
+        hook = None if args.no_webhook else "https://hooks.example.com/genhook?tenant=bench"
+        await round_of(lifecycle, account.account_id, min(50, args.tasks), hook)  # warm up
         claims, completions = [], []
         for _ in range(args.rounds):
-            claim_us, complete_us = await round_of(lifecycle, account.account_id, args.tasks)
+            claim_us, complete_us = await round_of(lifecycle, account.account_id, args.tasks, hook)
             claims.append(claim_us)
             completions.append(complete_us)
         print(
@@ -139,6 +144,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--no-webhook", action="store_true", help="tasks without a webhook_url")
     parser.add_argument("--database-url", default=None, help="default: SQLite in a temp dir")
     parser.add_argument(
         "--postgres", action="store_true", help="also start a PostgreSQL server in a temp dir"
