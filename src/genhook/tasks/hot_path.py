@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import (
     BigInteger,
+    Executable,
     Integer,
     Select,
     Table,
@@ -69,6 +70,8 @@ COMPLETE = (
 # stored.
 COMPLETE_WITH_STT = COMPLETE.values(stt_result=bindparam("stt_result"))
 DELETE_BLOBS = delete(_blobs).where(_blobs.c.key.in_(bindparam("keys", expanding=True)))
+# One key, the common case: an expanding IN is rewritten at every execution (about 20 us).
+DELETE_BLOB = delete(_blobs).where(_blobs.c.key == bindparam("key"))
 INSERT_USAGE = insert(cast(Table, UsageLine.__table__))
 
 
@@ -196,6 +199,16 @@ HELD = select(_tasks.c.id).where(*_held_ids)
 READ_INPUTS = select(_blobs.c.key, _blobs.c.data).where(
     _blobs.c.key.in_(bindparam("keys", expanding=True))
 )
+READ_INPUT = select(_blobs.c.key, _blobs.c.data).where(_blobs.c.key == bindparam("key"))
+
+
+def by_keys(
+    one: Executable, many: Executable, keys: list[str]
+) -> tuple[Executable, dict[str, Any]]:
+    """``one`` for a single key, else ``many`` with its expanding ``keys``, and the params."""
+    if len(keys) == 1:
+        return one, {"key": keys[0]}
+    return many, {"keys": keys}
 
 
 async def read_inputs(
@@ -207,7 +220,7 @@ async def read_inputs(
     if not keys:
         return
     connection = await session.connection()
-    rows = await connection.execute(READ_INPUTS, {"keys": keys})
+    rows = await connection.execute(*by_keys(READ_INPUT, READ_INPUTS, keys))
     found = {key: bytes(data) for key, data in rows}
     for task in tasks:
         into[task.id] = {
@@ -275,7 +288,7 @@ async def complete_in(
         if row.webhook_url:
             webhooks.append(row)
     if input_keys:
-        await connection.execute(DELETE_BLOBS, {"keys": input_keys})
+        await connection.execute(*by_keys(DELETE_BLOB, DELETE_BLOBS, input_keys))
     if usage:
         await connection.execute(INSERT_USAGE, usage)
     for task in claimed(webhooks):  # in the order the tasks ended
