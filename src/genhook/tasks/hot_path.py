@@ -26,11 +26,13 @@ from sqlalchemy import (
     bindparam,
     delete,
     insert,
+    inspect,
     or_,
     select,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import configure_mappers
 from sqlalchemy.orm.attributes import instance_dict
 from sqlalchemy.orm.instrumentation import manager_of_class
 
@@ -114,6 +116,7 @@ def _take(which: Any) -> Update:
 
 
 _new_task = manager_of_class(Task).new_instance
+_task_mapper = inspect(Task)
 
 
 def claimed(rows: Any) -> list[Task]:
@@ -123,6 +126,8 @@ def claimed(rows: Any) -> list[Task]:
     Filled the way the ORM's loader fills an instance, straight into its ``__dict__``:
     ``Task(**row)`` goes through instrumented ``__set__`` per column, about 60 us a task, more
     than a claim's own SQL. Never added to a session; attributes read and set as usual."""
+    if not _task_mapper.configured:  # a fresh process that has made no ORM query yet
+        configure_mappers()
     tasks = []
     for row in rows:
         task = _new_task()
