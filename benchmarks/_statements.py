@@ -24,10 +24,16 @@ class StatementCounter:
         self._engines = list(engines.values())
         for engine in self._engines:
             event.listen(engine, "before_cursor_execute", self._count)
+            event.listen(engine, "begin", self._begin)
 
     def _count(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         if not self._paused:
             self.kinds[kind_of(statement)] += 1
+
+    def _begin(self, conn: Any) -> None:
+        # SQLite's explicit BEGIN goes to sqlite3 directly, past ``before_cursor_execute``.
+        if not self._paused and conn.dialect.name == "sqlite":
+            self.kinds["BEGIN"] += 1
 
     @property
     def total(self) -> int:
@@ -44,6 +50,7 @@ class StatementCounter:
     def close(self) -> None:
         for engine in self._engines:
             event.remove(engine, "before_cursor_execute", self._count)
+            event.remove(engine, "begin", self._begin)
 
     def summary(self, tasks: int) -> str:
         """Statements per task, in all and by kind."""

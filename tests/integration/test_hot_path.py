@@ -10,12 +10,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import event, func, select
+from sqlalchemy import event, func, select, update
 
-from genhook.db import Blob, Database, Task, UsageLine
+from genhook.db import Blob, Database, Task, UsageLine, WebhookDelivery, now_ms
+from genhook.sender.outbox import build_body, event_type_for
 from genhook.tasks import Lifecycle
 from genhook.tasks.keeper import LeaseKeeper
 from genhook.tasks.lifecycle import Completion
+from genhook.tasks.views import prediction_view
 from tests.conftest import Harness
 from tests.support.images import data_url
 
@@ -47,8 +49,9 @@ def counting(db: Database) -> Iterator[Counter[str]]:
             event.remove(engine, "begin", on_begin)
 
 
-async def submit(h: Harness, prompt: str = "edit") -> str:
+async def submit(h: Harness, prompt: str = "edit", **fields: Any) -> str:
     body = {"model": MODEL, "prompt": prompt, "images": [data_url()], "size": "1024*1024"}
+    body.update(fields)
     response = await h.submit(body)
     assert response.status_code == 200, response.text
     task_id: str = response.json()["id"]
@@ -170,3 +173,81 @@ async def test_keeper_extends_held_leases_and_reports_a_cancel(harness: Harness)
     async with harness.state.db.read() as session:
         after = await session.scalar(select(Task.lease_expires_at).where(Task.id == kept_id))
     assert before is not None and after is not None and after > before
+
+
+async def test_a_callback_rendered_from_the_completion_row_is_the_one_polling_shows(
+    harness: Harness,
+) -> None:
+    """The completion renders each webhook body from the row its UPDATE returns; it is byte
+    for byte the body rendered from the task as stored, read back after the commit."""
+    hook = "http://127.0.0.1:9/hook?tenant=t%C3%A9"
+    plain = await submit(harness, "façade ✓", webhook_url=hook)
+    transcribed = await submit(harness, webhook_url=hook, webhook_events=["processing", "terminal"])
+    base64_out = await submit(harness, webhook_url=hook, enable_base64_output=True)
+    lifecycle, state = harness.worker.lifecycle, harness.state
+    assert len(await lifecycle.claim_many("w-hook", [MODEL], 8)) == 3
+    key = "outputs/row-check.png"
+    await state.storage.put(key, b"\x89PNG-not-really", "image/png")
+    items = [
+        Completion(plain, [key, key], [False, True], {"plan": [{"op": "grayscale"}], "n": "é"}),
+        Completion(transcribed, [key], [False], {}, 1234, {"text": "héllo", "words": []}),
+        Completion(base64_out, [key], [True], {"plan": []}),
+    ]
+    assert await lifecycle.complete_many("w-hook", items) == [True, True, True]
+    async with state.db.read() as session:
+        for task_id in (plain, transcribed, base64_out):
+            task = await session.get(Task, task_id)
+            assert task is not None and task.status == "completed"
+            event_type = event_type_for(task.kind)
+            sent = await session.scalar(
+                select(WebhookDelivery.body).where(
+                    WebhookDelivery.task_id == task_id, WebhookDelivery.event_type == event_type
+                )
+            )
+            view = await prediction_view(task, state.settings, state.storage, for_webhook=True)
+            assert sent is not None and bytes(sent) == build_body(task, event_type, view)
+        # The transcribed task's opt-in processing event was superseded by its terminal one.
+        progress = await session.scalar(
+            select(WebhookDelivery.status).where(
+                WebhookDelivery.task_id == transcribed,
+                WebhookDelivery.event_type.like("%.task.processing"),
+            )
+        )
+        assert progress == "undeliverable"
+
+
+async def test_a_completion_gives_up_only_progress_events_not_in_flight(harness: Harness) -> None:
+    """A task's pending processing event gives way to its terminal one unless an attempt of it
+    is on the wire (its lease runs); a task claimed again keeps its one processing event."""
+    hook, events = "http://127.0.0.1:9/hook", ["processing", "terminal"]
+    idle = await submit(harness, webhook_url=hook, webhook_events=events)
+    lapsed = await submit(harness, webhook_url=hook, webhook_events=events)
+    in_flight = await submit(harness, webhook_url=hook, webhook_events=events)
+    lifecycle, db = harness.worker.lifecycle, harness.state.db
+    assert len(await lifecycle.claim_many("w-progress", [MODEL], 8)) == 3
+    assert await lifecycle.release(idle, "w-progress")
+    assert (await lifecycle.claim("w-progress", [MODEL])) is not None  # ``idle`` again
+    now = now_ms()
+    progress = WebhookDelivery.event_type.like("%.task.processing")
+    async with db.write() as session:
+        for task_id, lease in ((lapsed, now - 1000), (in_flight, now + 60_000)):
+            await session.execute(
+                update(WebhookDelivery)
+                .where(WebhookDelivery.task_id == task_id, progress)
+                .values(lease_owner="d-1", lease_expires_at=lease)
+            )
+    items = [Completion(task_id, [], [], {}) for task_id in (idle, lapsed, in_flight)]
+    assert await lifecycle.complete_many("w-progress", items) == [True, True, True]
+    async with db.read() as session:
+        rows = (
+            await session.execute(
+                select(WebhookDelivery.task_id, WebhookDelivery.status, WebhookDelivery.last_error)
+                .where(progress)
+                .order_by(WebhookDelivery.created_at)
+            )
+        ).all()
+    states = {task_id: (status, error) for task_id, status, error in rows}
+    assert len(rows) == 3
+    assert states[idle] == ("undeliverable", "superseded by the terminal event")
+    assert states[lapsed] == ("undeliverable", "superseded by the terminal event")
+    assert states[in_flight] == ("pending", None)

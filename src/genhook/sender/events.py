@@ -27,7 +27,7 @@ from sqlalchemy.orm import aliased
 from genhook.db import Task, WebhookDelivery
 from genhook.errors import FieldError, InvalidRequest
 from genhook.sender.outbox import wake_dispatchers
-from genhook.sender.queue import give_up_progress, insert_delivery
+from genhook.sender.queue import event_enqueued, give_up_progress, insert_delivery
 
 EVENTS = ("processing", "terminal")
 SUPERSEDED = "superseded by the terminal event"
@@ -74,12 +74,7 @@ async def enqueue_processing(session: AsyncSession, task: Task, now: int) -> Non
     if not task.webhook_url or not wants(task, "processing"):
         return
     event_type = f"{task.kind}.task.processing"
-    exists = await session.scalar(
-        select(WebhookDelivery.id).where(
-            WebhookDelivery.task_id == task.id, WebhookDelivery.event_type == event_type
-        )
-    )
-    if exists is not None:
+    if await event_enqueued(session, task.id, event_type):
         return
     body = {
         "session_id": task.id,

@@ -38,10 +38,13 @@ from genhook.task_states import (
     TIMEOUT_MESSAGE,
 )
 from genhook.tasks.hot_path import (
+    DELETE_BLOB,
+    DELETE_BLOBS,
     HEARTBEAT,
     HELD,
     INSERT_USAGE,
     TAKE_IDS,
+    by_keys,
     claim_candidates,
     claim_one,
     claim_params,
@@ -133,7 +136,10 @@ class Lifecycle:
                 await enqueue_processing(session, task, params["now"])  # opt-in progress event
             if inputs is not None:
                 await read_inputs(session, [task], inputs)
-            more = look_on and await session.scalar(runnable_one(key), params) is not None
+            more = (
+                look_on
+                and (await connection.execute(runnable_one(key), params)).first() is not None
+            )
             metrics.task_started(task)
             return task, more
 
@@ -347,7 +353,7 @@ class Lifecycle:
     ) -> None:
         input_keys = [item["blob"] for item in task.inputs if "blob" in item]
         if input_keys:
-            await session.execute(delete(Blob).where(Blob.key.in_(input_keys)))
+            await session.execute(*by_keys(DELETE_BLOB, DELETE_BLOBS, input_keys))
         if task.status == COMPLETED and task.charge:
             await session.execute(INSERT_USAGE, [usage_row(task, now, upstream_cost_micros)])
         if task.webhook_url:
