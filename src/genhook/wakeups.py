@@ -53,6 +53,7 @@ import asyncio
 import contextlib
 import enum
 import errno
+import functools
 import hashlib
 import logging
 import os
@@ -109,8 +110,10 @@ def database_key(url: str | URL) -> str:
     return parsed.set(password=None).render_as_string(hide_password=True)
 
 
+@functools.lru_cache(maxsize=64)
 def wake_dir(sqlite_path: str) -> Path | None:
-    """Where an SQLite database's listeners keep their sockets (None: in memory only)."""
+    """Where an SQLite database's listeners keep their sockets (None: in memory only).
+    Remembered: every commit asks, and resolving the path costs a system call a component."""
     if not sqlite_path or sqlite_path == ":memory:" or sqlite_path.startswith("file:"):
         return None
     return Path(sqlite_path).resolve().parent / "wake"
