@@ -253,7 +253,8 @@ class Dispatcher:
                 # that found too little, whichever is first; a wake-up comes sooner.
                 timeout = poll
                 if not self._maybe_due:
-                    if self._due_unknown:
+                    # Outcomes still to record call for a read of their own once recorded.
+                    if self._due_unknown and not self._outcomes:
                         deferred = time.monotonic() - self._unknown_at
                         if (self._busy or self._ready) and deferred < READ_DEFER_SECONDS:
                             # The attempts go out first; their outcomes, recorded when they
@@ -263,7 +264,10 @@ class Dispatcher:
                         await self._read_next_due()
                         continue
                     timeout = max(0.001, self._next_look - time.monotonic())
-                await self._sleep(min(timeout, RECORD_DELAY_SECONDS) if self._outcomes else timeout)
+                if self._outcomes:
+                    due = self._oldest_outcome + RECORD_DELAY_SECONDS - time.monotonic()
+                    timeout = min(timeout, max(0.001, due))
+                await self._sleep(timeout)
         finally:
             stopping.cancel()
             # Attempts not started yet are given back by release_leases() below.
@@ -336,10 +340,11 @@ class Dispatcher:
     def _record_due(self) -> bool:
         if self.fairness.returned:
             return True
+        # Idle too, an outcome waits for company: at a few deliveries a second the next claim
+        # comes within the delay and records it in its own transaction, one write fewer.
         pending = len(self._outcomes)
         return pending >= self._chunk or (
-            pending > 0
-            and (not self._busy or time.monotonic() - self._oldest_outcome >= RECORD_DELAY_SECONDS)
+            pending > 0 and time.monotonic() - self._oldest_outcome >= RECORD_DELAY_SECONDS
         )
 
     def _start_exchange(self, want: int) -> None:
