@@ -19,7 +19,7 @@ from sqlalchemy import select
 from genhook import wakeups
 from genhook.db import Database, Task
 from genhook.wakeups import Waiter, Wake
-from tests.conftest import make_harness, make_settings
+from tests.conftest import Harness, make_harness, make_settings
 from tests.integration.test_hot_path import counting, submit
 
 WRITER = (
@@ -239,22 +239,12 @@ async def test_a_worker_taken_alone_claims_without_reading_first(
             while not directory.is_dir() or _wake_files(directory) != ["idle.sock"]:
                 await asyncio.sleep(0.01)
 
-    async def completed(task_id: str) -> None:
-        async with asyncio.timeout(30):
-            while True:
-                async with observer.read() as session:
-                    if await session.scalar(select(Task.status).where(Task.id == task_id)) == (
-                        "completed"
-                    ):
-                        return
-                await asyncio.sleep(0.02)
-
     try:
         await idle()
         targeted = await submit(h)
         with counting(h.state.db) as seen:
             assert send_from_another_process(directory) == 1
-            await completed(targeted)
+            await completed(observer, targeted)
             await idle()
         assert seen["tx"] == 2, dict(seen)  # the claim and the completion, no read first
 
@@ -263,15 +253,11 @@ async def test_a_worker_taken_alone_claims_without_reading_first(
         with counting(h.state.db) as seen:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
                 sender.sendto(b"!", str(entry))
-            await completed(broadcast)
+            await completed(observer, broadcast)
             await idle()
         assert seen["tx"] == 3, dict(seen)  # the read, the claim, the completion
     finally:
-        stop.set()
-        await running
-        await observer.dispose()
-        await h.client.aclose()
-        await h.state.db.dispose()
+        await shut(stop, running, observer, h)
 
 
 @pytest.mark.postgres
@@ -305,20 +291,30 @@ async def test_a_worker_woken_by_notify_claims_without_reading_first(
                 await other.execute("SELECT pg_notify('genhook_tasks', 'another process')")
             finally:
                 await other.close()
-            async with asyncio.timeout(30):
-                while True:
-                    async with observer.read() as session:
-                        status = await session.scalar(select(Task.status).where(Task.id == task_id))
-                    if status == "completed":
-                        break
-                    await asyncio.sleep(0.02)
+            await completed(observer, task_id)
         assert seen["tx"] == 2, dict(seen)  # the claim and the completion, no read first
     finally:
-        stop.set()
-        await running
-        await observer.dispose()
-        await h.client.aclose()
-        await h.state.db.dispose()
+        await shut(stop, running, observer, h)
+
+
+async def completed(observer: Database, task_id: str) -> None:
+    async with asyncio.timeout(30):
+        while True:
+            async with observer.read() as session:
+                status = await session.scalar(select(Task.status).where(Task.id == task_id))
+            if status == "completed":
+                return
+            await asyncio.sleep(0.02)
+
+
+async def shut(
+    stop: asyncio.Event, running: asyncio.Task[None], observer: Database, h: Harness
+) -> None:
+    stop.set()
+    await running
+    await observer.dispose()
+    await h.client.aclose()
+    await h.state.db.dispose()
 
 
 async def _no_notify(*args: object, **kwargs: object) -> None:
