@@ -86,10 +86,11 @@ async def test_a_queue_costs_one_write_transaction_per_task_after_the_first_clai
     worker, stop = h.worker, asyncio.Event()
     plain = worker.lifecycle.complete
 
-    async def last_completion(*args: Any, **kwargs: Any) -> bool:
-        # Only the last task, with nothing left behind it, is completed on its own.
-        done = await plain(*args, **kwargs)
-        stop.set()
+    async def last_completion(task_id: str, *args: Any, **kwargs: Any) -> bool:
+        # The last task, with nothing left behind it, is completed on its own.
+        done = await plain(task_id, *args, **kwargs)
+        if task_id == ids[-1]:
+            stop.set()
         return done
 
     monkeypatch.setattr(worker.lifecycle, "complete", last_completion)
