@@ -4,7 +4,8 @@ CPU cost is the service's own (see ``benchmarks/task_overhead.py``).
 ``bench/noop`` takes the edit request (one small input image, stored and deleted with its
 task like any other) and returns a constant 1×1 PNG, which the worker stores as the task's
 output. With ``GENHOOK_BENCH_SQL_DIR`` set, every process that loads this module counts the
-SQL statements it sends and writes the count to ``<dir>/<pid>.json`` every 20 ms.
+SQL statements and the transactions it sends and writes the counts to ``<dir>/<pid>.json``
+every 20 ms.
 """
 
 from __future__ import annotations
@@ -51,10 +52,12 @@ NOOP = ModelSpec(
 
 
 class _SQLCount:
-    """Statements sent by this process, written to a file a benchmark reads from outside."""
+    """Statements and transactions of this process, written to a file a benchmark reads from
+    outside."""
 
     def __init__(self, directory: Path) -> None:
         self.count = 0
+        self.transactions = 0
         self.path = directory / f"{os.getpid()}.json"
         event.listen(SQLEngine, "before_cursor_execute", self._on_statement)
         event.listen(SQLEngine, "begin", self._on_begin)
@@ -64,6 +67,7 @@ class _SQLCount:
         self.count += 1
 
     def _on_begin(self, conn: Any) -> None:
+        self.transactions += 1
         # SQLite's explicit BEGIN goes to sqlite3 directly, past ``before_cursor_execute``;
         # still a statement, as in the figures measured before.
         if conn.dialect.name == "sqlite":
@@ -73,7 +77,7 @@ class _SQLCount:
         stopped = threading.Event()
         while not stopped.wait(0.02):
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"statements": self.count}))
+            tmp.write_text(json.dumps({"statements": self.count, "tx": self.transactions}))
             tmp.replace(self.path)
 
 

@@ -7,9 +7,10 @@ own work. Two phases, so neither process is measured while it waits for the othe
 1. The API: ``genhook serve`` with no worker; ``--tasks`` submits through the HTTP API
    (``--connections`` at once), after ``--warmup`` submits. CPU time of the api process (the
    supervisor's child that answers HTTP) and its SQL statements, per submit.
-2. The worker: a ``genhook worker`` process started on the backlog; its CPU time and SQL
-   statements from the moment ``--warmup`` tasks are completed to the last completion, per
-   task completed in between (counted in the database, so no process polls for it).
+2. The worker: a ``genhook worker`` process started on the backlog; its CPU time, SQL
+   statements and transactions from the moment ``--warmup`` tasks are completed to the last
+   completion, per task completed in between (counted in the database, so no process polls
+   for it).
 
     .venv/bin/python benchmarks/task_overhead.py [--tasks 1000] [--postgres | --database-url ...]
 """
@@ -55,9 +56,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def statements(sql_dir: Path, pid: int) -> int:
+def statements(sql_dir: Path, pid: int, what: str = "statements") -> int:
+    """SQL statements (or, ``what="tx"``, transactions begun) a process has sent."""
     path = sql_dir / f"{pid}.json"
-    return int(json.loads(path.read_text())["statements"]) if path.exists() else 0
+    return int(json.loads(path.read_text())[what]) if path.exists() else 0
 
 
 async def completed(db: Database) -> int:
@@ -127,11 +129,13 @@ async def worker_phase(args: argparse.Namespace, data_dir: str, sql_dir: Path) -
         while (first := await completed(db)) < args.warmup:
             await _wait_on(worker)
         cpu, sql = cpu_seconds(worker.pid), statements(sql_dir, worker.pid)
+        txs = statements(sql_dir, worker.pid, "tx")
         began = time.perf_counter()
         while (last := await completed(db)) < total:
             await _wait_on(worker)
         elapsed = time.perf_counter() - began
         cpu, sql = cpu_seconds(worker.pid) - cpu, statements(sql_dir, worker.pid) - sql
+        txs = statements(sql_dir, worker.pid, "tx") - txs
     finally:
         worker.terminate()
         try:
@@ -143,7 +147,8 @@ async def worker_phase(args: argparse.Namespace, data_dir: str, sql_dir: Path) -
     tasks = last - first
     print(
         f"worker: {tasks} tasks in {elapsed:.2f} s ({tasks / elapsed:.0f}/s): "
-        f"{cpu / tasks * 1000:.2f} ms CPU, {sql / tasks:.2f} SQL statements per task"
+        f"{cpu / tasks * 1000:.2f} ms CPU, {sql / tasks:.2f} SQL statements, "
+        f"{txs / tasks:.2f} transactions per task"
     )
 
 
