@@ -37,8 +37,12 @@ lint:
 typecheck:
 	$(BIN)/mypy
 
+# Two test processes, each file kept in one of them (a module's live service is started
+# once); PYTEST_WORKERS=0 runs the suite in this process alone.
+PYTEST_WORKERS ?= 2
+
 pytest:
-	$(BIN)/python -m pytest -p no:cacheprovider
+	$(BIN)/python -m pytest -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile
 
 test: install-dev lint typecheck pytest
 

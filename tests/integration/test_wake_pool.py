@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,6 +71,15 @@ class Listeners:
     def close(self) -> None:
         for sock in self.sockets.values():
             sock.close()
+
+
+@pytest.fixture
+def short_path() -> Iterator[Path]:
+    """A directory whose wake-up sockets fit ``sun_path`` however deep pytest's own
+    temporary directories are."""
+    path = Path(tempfile.mkdtemp(prefix="gh-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
@@ -157,12 +168,12 @@ async def _waiting(waiter: Waiter, timeout: float = 30.0) -> asyncio.Task[Wake]:
 
 @pytest.mark.parametrize("deep", [False, True], ids=["path", "abstract"])
 async def test_a_waiter_is_idle_while_it_waits_and_hears_how_it_was_woken(
-    tmp_path: Path, deep: bool
+    short_path: Path, deep: bool
 ) -> None:
     """Idle while waiting, busy otherwise; woken alone when idle, by a broadcast when busy
     (a wake-up that came while busy ends the next wait at once). Also under a path too long
     for ``sun_path`` (the abstract namespace, named after the state-free stem)."""
-    base = tmp_path.joinpath(*["a-rather-long-directory-name"] * 4) if deep else tmp_path
+    base = short_path.joinpath(*["a-rather-long-directory-name"] * 4) if deep else short_path
     base.mkdir(parents=True, exist_ok=True)
     database = str(base / "genhook.db")
     directory = base / "wake" / "tasks"
@@ -222,13 +233,14 @@ async def test_waiters_of_one_process_share_a_socket_idle_while_any_waits(
 
 
 async def test_a_worker_taken_alone_claims_without_reading_first(
-    tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+    short_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Woken alone, the worker's first transaction is the claim; woken by a broadcast it
     reads first (an idle worker's poll writes nothing)."""
-    h = await make_harness(make_settings(tmp_path, sqlite_url, worker_poll_seconds=30.0))
+    sqlite_url = f"sqlite+aiosqlite:///{short_path / 'genhook.db'}"
+    h = await make_harness(make_settings(short_path, sqlite_url, worker_poll_seconds=30.0))
     observer = Database(sqlite_url)  # its reads are not counted
-    directory = tmp_path / "wake" / "tasks"
+    directory = short_path / "wake" / "tasks"
     # The submits below come from "another process": only the socket wakes the worker.
     monkeypatch.setattr(wakeups, "announce", lambda *args, **kwargs: None)
     stop = asyncio.Event()
