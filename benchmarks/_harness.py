@@ -1,5 +1,5 @@
 """Shared pieces of the benchmarks: free ports, waiting for a server, a running service,
-percentiles."""
+a PostgreSQL database, percentiles."""
 
 from __future__ import annotations
 
@@ -13,10 +13,24 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
+if TYPE_CHECKING:
+    from tests.support.postgres import PostgresServer
+
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def postgres_database(stack: contextlib.ExitStack, name: str = "bench") -> PostgresServer:
+    """A PostgreSQL server in a temporary directory, stopped with ``stack``, holding an empty
+    database ``name`` (its URL: ``server.url(name)``)."""
+    from tests.support.postgres import running_postgres
+
+    server = stack.enter_context(running_postgres())
+    server.psql(f"CREATE DATABASE {name}")
+    return server
 
 
 def free_port() -> int:

@@ -30,6 +30,8 @@ from sqlalchemy import Table, insert
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._harness import postgres_database  # noqa: E402
+
 from genhook.accounts import create_account  # noqa: E402
 from genhook.config import Settings  # noqa: E402
 from genhook.db import Blob, Database, Task, now_ms  # noqa: E402
@@ -159,10 +161,7 @@ def main() -> None:
             url = f"sqlite+aiosqlite:///{tmp / 'genhook.db'}"
             asyncio.run(measure("sqlite", url, tmp / "data", args))
         if args.postgres:
-            from tests.support.postgres import running_postgres
-
-            server = stack.enter_context(running_postgres())
-            server.psql("CREATE DATABASE bench")
+            server = postgres_database(stack)
             asyncio.run(measure("postgres", server.url("bench"), tmp / "pg-data", args))
     print(f"load after: {os.getloadavg()}")
 

@@ -36,7 +36,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import percentile, running_service  # noqa: E402
+from benchmarks._harness import percentile, postgres_database, running_service  # noqa: E402
 from benchmarks._proc import cpu_seconds, descendants  # noqa: E402
 
 DRAIN_SECONDS = 30.0
@@ -211,10 +211,7 @@ def main() -> None:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         asyncio.run(measure("sqlite", None, tmp / "sqlite", rates, args))
         if not args.skip_postgres:
-            from tests.support.postgres import running_postgres
-
-            server = stack.enter_context(running_postgres())
-            server.psql("CREATE DATABASE e2e")
+            server = postgres_database(stack, "e2e")
             asyncio.run(measure("postgres", server.url("e2e"), tmp / "postgres", rates, args))
 
 

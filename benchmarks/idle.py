@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import argv, running_service  # noqa: E402
+from benchmarks._harness import argv, postgres_database, running_service  # noqa: E402
 from benchmarks._proc import cpu_seconds, descendants, memory_bytes  # noqa: E402
 
 MB = 1024 * 1024
@@ -165,10 +165,7 @@ def main() -> None:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         measure("sqlite", None, tmp, args, None)
         if not args.skip_postgres:
-            from tests.support.postgres import running_postgres
-
-            server = stack.enter_context(running_postgres())
-            server.psql("CREATE DATABASE idle")
+            server = postgres_database(stack, "idle")
             measure("postgres", server.url("idle"), tmp, args, PostgresWrites(server, "idle"))
 
 

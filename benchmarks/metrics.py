@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import median, percentile  # noqa: E402
+from benchmarks._harness import median, percentile, postgres_database  # noqa: E402
 
 EVENTS = textwrap.dedent(
     """
@@ -168,10 +168,7 @@ def main() -> None:
         )
         backends = [("sqlite", f"sqlite+aiosqlite:///{tmp / 'bench.db'}")]
         if not args.skip_postgres:
-            from tests.support.postgres import running_postgres
-
-            server = stack.enter_context(running_postgres())
-            server.psql("CREATE DATABASE bench")
+            server = postgres_database(stack)
             backends.append(("postgres", server.url("bench")))
         for name, url in backends:
             figures = asyncio.run(

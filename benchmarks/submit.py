@@ -35,7 +35,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import free_port, percentile, wait_ready  # noqa: E402
+from benchmarks._harness import free_port, percentile, postgres_database, wait_ready  # noqa: E402
 
 CEILING_APP = textwrap.dedent(
     """
@@ -258,10 +258,7 @@ def main() -> None:
 
         backends: list[tuple[str, str | None]] = [("sqlite", None)]
         if not args.skip_postgres:
-            from tests.support.postgres import running_postgres
-
-            server = stack.enter_context(running_postgres())
-            server.psql("CREATE DATABASE bench")
+            server = postgres_database(stack)
             backends.append(("postgres", server.url("bench")))
         for name, url in backends:
             run_dir = tmp / name

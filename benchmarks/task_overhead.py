@@ -35,7 +35,7 @@ from sqlalchemy import func, select
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import api_process, argv, children, running_service  # noqa: E402
+from benchmarks._harness import api_process, argv, children, postgres_database, running_service  # noqa: E402
 from benchmarks.noop_engine import PNG  # noqa: E402
 
 from genhook.config import Settings  # noqa: E402
@@ -171,10 +171,7 @@ def main() -> None:
     print(f"load before: {os.getloadavg()}")
     with contextlib.ExitStack() as stack:
         if args.postgres:
-            from tests.support.postgres import running_postgres
-
-            server = stack.enter_context(running_postgres())
-            server.psql("CREATE DATABASE bench")
+            server = postgres_database(stack)
             args.database_url = server.url("bench")
         data_dir = stack.enter_context(tempfile.TemporaryDirectory())
         sql_dir = stack.enter_context(tempfile.TemporaryDirectory())
