@@ -192,6 +192,29 @@ def test_without_forwarding_a_verified_delivery_gets_200():
         assert httpx.post(lst.url, content=body, headers=headers).status_code == 200
 
 
+def test_close_waits_for_the_answer_to_a_reported_delivery():
+    """``listen --max-deliveries`` closes from inside on_delivery: the answer still goes out."""
+    order: list[str] = []
+    closer: list[threading.Thread] = []
+    body, headers = signed()
+
+    def report(delivery: Delivery) -> None:
+        def close() -> None:
+            lst.close()
+            order.append("closed")
+
+        closer.append(threading.Thread(target=close))
+        closer[0].start()
+        time.sleep(0.3)  # the answer is not yet written while close() runs
+        order.append("reported")
+
+    lst = Listener(verifier=WebhookVerifier(jwks=JWKS), on_delivery=report, port=0).start()
+    response = httpx.post(lst.url, content=body, headers=headers)
+    closer[0].join(timeout=10)
+    assert response.status_code == 200 and response.json() == {"received": True}
+    assert order == ["reported", "closed"]
+
+
 def test_listen_command_end_to_end(sink, tmp_path):
     jwks_path = tmp_path / "jwks.json"
     jwks_path.write_text(json.dumps(JWKS))

@@ -92,6 +92,10 @@ class Listener:
         self._forward = httpx.Client(timeout=forward_timeout) if forward_to else None
         self._server = _make_server(host, port, self)
         self._thread: threading.Thread | None = None
+        # Requests between reading and answering: close() waits for them, so a delivery
+        # already reported to on_delivery is never left without its answer.
+        self._in_flight = 0
+        self._idle = threading.Condition()
 
     @property
     def url(self) -> str:
@@ -109,10 +113,12 @@ class Listener:
         self._thread.start()
         return self
 
-    def close(self) -> None:
+    def close(self, answer_timeout: float = 10.0) -> None:
         if self._thread is not None:
             self._server.shutdown()
             self._thread.join()
+        with self._idle:
+            self._idle.wait_for(lambda: self._in_flight == 0, timeout=answer_timeout)
         self._server.server_close()
         if self._forward is not None:
             self._forward.close()
@@ -122,6 +128,11 @@ class Listener:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def answering(self, delta: int) -> None:
+        with self._idle:
+            self._in_flight += delta
+            self._idle.notify_all()
 
     def handle(self, delivery: Delivery) -> tuple[int, bytes, str]:
         """Verify and forward one delivery; return the status, body and type to answer."""
@@ -180,6 +191,13 @@ def _make_server(host: str, port: int, listener: Listener) -> ThreadingHTTPServe
         server_version = "genhook-listen"
 
         def do_POST(self) -> None:
+            listener.answering(+1)
+            try:
+                self._receive()
+            finally:
+                listener.answering(-1)
+
+        def _receive(self) -> None:
             try:
                 if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
                     body = _read_chunked(self.rfile)
@@ -207,6 +225,7 @@ def _make_server(host: str, port: int, listener: Listener) -> ThreadingHTTPServe
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+            self.wfile.flush()
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # deliveries are reported through on_delivery instead
