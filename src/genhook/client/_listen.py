@@ -129,7 +129,7 @@ class Listener:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def answering(self, delta: int) -> None:
+    def _answering(self, delta: int) -> None:
         with self._idle:
             self._in_flight += delta
             self._idle.notify_all()
@@ -191,11 +191,11 @@ def _make_server(host: str, port: int, listener: Listener) -> ThreadingHTTPServe
         server_version = "genhook-listen"
 
         def do_POST(self) -> None:
-            listener.answering(+1)
+            listener._answering(+1)
             try:
                 self._receive()
             finally:
-                listener.answering(-1)
+                listener._answering(-1)
 
         def _receive(self) -> None:
             try:
