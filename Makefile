@@ -65,6 +65,7 @@ bench: install-dev
 	$(BIN)/python benchmarks/blob_store.py
 	$(BIN)/python benchmarks/metrics.py
 	$(BIN)/python benchmarks/task_overhead.py
+	$(BIN)/python benchmarks/pg_ping.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
