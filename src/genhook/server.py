@@ -151,7 +151,7 @@ async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
 
     stop = asyncio.Event()
     _stop_on_signals(stop.set)
-    state = open_services(settings)
+    state = open_services(settings, claims=True)
     worker = Worker.sharing(state, worker_id=worker_id_for(os.getpid(), index))
     if settings.worker_concurrency:
         # Only engines that wait on I/O run several tasks at once; CPU engines keep one.
@@ -218,7 +218,7 @@ async def _dispatcher(settings: Settings, index: int, parent: int | None) -> Non
 
     stop = asyncio.Event()
     _stop_on_signals(stop.set)
-    state = open_services(settings)
+    state = open_services(settings, claims=True)
     role = DispatcherRole(state, owner=dispatcher_owner_for(os.getpid(), index))
 
     def orphaned() -> None:

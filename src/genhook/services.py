@@ -41,13 +41,16 @@ def open_services(
     registry: Registry | None = None,
     resolver: Resolver | None = None,
     db: Database | None = None,
+    claims: bool = False,
 ) -> Services:
     """Open what ``settings`` describe; ``registry``, ``resolver`` and ``db`` replace the
-    defaults (tests, benchmarks, a supervisor's own database handle)."""
+    defaults (tests, benchmarks, a supervisor's own database handle). ``claims``: this
+    process claims from the queues (``Database``'s ``queue_scans``)."""
     db = db or Database(
         settings.resolved_database_url,
         pool_timeout=settings.db_pool_timeout_seconds,
         connect_timeout=settings.db_connect_timeout_seconds,
+        queue_scans=claims,
     )
     return Services(
         settings=settings,
