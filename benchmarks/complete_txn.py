@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from sqlalchemy import Table, insert
 
@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._harness import postgres_database  # noqa: E402
+from tests.support.queued import queued_rows  # noqa: E402
 
 from genhook.accounts import create_account  # noqa: E402
 from genhook.config import Settings  # noqa: E402
@@ -40,56 +41,14 @@ from genhook.storage import open_blob_store  # noqa: E402
 from genhook.tasks import Lifecycle  # noqa: E402
 
 MODEL = "bench/noop"
-INPUT = b"\x89PNG\r\n\x1a\n" + bytes(2000)
-CHARGE = {
-    "tier": "standard",
-    "output_pixels": 1048576,
-    "input_images": 1,
-    "lines": [["image edit, 1024*1024", "0.01"]],
-    "total_micros": 10000,
-}
 INFO = {"plan": [{"op": "grayscale"}, {"op": "border", "color": "red", "width": 12}]}
-
-
-def task_rows(
-    account_id: str, count: int, now: int, webhook_url: str | None
-) -> tuple[list[dict[str, Any]], list[Any]]:
-    tasks, blobs = [], []
-    for index in range(count):
-        task_id = secrets.token_hex(16)
-        key = f"inputs/{task_id}_0.png"
-        blobs.append({"key": key, "content_type": "image/png", "data": INPUT, "created_at": now})
-        tasks.append(
-            {
-                "id": task_id,
-                "account_id": account_id,
-                "model": MODEL,
-                "kind": "image",
-                "status": "created",
-                "params": {"prompt": "black and white, then a red border", "size": "1024*1024"},
-                "inputs": [{"blob": key, "format": "png"}],
-                "webhook_url": webhook_url,
-                "webhook_events": None,
-                "created_at": now,
-                "updated_at": now,
-                "available_at": now + index,  # claimed in insertion order
-                "deadline_at": now + 3_600_000,
-                "attempts": 0,
-                "lease_losses": 0,
-                "outputs": [],
-                "has_nsfw_contents": [],
-                "info": {},
-                "charge": CHARGE,
-            }
-        )
-    return tasks, blobs
 
 
 async def round_of(
     lifecycle: Lifecycle, account_id: str, count: int, webhook_url: str | None
 ) -> tuple[float, float]:
     """Microseconds of CPU per claim and per completion over ``count`` fresh tasks."""
-    tasks, blobs = task_rows(account_id, count, now_ms() - 10_000, webhook_url)
+    tasks, blobs = queued_rows(account_id, MODEL, count, now_ms() - 10_000, webhook_url)
     async with lifecycle.db.write() as session:
         connection = await session.connection()
         await connection.execute(insert(cast(Table, Task.__table__)), tasks)

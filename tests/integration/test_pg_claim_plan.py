@@ -5,7 +5,6 @@ where, left to itself, the planner scans and sorts every queued row for each cla
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
@@ -14,48 +13,15 @@ from sqlalchemy import Table, insert, text
 from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 
 from genhook.accounts import create_account
-from genhook.db import Database, Task, now_ms
+from genhook.db import Blob, Database, Task, now_ms
 from genhook.tasks.hot_path import claim_candidates, claim_params
 from tests.support.migrated import migrate
+from tests.support.queued import queued_rows
 
 pytestmark = pytest.mark.postgres
 
 MODEL = "test/queue"
 BACKLOG = 6000
-# Rows as wide as submits store them: the planner's guess of the queue's size depends on it.
-CHARGE = {
-    "tier": "standard",
-    "output_pixels": 1048576,
-    "input_images": 1,
-    "lines": [["image edit, 1024*1024", "0.01"]],
-    "total_micros": 10000,
-}
-
-
-def _queued(account_id: str, count: int, now: int) -> list[dict[str, Any]]:
-    ids = [secrets.token_hex(16) for _ in range(count)]
-    return [
-        {
-            "id": task_id,
-            "account_id": account_id,
-            "model": MODEL,
-            "kind": "image",
-            "status": "created",
-            "params": {"prompt": "black and white, then a red border", "size": "1024*1024"},
-            "inputs": [{"blob": f"inputs/{task_id}_0.png", "format": "png"}],
-            "charge": CHARGE,
-            "created_at": now,
-            "updated_at": now,
-            "available_at": now - count + index,  # oldest first, in insertion order
-            "deadline_at": now + 3_600_000,
-            "attempts": 0,
-            "lease_losses": 0,
-            "outputs": [],
-            "has_nsfw_contents": [],
-            "info": {},
-        }
-        for index, task_id in enumerate(ids)
-    ]
 
 
 @pytest.fixture
@@ -65,10 +31,11 @@ async def backlog(pg_url: str) -> AsyncIterator[Database]:
     migrate(pg_url)
     db = Database(pg_url, queue_scans=True)
     account = await create_account(db, "queue")
-    rows = _queued(account.account_id, BACKLOG, now_ms())
+    tasks, blobs = queued_rows(account.account_id, MODEL, BACKLOG, now_ms() - BACKLOG)
     async with db.write() as session:
         connection = await session.connection()
-        await connection.execute(insert(cast(Table, Task.__table__)), rows)
+        await connection.execute(insert(cast(Table, Task.__table__)), tasks)
+        await connection.execute(insert(cast(Table, Blob.__table__)), blobs)
     yield db
     await db.dispose()
 
