@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from genhook.db.migrate import upgrade_in_thread
 from genhook.db.models import Base
+
+_queue_vacuum = importlib.import_module("genhook.db.migrations.versions.0010_queue_vacuum")
+QUEUE_TABLES: tuple[str, ...] = _queue_vacuum.QUEUE_TABLES
+QUEUE_STORAGE: dict[str, str] = _queue_vacuum.QUEUE_STORAGE
 
 
 async def test_migrations_match_models(database_url: str) -> None:
@@ -25,3 +32,20 @@ async def test_migrations_match_models(database_url: str) -> None:
         differences = await connection.run_sync(diff)
     await engine.dispose()
     assert differences == []
+
+
+@pytest.mark.postgres
+async def test_queue_tables_are_vacuumed_early_on_postgresql(pg_url: str) -> None:
+    upgrade_in_thread(pg_url)
+    engine = create_async_engine(pg_url)
+    try:
+        async with engine.connect() as connection:
+            rows = await connection.execute(
+                text("SELECT relname, reloptions FROM pg_class WHERE relname = ANY(:names)"),
+                {"names": list(QUEUE_TABLES)},
+            )
+            options = {name: set(reloptions or []) for name, reloptions in rows}
+    finally:
+        await engine.dispose()
+    expected = {f"{name}={value}" for name, value in QUEUE_STORAGE.items()}
+    assert options == {table: expected for table in QUEUE_TABLES}
