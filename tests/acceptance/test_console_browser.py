@@ -129,8 +129,17 @@ def sign_in(page: Page, api_key: str) -> None:
 
 
 def wait_status(page: Page, status: str) -> None:
+    """Until the task page shows ``status``, fully loaded. An ended status is awaited on the
+    page as rendered for an ended task: the live page writes the new status, then reloads
+    itself, and a check made during that reload would meet a half-loaded document."""
     page.wait_for_function(
-        "s => document.getElementById('task-status')?.textContent === s", arg=status
+        """([status, ended]) => {
+             const live = document.getElementById('live');
+             return document.readyState === 'complete'
+               && document.getElementById('task-status')?.textContent === status
+               && (!ended || live?.dataset.terminal === 'yes');
+           }""",
+        arg=[status, status in ("completed", "failed", "canceled")],
     )
 
 
