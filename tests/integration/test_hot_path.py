@@ -20,6 +20,7 @@ from genhook.tasks.lifecycle import Completion
 from genhook.tasks.views import prediction_view
 from tests.conftest import Harness
 from tests.support.images import data_url
+from tests.support.settled import settled
 
 MODEL = "test/fake-edit"
 
@@ -99,6 +100,7 @@ async def test_a_running_worker_claims_nothing_after_its_last_task(harness: Harn
             async with asyncio.timeout(30):
                 while not seen["UPDATE"]:  # its first claim, on an empty queue
                     await asyncio.sleep(0.01)
+            await settled(worker)
             seen.clear()
             task_id = await submit(harness)
             async with asyncio.timeout(30):

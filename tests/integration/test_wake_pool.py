@@ -23,6 +23,7 @@ from genhook.db import Database, Task
 from genhook.wakeups import Waiter, Wake
 from tests.conftest import Harness, make_harness, make_settings
 from tests.integration.test_hot_path import counting, submit
+from tests.support.settled import settled
 
 WRITER = (
     "import sys; from pathlib import Path; from genhook.wakeups import send_wakeups; "
@@ -295,7 +296,7 @@ async def test_a_worker_woken_by_notify_claims_without_reading_first(
                 await asyncio.sleep(0.01)
             (hub,) = hubs
             assert isinstance(hub, wakeups._PostgresHub)
-            await hub.connected.wait()
+        await settled(h.worker)
         task_id = await submit(h)
         with counting(h.state.db) as seen:
             other = await asyncpg.connect(dsn)
