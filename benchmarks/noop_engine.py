@@ -4,16 +4,16 @@ CPU cost is the service's own (see ``benchmarks/task_overhead.py``).
 ``bench/noop`` takes the edit request (one small input image, stored and deleted with its
 task like any other) and returns a constant 1×1 PNG, which the worker stores as the task's
 output. With ``GENHOOK_BENCH_SQL_DIR`` set, every process that loads this module counts the
-SQL statements and the transactions it sends and writes the counts to ``<dir>/<pid>.json``
-every 20 ms.
+SQL statements and the transactions it sends into ``<dir>/<pid>.counts`` (two 64-bit
+integers in a shared memory map; ``read_counts`` reads them).
 """
 
 from __future__ import annotations
 
 import base64
-import json
+import mmap
 import os
-import threading
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,10 @@ from genhook.engines.registry import Registry, edit_pricing
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
 )
+
+# What ``<dir>/<pid>.counts`` holds: statements, then transactions.
+COUNTS = struct.Struct("<qq")
+COUNTS_SUFFIX = ".counts"
 
 
 class NoopEngine:
@@ -52,19 +56,27 @@ NOOP = ModelSpec(
 
 
 class _SQLCount:
-    """Statements and transactions of this process, written to a file a benchmark reads from
-    outside."""
+    """Statements and transactions of this process, kept in a shared memory map that a
+    benchmark reads from outside.
+
+    A store into the map costs well under a microsecond and needs no thread: a file
+    rewritten every 20 ms instead cost the measured process about 0.3 ms of CPU per task.
+    """
 
     def __init__(self, directory: Path) -> None:
         self.count = 0
         self.transactions = 0
-        self.path = directory / f"{os.getpid()}.json"
+        path = directory / f"{os.getpid()}{COUNTS_SUFFIX}"
+        with open(path, "wb+") as handle:
+            handle.write(bytes(COUNTS.size))
+            handle.flush()
+            self.map = mmap.mmap(handle.fileno(), COUNTS.size)
         event.listen(SQLEngine, "before_cursor_execute", self._on_statement)
         event.listen(SQLEngine, "begin", self._on_begin)
-        threading.Thread(target=self._write_loop, name="bench-sql-count", daemon=True).start()
 
     def _on_statement(self, *args: Any) -> None:
         self.count += 1
+        COUNTS.pack_into(self.map, 0, self.count, self.transactions)
 
     def _on_begin(self, conn: Any) -> None:
         self.transactions += 1
@@ -72,13 +84,19 @@ class _SQLCount:
         # still a statement, as in the figures measured before.
         if conn.dialect.name == "sqlite":
             self.count += 1
+        COUNTS.pack_into(self.map, 0, self.count, self.transactions)
 
-    def _write_loop(self) -> None:
-        stopped = threading.Event()
-        while not stopped.wait(0.02):
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"statements": self.count, "tx": self.transactions}))
-            tmp.replace(self.path)
+
+def read_counts(directory: Path, pid: int) -> tuple[int, int]:
+    """The statements and transactions a process has sent so far (0, 0 before its first)."""
+    try:
+        data = (directory / f"{pid}{COUNTS_SUFFIX}").read_bytes()
+    except FileNotFoundError:
+        return 0, 0
+    if len(data) < COUNTS.size:
+        return 0, 0
+    statements, transactions = COUNTS.unpack_from(data)
+    return int(statements), int(transactions)
 
 
 _counter: _SQLCount | None = None

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import base64
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -36,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._harness import api_process, argv, children, postgres_database, running_service  # noqa: E402
-from benchmarks.noop_engine import PNG  # noqa: E402
+from benchmarks.noop_engine import PNG, read_counts  # noqa: E402
 
 from genhook.config import Settings  # noqa: E402
 from genhook.db import Database, Task  # noqa: E402
@@ -58,8 +57,8 @@ def cpu_seconds(pid: int) -> float:
 
 def statements(sql_dir: Path, pid: int, what: str = "statements") -> int:
     """SQL statements (or, ``what="tx"``, transactions begun) a process has sent."""
-    path = sql_dir / f"{pid}.json"
-    return int(json.loads(path.read_text())[what]) if path.exists() else 0
+    count, transactions = read_counts(sql_dir, pid)
+    return transactions if what == "tx" else count
 
 
 async def completed(db: Database) -> int:
