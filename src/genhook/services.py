@@ -45,12 +45,12 @@ def open_services(
 ) -> Services:
     """Open what ``settings`` describe; ``registry``, ``resolver`` and ``db`` replace the
     defaults (tests, benchmarks, a supervisor's own database handle). ``claims``: this
-    process claims from the queues (``Database``'s ``queue_scans``)."""
+    process claims from the queues: on PostgreSQL it plans without bitmap scans."""
     db = db or Database(
         settings.resolved_database_url,
         pool_timeout=settings.db_pool_timeout_seconds,
         connect_timeout=settings.db_connect_timeout_seconds,
-        queue_scans=claims,
+        claims=claims,
     )
     return Services(
         settings=settings,

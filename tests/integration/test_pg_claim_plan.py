@@ -29,7 +29,7 @@ async def backlog(pg_url: str) -> AsyncIterator[Database]:
     """A freshly migrated database (never analyzed) holding a backlog, opened as a worker
     opens it."""
     migrate(pg_url)
-    db = Database(pg_url, queue_scans=True)
+    db = Database(pg_url, claims=True)
     account = await create_account(db, "queue")
     tasks, blobs = queued_rows(account.account_id, MODEL, BACKLOG, now_ms() - BACKLOG)
     async with db.write() as session:
@@ -78,8 +78,8 @@ async def test_a_claim_reads_the_head_of_the_backlog_not_all_of_it(
 
 
 async def test_only_the_claiming_roles_plan_without_bitmap_scans(pg_url: str) -> None:
-    for queue_scans, expected in ((True, "off"), (False, "on")):
-        db = Database(pg_url, queue_scans=queue_scans)
+    for claims, expected in ((True, "off"), (False, "on")):
+        db = Database(pg_url, claims=claims)
         try:
             async with db.read() as session:
                 setting = (await session.execute(text("SHOW enable_bitmapscan"))).scalar_one()

@@ -335,7 +335,7 @@ def ping_when_idle(engine: AsyncEngine, idle_seconds: float) -> None:
             raise DisconnectionError(f"the database did not answer a ping: {error}") from error
 
 
-def queue_connect_args(timeout: float | None, *, queue_scans: bool) -> dict[str, Any]:
+def queue_connect_args(timeout: float | None, *, claims: bool) -> dict[str, Any]:
     """asyncpg's connection arguments.
 
     A claim takes the first free row of a queue in order (``ORDER BY available_at LIMIT n FOR
@@ -349,7 +349,7 @@ def queue_connect_args(timeout: float | None, *, queue_scans: bool) -> dict[str,
     listings, with filters of a client's choosing, keep them.
     """
     args: dict[str, Any] = {"timeout": timeout} if timeout else {}
-    if queue_scans:
+    if claims:
         args["server_settings"] = {"enable_bitmapscan": "off"}
     return args
 
@@ -362,9 +362,9 @@ class Database:
         pool_size: int = 10,
         pool_timeout: float = 30.0,
         connect_timeout: float | None = None,
-        queue_scans: bool = False,
+        claims: bool = False,
     ) -> None:
-        """``queue_scans``: this process claims from the queues (a worker, a dispatcher);
+        """``claims``: this process claims from the queues (a worker, a dispatcher);
         on PostgreSQL its connections plan without bitmap scans (``queue_connect_args``)."""
         self.url = url
         parsed = make_url(url)
@@ -397,7 +397,7 @@ class Database:
                 # The most recently returned connection first: a process's hot
                 # connections stay recent (no ping, below) and the rest may sit idle.
                 pool_use_lifo=True,
-                connect_args=queue_connect_args(connect_timeout, queue_scans=queue_scans),
+                connect_args=queue_connect_args(connect_timeout, claims=claims),
             )
             ping_when_idle(self.write_engine, PING_AFTER_IDLE_SECONDS)
             self.read_engine = self.write_engine
