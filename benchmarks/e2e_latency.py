@@ -36,7 +36,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import percentile, postgres_database, running_service  # noqa: E402
+from benchmarks._harness import argv, percentile, postgres_database, running_service  # noqa: E402
 from benchmarks._proc import cpu_seconds, descendants  # noqa: E402
 
 DRAIN_SECONDS = 30.0
@@ -86,7 +86,13 @@ class Hooks:
 
 
 async def run_rate(
-    base: str, key: str, hooks: Hooks, image: str, rate: float, seconds: float
+    base: str,
+    key: str,
+    hooks: Hooks,
+    image: str,
+    rate: float,
+    seconds: float,
+    server_pids: list[int] | None = None,
 ) -> dict[str, Any]:
     sent: dict[str, float] = {}
     refused = 0
@@ -102,6 +108,7 @@ async def run_rate(
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     connector = aiohttp.TCPConnector(limit=0)
     tree = [pid for pid in descendants(os.getpid()) if _is_service(pid)]
+    database = server_pids or []
     async with aiohttp.ClientSession(connector=connector) as client:
 
         async def submit(scheduled: float) -> None:
@@ -120,6 +127,8 @@ async def run_rate(
 
         total = int(rate * seconds)
         cpu0 = cpu_seconds(tree)
+        own0 = {pid: cpu_seconds([pid]) for pid in tree}
+        db0 = cpu_seconds(database)
         begin = time.monotonic()
         pending = []
         for i in range(total):
@@ -133,6 +142,8 @@ async def run_rate(
         while time.monotonic() < deadline and any(t not in hooks.arrived for t in sent):
             await asyncio.sleep(0.05)
         cpu = cpu_seconds(tree) - cpu0
+        own = {pid: cpu_seconds([pid]) - own0[pid] for pid in tree}
+        db_cpu = cpu_seconds(database) - db0
     latencies = sorted((hooks.arrived[t] - s) * 1000 for t, s in sent.items() if t in hooks.arrived)
     done = [t for t in sent if t in hooks.arrived]
     engine = sum(hooks.engine_ms.get(t, 0.0) for t in done) / max(1, len(done))
@@ -150,7 +161,25 @@ async def run_rate(
         "cpu_ms": per_task,
         "engine_ms": engine,
         "service_ms": per_task - engine,
+        "per_role": {_role(pid): ms * 1000 / max(1, len(done)) for pid, ms in own.items()},
+        "database_ms": db_cpu * 1000 / max(1, len(done)),
     }
+
+
+def _role(pid: int) -> str:
+    """``serve`` for the supervisor, else the role and index from the lifeline's argv."""
+    args = [a.decode(errors="replace") for a in argv(pid)]
+    if "genhook.lifeline" in args:
+        at = args.index("genhook.lifeline")
+        return "-".join(args[at + 2 : at + 4])
+    return "serve"
+
+
+def postgres_pids(server: Any) -> list[int]:
+    """The PostgreSQL server's processes (postmaster and backends): CPU the service costs
+    the machine that the service's own processes do not show."""
+    postmaster = int((server.datadir / "postmaster.pid").read_text().split()[0])
+    return [postmaster, *descendants(postmaster)]
 
 
 def _is_service(pid: int) -> bool:
@@ -161,7 +190,12 @@ def _is_service(pid: int) -> bool:
 
 
 async def measure(
-    name: str, url: str | None, data_dir: Path, rates: list[float], args: argparse.Namespace
+    name: str,
+    url: str | None,
+    data_dir: Path,
+    rates: list[float],
+    args: argparse.Namespace,
+    server: Any = None,
 ) -> None:
     hooks = Hooks()
     await hooks.start()
@@ -181,7 +215,8 @@ async def measure(
             await run_rate(base, key, hooks, image, 5, 2)  # warm-up
             for rate in rates:
                 await asyncio.sleep(2)
-                r = await run_rate(base, key, hooks, image, rate, args.seconds)
+                pids = postgres_pids(server) if server is not None else None
+                r = await run_rate(base, key, hooks, image, rate, args.seconds, pids)
                 print(
                     f"{name:<9} {rate:5.0f}/s  {r['tasks']:5d} tasks  p50 {r['p50']:7.1f} ms  "
                     f"p90 {r['p90']:7.1f}  p99 {r['p99']:7.1f}  max {r['max']:7.1f}  "
@@ -190,6 +225,9 @@ async def measure(
                     f"service {r['service_ms']:.1f}); load {os.getloadavg()[0]:.2f}",
                     flush=True,
                 )
+                roles = "  ".join(f"{role} {ms:.2f}" for role, ms in sorted(r["per_role"].items()))
+                database = f"  PostgreSQL server {r['database_ms']:.2f}" if pids else ""
+                print(f"{'':<9} ms of CPU per task: {roles}{database}", flush=True)
     finally:
         await hooks.stop()
 
@@ -212,7 +250,9 @@ def main() -> None:
         asyncio.run(measure("sqlite", None, tmp / "sqlite", rates, args))
         if not args.skip_postgres:
             server = postgres_database(stack, "e2e")
-            asyncio.run(measure("postgres", server.url("e2e"), tmp / "postgres", rates, args))
+            asyncio.run(
+                measure("postgres", server.url("e2e"), tmp / "postgres", rates, args, server)
+            )
 
 
 if __name__ == "__main__":

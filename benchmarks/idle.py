@@ -9,6 +9,10 @@ RSS and PSS, then each process's memory, CPU and wake-ups (context switches; ``s
 supervisor). It also counts database writes in the window: SQLite's ``PRAGMA data_version``
 and WAL size, PostgreSQL's inserted, updated and deleted row counters. Targets: under 1% of
 one core, under 250 MB, no writes.
+
+Last, it prints the floor under the tree's memory: for each role, a bare Python process that
+imports only the libraries the role is built on (SQLAlchemy, Pydantic, FastAPI and uvicorn,
+aiohttp, ...) and none of the service, summed over the same five processes.
 """
 
 from __future__ import annotations
@@ -123,6 +127,43 @@ def measure(
         )
 
 
+# What each role cannot run without, none of it the service's own code: the database layer,
+# settings and models, metrics, and per role its HTTP server, client or signing keys.
+_COMMON = ["asyncio", "pydantic", "pydantic_settings", "sqlalchemy.ext.asyncio", "aiosqlite"]
+_COMMON += ["prometheus_client"]
+_KEYS = "cryptography.hazmat.primitives.asymmetric.ed25519"
+FLOOR = {
+    "serve": ["asyncio", "subprocess", "logging", "json"],
+    "api": [*_COMMON, "fastapi", "uvicorn", _KEYS],
+    "worker": _COMMON,
+    "dispatcher": [*_COMMON, "aiohttp", _KEYS],
+}
+
+
+def library_floor(workers: int) -> None:
+    """RSS of one bare process per role that imports only the libraries the role is built
+    on, summed over the tree's shape (``workers`` workers)."""
+    sizes = {}
+    for role, modules in FLOOR.items():
+        code = f"import {', '.join(modules)}, sys; print(flush=True); sys.stdin.read()"
+        process = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        try:
+            assert process.stdout is not None
+            process.stdout.readline()
+            sizes[role] = memory_bytes([process.pid])[0]
+        finally:
+            process.kill()
+            process.wait()
+    total = sum(sizes.values()) + (workers - 1) * sizes["worker"]
+    parts = ", ".join(f"{role} {size / MB:.1f}" for role, size in sizes.items())
+    print(
+        f"floor     the libraries alone, same {3 + workers} processes: RSS {total / MB:6.1f} MB "
+        f"({parts} MB)"
+    )
+
+
 def wakeups(pid: int) -> int:
     """Context switches of all of ``pid``'s threads: how often the process woke up."""
     total = 0
@@ -167,6 +208,7 @@ def main() -> None:
         if not args.skip_postgres:
             server = postgres_database(stack, "idle")
             measure("postgres", server.url("idle"), tmp, args, PostgresWrites(server, "idle"))
+    library_floor(int(SETTINGS["workers"]))
 
 
 if __name__ == "__main__":
