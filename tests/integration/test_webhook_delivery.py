@@ -431,9 +431,8 @@ async def test_binary_answers_are_logged_safely(env: tuple[Settings, Database]) 
 async def test_the_next_due_read_waits_for_the_attempt_in_flight(
     env: tuple[Settings, Database], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A claim that found fewer deliveries than asked for calls for a read of the next due
-    time; run on the loop at once, it would hold back the request just claimed. It waits
-    for the attempt, whose recorded outcome calls for the same read, so one read serves."""
+    """The safety poll's read of the next due time (here every 10 ms) waits for an attempt
+    in flight: run on the loop at once, it would hold back the request just claimed."""
     from genhook.sender import dispatcher as dispatcher_module
 
     settings, db = env
@@ -457,3 +456,36 @@ async def test_the_next_due_read_waits_for_the_attempt_in_flight(
         assert reads[0] == 1
     finally:
         await receiver.stop()
+
+
+async def test_a_retry_falls_due_without_a_read_of_its_own(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exchange that records a failed attempt also tells when its retry falls due, so
+    the retry goes out on time with no read transaction of its own and no poll (an hour)."""
+    from genhook.sender import dispatcher as dispatcher_module
+
+    settings = webhook_settings(tmp_path, database_url, webhook_poll_seconds=3600.0)
+    db = Database(database_url)
+    await create_schema(db)
+    await add_account(db, secret=SECRET)
+    receiver = await Receiver(sequence(500, 204)).start()
+    reads: list[int] = []
+    earliest = dispatcher_module.earliest_pending
+
+    async def counted(database: Database) -> int | None:
+        reads.append(len(receiver.received))
+        return await earliest(database)
+
+    monkeypatch.setattr(dispatcher_module, "earliest_pending", counted)
+    try:
+        task = terminal_task("task_retry", f"http://127.0.0.1:{receiver.port}/hook")
+        delivery_id = await enqueue(db, task)
+        async with Running(WebhookService(settings, db)):
+            row = await settle(db, delivery_id, timeout=10.0)
+        assert row.status == "delivered"
+        assert [a.status_code for a in await attempts(db, delivery_id)] == [500, 204]
+        assert reads == []
+    finally:
+        await receiver.stop()
+        await db.dispose()

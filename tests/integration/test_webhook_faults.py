@@ -15,7 +15,7 @@ from genhook.sender.dispatcher import Dispatcher
 from genhook.sender.fairness import Rooms
 from genhook.sender.feed import LocalFeed
 from genhook.sender.keys import KeyRing, ensure_signing_key
-from genhook.sender.queue import UNLIMITED, Outcome, Outgoing
+from genhook.sender.queue import UNLIMITED, Outcome, Ticked
 from genhook.sender.service import WebhookService
 from tests.support.webhook_receiver import (
     Receiver,
@@ -46,7 +46,7 @@ class DiskFullOnce:
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
         inline: bool = False,
-    ) -> list[Outgoing]:
+    ) -> Ticked:
         if outcomes and not self.failed:
             self.failed += 1
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -55,7 +55,7 @@ async def test_claims_signs_and_records(env: tuple[Settings, Database]) -> None:
     try:
         await feed.start()
         # Oldest due first; within a batch the order is the database's.
-        attempts = sorted(await feed.exchange([], 3), key=lambda a: a.id)
+        attempts = sorted((await feed.exchange([], 3)).claimed, key=lambda a: a.id)
         assert [a.id for a in attempts] == ids[:3]
         for i, attempt in enumerate(attempts):
             assert attempt.body == ODD_BODY + str(i).encode()  # byte for byte
@@ -69,9 +69,12 @@ async def test_claims_signs_and_records(env: tuple[Settings, Database]) -> None:
             assert headers["X-Service-Webhook-Signature"] == digest
             assert headers["X-Service-Webhook-Id"] == attempt.task_id
         # The outcomes are recorded in the same exchange that claims the rest.
-        rest = await feed.exchange([acknowledged(attempts[0]), acknowledged(attempts[1], 500)], 10)
+        rest = (
+            await feed.exchange([acknowledged(attempts[0]), acknowledged(attempts[1], 500)], 10)
+        ).claimed
         assert sorted(a.id for a in rest) == ids[3:]
-        assert await feed.exchange([acknowledged(a) for a in [attempts[2], *rest]], 0) == []
+        last = [acknowledged(a) for a in [attempts[2], *rest]]
+        assert (await feed.exchange(last, 0)).claimed == []
     finally:
         await feed.close()
     async with db.read() as session:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import insert, select, update
 
 from genhook.db import Database, Task, WebhookAttempt, WebhookDelivery, now_ms
-from genhook.sender.queue import DeliveryQueue, Outcome, Outgoing, delivery_queue
+from genhook.sender.queue import DeliveryQueue, Outcome, Outgoing, Ticked, delivery_queue
 from tests.support.webhook_receiver import add_account, create_schema, terminal_task
 
 # Bytes a JSON-in-SQL round trip could corrupt: NUL, invalid UTF-8, quotes, non-ASCII.
@@ -91,9 +92,10 @@ async def tick(
     lease_ms: int = 40_000,
 ) -> list[Outgoing]:
     now = now_ms()
-    return await queue.tick(
+    ticked = await queue.tick(
         records, owner=owner, now=now, lease_expires_at=now + lease_ms, limit=limit
     )
+    return ticked.claimed
 
 
 async def test_claims_due_rows_in_order_with_exact_bodies_and_secrets(
@@ -178,8 +180,10 @@ async def test_two_claims_in_the_same_millisecond_stay_apart(
 ) -> None:
     await add_deliveries(db, 4)
     now = now_ms()
-    first = await queue.tick([], owner="o", now=now, lease_expires_at=now + 1000, limit=2)
-    second = await queue.tick([], owner="o", now=now, lease_expires_at=now + 1000, limit=2)
+    first = (await queue.tick([], owner="o", now=now, lease_expires_at=now + 1000, limit=2)).claimed
+    second = (
+        await queue.tick([], owner="o", now=now, lease_expires_at=now + 1000, limit=2)
+    ).claimed
     assert len(first) == len(second) == 2
     assert not {c.id for c in first} & {c.id for c in second}
 
@@ -218,16 +222,17 @@ async def test_an_idle_callers_tick_runs_on_its_own_thread(
     threads: list[int] = []
     run = queue._tick
 
-    def watched(*args: object) -> list[Outgoing]:
+    def watched(*args: object) -> Ticked:
         threads.append(threading.get_ident())
         return run(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(queue, "_tick", watched)
     await add_deliveries(db, 2)
     now = now_ms()
-    claimed = await queue.tick(
+    ticked = await queue.tick(
         [], owner="owner-a", now=now, lease_expires_at=now + 40_000, limit=5, inline=inline
     )
+    claimed = ticked.claimed
     assert sorted(c.id for c in claimed) == ["whd_000", "whd_001"]
     await queue.tick(
         [recorded(c, now=now) for c in claimed],
@@ -242,3 +247,35 @@ async def test_an_idle_callers_tick_runs_on_its_own_thread(
     assert sorted(statuses) == ["delivered", "delivered"]
     assert len(threads) == 2
     assert (threads[0] == threading.get_ident()) is inline
+
+
+async def test_a_tick_tells_when_the_next_delivery_falls_due(
+    db: Database, queue: DeliveryQueue
+) -> None:
+    """Read in the tick's transaction, after its writes, only when the dispatcher will want
+    it: after outcomes, or after a claim that came back short."""
+    await add_deliveries(db, 3, due_at=1_000)
+    now = now_ms()
+
+    def claim(records: list[Outcome], limit: int, lease_ms: int) -> Any:
+        return queue.tick(records, owner="o", now=now, lease_expires_at=now + lease_ms, limit=limit)
+
+    full = await claim([], 2, 40_000)
+    assert len(full.claimed) == 2 and not full.next_due_read
+    # Short: the one row left is claimed too, so the earliest pending is the first lease's end.
+    short = await claim([], 5, 50_000)
+    assert len(short.claimed) == 1
+    assert short.next_due_read and short.next_due == now + 40_000
+    first, second = full.claimed
+    retry = recorded(first, status="pending", now=now)
+    assert retry.next_attempt_at == now + 10_000
+    after_failure = await claim([retry], 0, 0)
+    assert after_failure.next_due_read and after_failure.next_due == now + 10_000
+    done = [recorded(second, now=now), recorded(short.claimed[0], now=now)]
+    assert (await claim(done, 0, 0)).next_due == now + 10_000
+    retried = await claim([], 5, 60_000)  # due only in 10 s: nothing to claim yet
+    assert retried.claimed == [] and retried.next_due == now + 10_000
+    async with db.write() as session:
+        await session.execute(update(WebhookDelivery).values(status="delivered"))
+    empty = await claim([], 5, 60_000)
+    assert empty.next_due_read and empty.next_due is None

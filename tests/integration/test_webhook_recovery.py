@@ -223,7 +223,7 @@ async def test_due_and_missing_queries_use_indexes(env: tuple[Settings, Database
     dispatcher = Dispatcher(
         settings, db, policy=WebhookService(settings, db).policy, keyring=KeyRing(db, settings)
     )
-    assert await dispatcher.feed.exchange((), 10) == []
+    assert (await dispatcher.feed.exchange((), 10)).claimed == []
     await dispatcher.feed.close()
     params = {
         "outcomes": "[]",

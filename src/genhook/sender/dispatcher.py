@@ -47,6 +47,7 @@ from genhook.sender.queue import (
     UNLIMITED,
     Outcome,
     Outgoing,
+    Ticked,
     earliest_pending,
     release_deliveries,
 )
@@ -365,10 +366,17 @@ class Dispatcher:
         rooms: Rooms,
         returned: Sequence[tuple[str, int]],
     ) -> None:
-        wakes = self._wakes
+        wakes, forgotten = self._wakes, self._forgotten
         idle = not self._busy and not self._ready
+        learned: Ticked | None = None
         try:
-            attempts = await self.feed.exchange(outcomes, want, rooms, returned, inline=idle)
+            ticked = await self.feed.exchange(outcomes, want, rooms, returned, inline=idle)
+            attempts = ticked.claimed
+            if ticked.next_due_read and wakes == self._wakes and forgotten == self._forgotten:
+                # Read in this exchange's transaction, after its writes: the read the
+                # forgets below call for, unless a wake-up or another exchange meanwhile
+                # outdated it.
+                learned = ticked
         except Exception:
             # Keep the outcomes for the next exchange (after a pause): dropped, an
             # acknowledged delivery would be sent again when its lease expires. Recording
@@ -392,6 +400,8 @@ class Dispatcher:
                 self._next_look = self._short_at + self.settings.webhook_poll_seconds
                 self._look_is_poll = True
                 self._forget_next_due()
+        if learned is not None:
+            self._learn_next_due(learned.next_due)
         queued = 0
         for attempt in attempts:
             checked = self._check(attempt)
@@ -420,7 +430,18 @@ class Dispatcher:
         if wakes != self._wakes:
             return  # woken meanwhile: a claim comes next anyway
         if forgotten == self._forgotten:
-            self._due_unknown = False  # else an outcome recorded meanwhile calls for another
+            self._learn_next_due(earliest)
+        else:  # an outcome recorded meanwhile calls for another read; this one still counts
+            self._look_by(earliest)
+
+    def _learn_next_due(self, earliest: int | None) -> None:
+        """The next due time is known again: ``earliest`` (epoch ms; None: nothing pending)."""
+        self._due_unknown = False
+        self._look_by(earliest)
+
+    def _look_by(self, earliest: int | None) -> None:
+        """Look again no later than ``earliest`` (and not sooner than MIN_LOOK_SECONDS after
+        the last short claim)."""
         if earliest is not None:
             wait = (earliest - now_ms()) / 1000
             due = max(self._short_at + MIN_LOOK_SECONDS, time.monotonic() + wait)

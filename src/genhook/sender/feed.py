@@ -19,7 +19,7 @@ from genhook.db import Database, now_ms
 from genhook.retry import backoff_delay, clamp
 from genhook.sender.fairness import Rooms, destination_of
 from genhook.sender.keys import KeyRing, load_encryption_key
-from genhook.sender.queue import UNLIMITED, Outcome, Outgoing, delivery_queue
+from genhook.sender.queue import UNLIMITED, Outcome, Outgoing, Ticked, delivery_queue
 from genhook.sender.secret_box import SecretOpener
 from genhook.sender.signing import HeaderSigner
 
@@ -70,11 +70,13 @@ class LocalFeed:
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
         inline: bool = False,
-    ) -> list[Outgoing]:
+    ) -> Ticked:
+        """Record ``outcomes`` and claim up to ``limit`` deliveries, signed (see
+        ``DeliveryQueue.tick``)."""
         now = now_ms()
         for outcome in outcomes:
             self.settle(outcome, now)
-        claimed = await self.queue.tick(
+        ticked = await self.queue.tick(
             outcomes,
             owner=self.owner,
             now=now,
@@ -84,9 +86,9 @@ class LocalFeed:
             returned=returned,
             inline=inline,
         )
-        if not claimed:
-            return []
-        return await self.sign(claimed)
+        if ticked.claimed:
+            ticked.claimed = await self.sign(ticked.claimed)
+        return ticked
 
     async def sign(self, claimed: list[Outgoing]) -> list[Outgoing]:
         """Fresh headers for each claimed delivery, one timestamp for the batch. Ed25519

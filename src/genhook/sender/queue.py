@@ -6,6 +6,10 @@ SQL on the driver connection (``sqlite3`` or ``asyncpg``), one adapter per backe
 building and processing the same statements through the SQL toolkit for every batch cost
 more than the database's own work. Everything else about deliveries stays in the ORM.
 
+The same transaction tells when the next pending delivery falls due, whenever the dispatcher
+will want to know (it recorded outcomes, gave rows back or came back short of its limit), so
+a dispatcher at a few deliveries a second needs no read transaction of its own per delivery.
+
 A claim moves ``next_attempt_at`` to the lease expiry, so a delivery whose sender died is
 simply due again when the lease runs out. An attempt is recorded only while its lease is
 still held; a lease is lost only if it expired (a stalled process) and another sender
@@ -80,6 +84,25 @@ class Outgoing:
     def terminal_at(self) -> int | None:
         """When the task ended, for a terminal event (its outbox row was written then)."""
         return self.created_at if self.event_type.endswith(".task.terminal") else None
+
+
+@dataclass(slots=True, eq=False)
+class Ticked:
+    """What one queue transaction (``DeliveryQueue.tick``) gives back."""
+
+    claimed: list[Outgoing]
+    # Whether ``next_due`` was read: only when the caller will want it (``needs_next_due``).
+    next_due_read: bool = False
+    # When the earliest pending delivery falls due as the transaction ends (epoch ms; a
+    # claimed one at its lease's expiry), None if none is pending.
+    next_due: int | None = None
+
+
+def needs_next_due(records: int, returned: bool, limit: int, claimed: int) -> bool:
+    """Whether a tick reads the next due time: after it recorded outcomes (a retry may now
+    be scheduled) or gave rows back, or when it claimed fewer than it asked for (nothing
+    more is due now; the next look waits for the earliest scheduled one)."""
+    return records > 0 or returned or (limit > 0 and claimed < limit)
 
 
 @dataclass(slots=True, eq=False)
@@ -164,10 +187,11 @@ class DeliveryQueue(Protocol):
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
         inline: bool = False,
-    ) -> list[Outgoing]:
+    ) -> Ticked:
         """Record ``records``, give back ``returned`` (delivery id, due at) unsent, and claim
-        up to ``limit`` due deliveries within ``rooms``, in one transaction. ``inline``: the
-        caller's loop has nothing else to do meanwhile (an idle dispatcher)."""
+        up to ``limit`` due deliveries within ``rooms``, in one transaction; with the next
+        due time when ``needs_next_due``. ``inline``: the caller's loop has nothing else to
+        do meanwhile (an idle dispatcher)."""
         ...
 
     async def close(self) -> None: ...
@@ -297,6 +321,9 @@ UPDATE webhook_deliveries
    AND +webhook_deliveries.lease_owner = :owner AND +webhook_deliveries.status = 'pending'
 """
 
+# When the earliest pending delivery falls due (ix_deliveries_status_next: one index seek).
+_NEXT_DUE = "SELECT min(next_attempt_at) FROM webhook_deliveries WHERE status = 'pending'"
+
 # ->> and UPDATE ... FROM.
 SQLITE_MINIMUM = (3, 38, 0)
 
@@ -336,7 +363,7 @@ class SQLiteDeliveryQueue:
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
         inline: bool = False,
-    ) -> list[Outgoing]:
+    ) -> Ticked:
         # Strictly increasing, so a claim's rows are exactly those leased to this owner
         # until this instant.
         expires = self._last_expires = max(lease_expires_at, self._last_expires + 1)
@@ -369,7 +396,7 @@ class SQLiteDeliveryQueue:
         limit: int,
         rooms: Rooms,
         returned: str | None,
-    ) -> list[Outgoing]:
+    ) -> Ticked:
         if self._connection is None:
             self._connection = open_sqlite(self._path)
         connection = self._connection
@@ -403,12 +430,16 @@ class SQLiteDeliveryQueue:
                 if connection.execute(_SQLITE_CLAIM, params).rowcount:
                     (rows,) = connection.execute(_SQLITE_CLAIMED, params).fetchone()
                     claimed = [_claimed_from_json(row) for row in json.loads(rows)]
+            ticked = Ticked(claimed)
+            if needs_next_due(count, returned is not None, limit, len(claimed)):
+                (ticked.next_due,) = connection.execute(_NEXT_DUE).fetchone()
+                ticked.next_due_read = True
             connection.execute("COMMIT")
         except BaseException:
             if connection.in_transaction:
                 connection.execute("ROLLBACK")
             raise
-        return claimed
+        return ticked
 
     async def close(self) -> None:
         """Close the connection in its thread and end the thread; a later tick reopens."""
@@ -557,7 +588,7 @@ class PostgresDeliveryQueue:
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
         inline: bool = False,
-    ) -> list[Outgoing]:
+    ) -> Ticked:
         async with self.db.write_engine.connect() as connection:
             raw = await connection.get_raw_connection()
             pg: Any = raw.driver_connection
@@ -575,22 +606,26 @@ class PostgresDeliveryQueue:
                     await pg.executemany(
                         _PG_POSTPONE, [(d, now, ms) for d, ms in rooms.postpone.items()]
                     )
-                if not limit:
-                    return []
-                rows = await pg.fetch(
-                    _PG_CLAIM,
-                    owner,
-                    lease_expires_at,
-                    now,
-                    limit,
-                    json.dumps(rooms.destinations),
-                    rooms.destination_default,
-                    json.dumps(rooms.accounts),
-                    rooms.account_default,
-                    limit * SCAN_FACTOR,
-                )
-            # A NULL destination is filled in when the batch is signed.
-            return [Outgoing(*row) for row in rows]
+                rows = []
+                if limit:
+                    rows = await pg.fetch(
+                        _PG_CLAIM,
+                        owner,
+                        lease_expires_at,
+                        now,
+                        limit,
+                        json.dumps(rooms.destinations),
+                        rooms.destination_default,
+                        json.dumps(rooms.accounts),
+                        rooms.account_default,
+                        limit * SCAN_FACTOR,
+                    )
+                # A NULL destination is filled in when the batch is signed.
+                ticked = Ticked([Outgoing(*row) for row in rows])
+                if needs_next_due(len(records), bool(returned), limit, len(rows)):
+                    ticked.next_due = await pg.fetchval(_NEXT_DUE)
+                    ticked.next_due_read = True
+            return ticked
 
     async def close(self) -> None:
         """Nothing to release: each batch borrows a pooled connection."""
