@@ -22,7 +22,7 @@ from genhook.storage.s3 import S3BlobStore
 from genhook.tasks.retention import Retention
 from tests.conftest import Harness, make_harness, make_settings
 from tests.support.images import data_url
-from tests.support.s3 import Partition, S3Server, s3_client
+from tests.support.s3 import S3_ENV, Partition, S3Server, s3_client
 
 MODEL = "test/fake-edit"
 
@@ -296,8 +296,14 @@ async def test_a_missing_input_object_fails_its_task_clearly(
     assert "input image 0 is missing" in result["error"]
 
 
-async def test_a_failing_bucket_is_an_infrastructure_fault(tmp_path: Path) -> None:
+async def test_a_failing_bucket_is_an_infrastructure_fault(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An S3 endpoint that answers 503 SlowDown (the outside world, faked on loopback)."""
+    # This test starts no S3 server, whose fixture would set the SDK's environment: without
+    # credentials the SDK would refuse before sending anything (and look for an instance role).
+    for name, value in S3_ENV.items():
+        monkeypatch.setenv(name, value)
     calls = 0
 
     async def slow_down(request: web.Request) -> web.Response:
