@@ -72,6 +72,15 @@ def argv(pid: int) -> list[bytes]:
         return []
 
 
+def role_of(pid: int) -> str:
+    """``serve`` for the supervisor, else the role and index from the lifeline's argv."""
+    args = [a.decode(errors="replace") for a in argv(pid)]
+    if "genhook.lifeline" in args:
+        at = args.index("genhook.lifeline")
+        return "-".join(args[at + 2 : at + 4])
+    return "serve"
+
+
 def api_process(supervisor: int, timeout: float = 30.0) -> int:
     """The api child of a ``genhook serve`` supervisor: the process that answers HTTP."""
     deadline = time.monotonic() + timeout

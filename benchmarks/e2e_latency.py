@@ -36,7 +36,12 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import argv, percentile, postgres_database, running_service  # noqa: E402
+from benchmarks._harness import (  # noqa: E402
+    percentile,
+    postgres_database,
+    role_of,
+    running_service,
+)
 from benchmarks._proc import cpu_seconds, descendants  # noqa: E402
 
 DRAIN_SECONDS = 30.0
@@ -161,18 +166,9 @@ async def run_rate(
         "cpu_ms": per_task,
         "engine_ms": engine,
         "service_ms": per_task - engine,
-        "per_role": {_role(pid): ms * 1000 / max(1, len(done)) for pid, ms in own.items()},
+        "per_role": {role_of(pid): ms * 1000 / max(1, len(done)) for pid, ms in own.items()},
         "database_ms": db_cpu * 1000 / max(1, len(done)),
     }
-
-
-def _role(pid: int) -> str:
-    """``serve`` for the supervisor, else the role and index from the lifeline's argv."""
-    args = [a.decode(errors="replace") for a in argv(pid)]
-    if "genhook.lifeline" in args:
-        at = args.index("genhook.lifeline")
-        return "-".join(args[at + 2 : at + 4])
-    return "serve"
 
 
 def postgres_pids(server: Any) -> list[int]:

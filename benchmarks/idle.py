@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import argv, postgres_database, running_service  # noqa: E402
+from benchmarks._harness import postgres_database, role_of, running_service  # noqa: E402
 from benchmarks._proc import cpu_seconds, descendants, memory_bytes  # noqa: E402
 
 MB = 1024 * 1024
@@ -105,7 +105,7 @@ def measure(
         after = probe.sample()  # type: ignore[attr-defined]
         rss, pss = memory_bytes(tree)
         per_process = [
-            (_role(pid), *memory_bytes([pid]), c1 - c0, w1 - w0)
+            (role_of(pid), *memory_bytes([pid]), c1 - c0, w1 - w0)
             for pid, (c0, w0), (c1, w1) in zip(tree, own0, own1, strict=True)
         ]
     share = (cpu1 - cpu0) / (t1 - t0)
@@ -176,15 +176,6 @@ def wakeups(pid: int) -> int:
             if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
                 total += int(line.split()[1])
     return total
-
-
-def _role(pid: int) -> str:
-    """``serve`` for the supervisor, else the role and index from the lifeline's argv."""
-    args = [a.decode(errors="replace") for a in argv(pid)]
-    if "genhook.lifeline" in args:
-        at = args.index("genhook.lifeline")
-        return "-".join(args[at + 2 : at + 4])
-    return "serve"
 
 
 def _is_service(pid: int) -> bool:

@@ -428,16 +428,12 @@ async def test_binary_answers_are_logged_safely(env: tuple[Settings, Database]) 
         await receiver.stop()
 
 
-async def test_the_next_due_read_waits_for_the_attempt_in_flight(
-    env: tuple[Settings, Database], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The safety poll's read of the next due time (here every 10 ms) waits for an attempt
-    in flight: run on the loop at once, it would hold back the request just claimed."""
+def count_next_due_reads(monkeypatch: pytest.MonkeyPatch, receiver: Receiver) -> list[int]:
+    """The dispatcher's separate reads of the next due time, each as the number of requests
+    the receiver had when it began."""
     from genhook.sender import dispatcher as dispatcher_module
 
-    settings, db = env
-    receiver = await Receiver(status(204)).start()
-    reads: list[int] = []  # requests received when each read began
+    reads: list[int] = []
     earliest = dispatcher_module.earliest_pending
 
     async def counted(database: Database) -> int | None:
@@ -445,6 +441,17 @@ async def test_the_next_due_read_waits_for_the_attempt_in_flight(
         return await earliest(database)
 
     monkeypatch.setattr(dispatcher_module, "earliest_pending", counted)
+    return reads
+
+
+async def test_the_next_due_read_waits_for_the_attempt_in_flight(
+    env: tuple[Settings, Database], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The safety poll's read of the next due time (here every 10 ms) waits for an attempt
+    in flight: run on the loop at once, it would hold back the request just claimed."""
+    settings, db = env
+    receiver = await Receiver(status(204)).start()
+    reads = count_next_due_reads(monkeypatch, receiver)
     try:
         task = terminal_task("task_read", f"http://127.0.0.1:{receiver.port}/hook")
         delivery_id = await enqueue(db, task)
@@ -463,21 +470,12 @@ async def test_a_retry_falls_due_without_a_read_of_its_own(
 ) -> None:
     """The exchange that records a failed attempt also tells when its retry falls due, so
     the retry goes out on time with no read transaction of its own and no poll (an hour)."""
-    from genhook.sender import dispatcher as dispatcher_module
-
     settings = webhook_settings(tmp_path, database_url, webhook_poll_seconds=3600.0)
     db = Database(database_url)
     await create_schema(db)
     await add_account(db, secret=SECRET)
     receiver = await Receiver(sequence(500, 204)).start()
-    reads: list[int] = []
-    earliest = dispatcher_module.earliest_pending
-
-    async def counted(database: Database) -> int | None:
-        reads.append(len(receiver.received))
-        return await earliest(database)
-
-    monkeypatch.setattr(dispatcher_module, "earliest_pending", counted)
+    reads = count_next_due_reads(monkeypatch, receiver)
     try:
         task = terminal_task("task_retry", f"http://127.0.0.1:{receiver.port}/hook")
         delivery_id = await enqueue(db, task)
