@@ -15,12 +15,13 @@ from genhook.db import Database
 from genhook.net import AddressPolicy
 from genhook.sender.dispatcher import Dispatcher
 from genhook.sender.fairness import Rooms
-from genhook.sender.queue import UNLIMITED, Outcome, Outgoing
+from genhook.sender.queue import UNLIMITED, Outcome, Ticked
 from tests.support.webhook_receiver import create_schema
 
 
 class ScriptedFeed:
-    """Answers every claim with nothing; a claim can be held until released."""
+    """Answers every claim with nothing (and, as the queue would, that nothing is pending);
+    a claim can be held until released."""
 
     def __init__(self) -> None:
         self.claims: list[float] = []
@@ -38,9 +39,9 @@ class ScriptedFeed:
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
         inline: bool = False,
-    ) -> list[Outgoing]:
+    ) -> Ticked:
         if not limit:
-            return []
+            return Ticked([], next_due_read=bool(outcomes or returned))
         self.claims.append(time.monotonic())
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
@@ -48,7 +49,7 @@ class ScriptedFeed:
             if self.hold is not None:
                 await self.hold.wait()
             await asyncio.sleep(0.005)
-            return []
+            return Ticked([], next_due_read=True)
         finally:
             self.in_flight -= 1
 
