@@ -72,6 +72,14 @@ def argv(pid: int) -> list[bytes]:
         return []
 
 
+def is_service(pid: int) -> bool:
+    """Whether ``pid`` is one of the service's processes (its command line names genhook)."""
+    try:
+        return b"genhook" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def role_of(pid: int) -> str:
     """``serve`` for the supervisor, else the role and index from the lifeline's argv."""
     args = [a.decode(errors="replace") for a in argv(pid)]

@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._harness import (  # noqa: E402
+    is_service,
     percentile,
     postgres_database,
     role_of,
@@ -112,7 +113,7 @@ async def run_rate(
     payload = json.dumps(body).encode()
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
     connector = aiohttp.TCPConnector(limit=0)
-    tree = [pid for pid in descendants(os.getpid()) if _is_service(pid)]
+    tree = [pid for pid in descendants(os.getpid()) if is_service(pid)]
     database = server_pids or []
     async with aiohttp.ClientSession(connector=connector) as client:
 
@@ -176,13 +177,6 @@ def postgres_pids(server: Any) -> list[int]:
     the machine that the service's own processes do not show."""
     postmaster = int((server.datadir / "postmaster.pid").read_text().split()[0])
     return [postmaster, *descendants(postmaster)]
-
-
-def _is_service(pid: int) -> bool:
-    try:
-        return b"genhook" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
 
 
 async def measure(

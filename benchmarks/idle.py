@@ -30,7 +30,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import postgres_database, role_of, running_service  # noqa: E402
+from benchmarks._harness import (  # noqa: E402
+    is_service,
+    postgres_database,
+    role_of,
+    running_service,
+)
 from benchmarks._proc import cpu_seconds, descendants, memory_bytes  # noqa: E402
 
 MB = 1024 * 1024
@@ -93,7 +98,7 @@ def measure(
     with running_service(str(data_dir), url, **SETTINGS):
         time.sleep(args.settle)
         tree = descendants(os.getpid())
-        tree = [pid for pid in tree if _is_service(pid)]
+        tree = [pid for pid in tree if is_service(pid)]
         probe = writes if writes is not None else SQLiteWrites(data_dir / "genhook.db")
         before = probe.sample()  # type: ignore[attr-defined]
         own0 = [(cpu_seconds([pid]), wakeups(pid)) for pid in tree]
@@ -129,8 +134,14 @@ def measure(
 
 # What each role cannot run without, none of it the service's own code: the database layer,
 # settings and models, metrics, and per role its HTTP server, client or signing keys.
-_COMMON = ["asyncio", "pydantic", "pydantic_settings", "sqlalchemy.ext.asyncio", "aiosqlite"]
-_COMMON += ["prometheus_client"]
+_COMMON = [
+    "asyncio",
+    "pydantic",
+    "pydantic_settings",
+    "sqlalchemy.ext.asyncio",
+    "aiosqlite",
+    "prometheus_client",
+]
 _KEYS = "cryptography.hazmat.primitives.asymmetric.ed25519"
 FLOOR = {
     "serve": ["asyncio", "subprocess", "logging", "json"],
@@ -176,13 +187,6 @@ def wakeups(pid: int) -> int:
             if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
                 total += int(line.split()[1])
     return total
-
-
-def _is_service(pid: int) -> bool:
-    try:
-        return b"genhook" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
 
 
 def main() -> None:

@@ -38,6 +38,7 @@ from sqlalchemy import (
     insert,
     or_,
     select,
+    text,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -323,6 +324,7 @@ UPDATE webhook_deliveries
 
 # When the earliest pending delivery falls due (ix_deliveries_status_next: one index seek).
 _NEXT_DUE = "SELECT min(next_attempt_at) FROM webhook_deliveries WHERE status = 'pending'"
+_NEXT_DUE_READ = text(_NEXT_DUE)
 
 # ->> and UPDATE ... FROM.
 SQLITE_MINIMUM = (3, 38, 0)
@@ -856,13 +858,8 @@ async def release_deliveries(db: Database, owner: str) -> int:
 
 
 async def earliest_pending(db: Database) -> int | None:
-    """When the next pending delivery is due (a read: an idle dispatcher writes nothing)."""
-    from sqlalchemy import func
-
+    """When the next pending delivery is due (a read: an idle dispatcher writes nothing); the
+    same statement a tick runs when it reads the next due time."""
     async with db.read() as session:
-        earliest = await session.scalar(
-            select(func.min(WebhookDelivery.next_attempt_at)).where(
-                WebhookDelivery.status == "pending"
-            )
-        )
+        earliest = await session.scalar(_NEXT_DUE_READ)
     return None if earliest is None else int(earliest)
