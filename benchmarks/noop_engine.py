@@ -21,6 +21,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine as SQLEngine
 
 from genhook.config import Settings
+from genhook.db import driver
 from genhook.engines.base import Engine, EngineJob, EngineOutput, EngineResult, ModelKind, ModelSpec
 from genhook.engines.edit_request import EditRequest
 from genhook.engines.registry import Registry, edit_pricing
@@ -73,9 +74,17 @@ class _SQLCount:
             self.map = mmap.mmap(handle.fileno(), COUNTS.size)
         event.listen(SQLEngine, "before_cursor_execute", self._on_statement)
         event.listen(SQLEngine, "begin", self._on_begin)
+        # The worker's transactions on the driver connection, past SQLAlchemy's events.
+        driver.on_statement.append(self._on_statement)
+        driver.on_begin.append(self._on_driver_begin)
 
     def _on_statement(self, *args: Any) -> None:
         self.count += 1
+        COUNTS.pack_into(self.map, 0, self.count, self.transactions)
+
+    def _on_driver_begin(self) -> None:
+        self.transactions += 1
+        self.count += 1  # the BEGIN, as on SQLite below
         COUNTS.pack_into(self.map, 0, self.count, self.transactions)
 
     def _on_begin(self, conn: Any) -> None:

@@ -144,10 +144,26 @@ async def notify(session: AsyncSession, channel: str) -> None:
         return
     pending.channels.add(channel)
     if pending.target.postgres:
-        # The payload names this process, whose own listeners ``announce`` wakes at commit.
-        statement = text("SELECT pg_notify(:channel, :sender)")
-        params = {"channel": PG_CHANNELS[channel], "sender": str(os.getpid())}
-        await session.execute(statement, params)
+        name, sender = pg_notify_args(channel)
+        await session.execute(_PG_NOTIFY, {"channel": name, "sender": sender})
+
+
+_PG_NOTIFY = text("SELECT pg_notify(:channel, :sender)")
+
+
+def pg_notify_args(channel: str) -> tuple[str, str]:
+    """``pg_notify``'s arguments for ``channel``: the payload names this process, whose own
+    listeners ``announce`` wakes at commit."""
+    return PG_CHANNELS[channel], str(os.getpid())
+
+
+def committed(engine: Engine, channels: set[str]) -> None:
+    """After a commit made outside a session (``genhook.db.driver``): wake ``channels``."""
+    target = _targets.get(engine)
+    if target is None:
+        target = _targets[engine] = _target(engine)
+    for name in channels:
+        announce(target.key, name, target.sqlite_path)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import event, func, select, update
 
-from genhook.db import Blob, Database, Task, UsageLine, WebhookDelivery, now_ms
+from genhook.db import Blob, Database, Task, UsageLine, WebhookDelivery, driver, now_ms
 from genhook.sender.outbox import build_body, event_type_for
 from genhook.tasks import Lifecycle
 from genhook.tasks.keeper import LeaseKeeper
@@ -27,7 +27,8 @@ MODEL = "test/fake-edit"
 
 @contextmanager
 def counting(db: Database) -> Iterator[Counter[str]]:
-    """Statements sent through ``db`` by first word, and transactions begun (``"tx"``)."""
+    """Statements sent through ``db`` by first word, and transactions begun (``"tx"``),
+    through a session or on the driver connection (``genhook.db.driver``)."""
     seen: Counter[str] = Counter()
 
     def on_statement(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
@@ -35,19 +36,26 @@ def counting(db: Database) -> Iterator[Counter[str]]:
         if verb != "BEGIN":  # SQLite's explicit BEGIN; counted as a transaction below
             seen[verb] += 1
 
-    def on_begin(conn: Any) -> None:
+    def on_begin(*_: Any) -> None:
         seen["tx"] += 1
+
+    def on_driver_statement(statement: str) -> None:
+        on_statement(None, None, statement)
 
     engines = {id(e): e.sync_engine for e in (db.write_engine, db.read_engine)}.values()
     for engine in engines:
         event.listen(engine, "before_cursor_execute", on_statement)
         event.listen(engine, "begin", on_begin)
+    driver.on_statement.append(on_driver_statement)
+    driver.on_begin.append(on_begin)
     try:
         yield seen
     finally:
         for engine in engines:
             event.remove(engine, "before_cursor_execute", on_statement)
             event.remove(engine, "begin", on_begin)
+        driver.on_statement.remove(on_driver_statement)
+        driver.on_begin.remove(on_begin)
 
 
 async def submit(h: Harness, prompt: str = "edit", **fields: Any) -> str:

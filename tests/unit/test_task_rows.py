@@ -7,12 +7,11 @@ import subprocess
 import sys
 
 SCRIPT = """
-from types import SimpleNamespace
 from genhook.db import Task
 from genhook.tasks.hot_path import claimed
 
 columns = {column.key: None for column in Task.__table__.columns}
-row = SimpleNamespace(_mapping=columns | {"id": "t-1", "webhook_events": "processing"})
+row = columns | {"id": "t-1", "webhook_events": "processing"}
 (task,) = claimed([row])
 assert (task.id, task.webhook_events, task.outputs) == ("t-1", "processing", None)
 task.outputs = ["outputs/a.png"]

@@ -47,6 +47,9 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.util.concurrency import await_
 
+from genhook import wakeups
+from genhook.db import driver
+from genhook.db.driver import PostgresTx, SessionTx, SQLiteTx, Tx
 from genhook.files import FILE_MODE, private_sqlite
 
 
@@ -374,6 +377,8 @@ class Database:
         # The database file, for SQLite work on a connection of its own.
         self.sqlite_path: str | None = None
         self._turn: WriterTurn | None = None
+        # The connection of this process's driver transactions on SQLite (``transaction``).
+        self._driver: sqlite3.Connection | None = None
         if self.is_sqlite:
             database = parsed.database or ""
             self.sqlite_path = database
@@ -449,6 +454,57 @@ class Database:
             yield session
 
     @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Tx]:
+        """A write transaction on the driver connection (``genhook.db.driver``), committed
+        on success, rolled back on error; wake-ups it announced go out after the commit.
+
+        An in-memory SQLite database, which another connection would not see, gets a
+        session's transaction behind the same port."""
+        if self.is_postgres:
+            async with self._postgres_transaction() as pg_tx:
+                yield pg_tx
+            return
+        if self._turn is None:
+            async with self.write() as session:
+                yield SessionTx(session)
+            return
+        async with self._write_lock or contextlib.nullcontext(), self._between_processes():
+            if self._driver is None:
+                self._driver = open_sqlite(self.sqlite_path or "")
+            tx = SQLiteTx(self._driver, self.write_engine.dialect)
+            tx.begin()
+            try:
+                yield tx
+                tx.commit()
+            except BaseException:
+                tx.rollback()
+                raise
+        if self._checkpointer is not None:
+            self._checkpointer.committed()
+        if tx.channels:
+            wakeups.committed(self.write_engine.sync_engine, tx.channels)
+
+    @asynccontextmanager
+    async def _postgres_transaction(self) -> AsyncIterator[PostgresTx]:
+        async with self.write_engine.connect() as connection:
+            raw = await connection.get_raw_connection()
+            pg: Any = raw.driver_connection
+            tx = PostgresTx(pg, self.write_engine.dialect)
+            try:
+                async with pg.transaction():
+                    driver.began()
+                    yield tx
+            except BaseException:
+                # A connection the server dropped, or one a cancellation left inside its
+                # transaction, would go back to the pool as such: the pool knows nothing of
+                # what happened on the driver connection.
+                if pg.is_closed() or pg.is_in_transaction():
+                    await connection.invalidate()
+                raise
+        if tx.channels:
+            wakeups.committed(self.write_engine.sync_engine, tx.channels)
+
+    @asynccontextmanager
     async def write_turn(self) -> AsyncIterator[None]:
         """This process's turn to write on SQLite, for a transaction on another connection
         (in another thread): writers on the loop wait here instead of inside SQLite."""
@@ -483,6 +539,9 @@ class Database:
             self._checkpointer.stop()
         if self._turn is not None:
             self._turn.close()
+        if self._driver is not None:
+            self._driver.close()
+            self._driver = None
         await self.write_engine.dispose()
         if self.read_engine is not self.write_engine:
             await self.read_engine.dispose()

@@ -25,9 +25,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from genhook.db import Task, WebhookDelivery
+from genhook.db.driver import Tx
 from genhook.errors import FieldError, InvalidRequest
 from genhook.sender.outbox import wake_dispatchers
-from genhook.sender.queue import event_enqueued, give_up_progress, insert_delivery
+from genhook.sender.queue import (
+    event_enqueued,
+    give_up_progress,
+    give_up_task_progress,
+    insert_delivery,
+)
 
 EVENTS = ("processing", "terminal")
 SUPERSEDED = "superseded by the terminal event"
@@ -68,13 +74,13 @@ def wants(task: Task, event: str) -> bool:
     return bool(task.webhook_events) and event in (task.webhook_events or "").split(",")
 
 
-async def enqueue_processing(session: AsyncSession, task: Task, now: int) -> None:
+async def enqueue_processing(tx: Tx, task: Task, now: int) -> None:
     """The processing event's outbox row, in the caller's (claim) transaction; once per
     task, also when a task is claimed again after a lost lease."""
     if not task.webhook_url or not wants(task, "processing"):
         return
     event_type = f"{task.kind}.task.processing"
-    if await event_enqueued(session, task.id, event_type):
+    if await event_enqueued(tx, task.id, event_type):
         return
     body = {
         "session_id": task.id,
@@ -84,16 +90,16 @@ async def enqueue_processing(session: AsyncSession, task: Task, now: int) -> Non
         "payload": {"id": task.id, "model": task.model, "status": "processing"},
     }
     data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    await insert_delivery(session, task, task.webhook_url, event_type, data, now)
-    await wake_dispatchers(session)
+    await insert_delivery(tx, task, task.webhook_url, event_type, data, now)
+    await wake_dispatchers(tx)
 
 
-async def supersede_progress(session: AsyncSession, task: Task, now: int) -> None:
+async def supersede_progress(tx: Tx, task: Task, now: int) -> None:
     """In the terminal transaction: a processing event still pending is given up, so the
     terminal event is not held back by its retries (see the module's ordering notes)."""
     if not wants(task, "processing"):
         return
-    await give_up_progress(session, SUPERSEDED, now, task_id=task.id)
+    await give_up_task_progress(tx, task.id, SUPERSEDED, now)
 
 
 def _stale_progress(now: int) -> list[Any]:

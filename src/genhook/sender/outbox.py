@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook import wakeups
 from genhook.db import Task
+from genhook.db.driver import Tx, as_tx
 from genhook.sender.queue import insert_delivery
 from genhook.task_states import COMPLETED, TIMEOUT, TIMEOUT_MESSAGE, is_terminal
 
@@ -51,7 +52,7 @@ def build_body(task: Task, event_type: str, payload: dict[str, Any]) -> bytes:
 
 
 async def enqueue_delivery(
-    session: AsyncSession,
+    tx: Tx | AsyncSession,
     *,
     task: Task,
     event_type: str,
@@ -66,15 +67,16 @@ async def enqueue_delivery(
     if not task.webhook_url:
         raise ValueError(f"task {task.id} has no webhook_url")
     body = build_body(task, event_type, payload)
-    delivery_id = await insert_delivery(session, task, task.webhook_url, event_type, body, now)
+    tx = as_tx(tx)
+    delivery_id = await insert_delivery(tx, task, task.webhook_url, event_type, body, now)
     # Opt-in progress events: a processing event still pending gives way to this one.
     from genhook.sender.events import supersede_progress
 
-    await supersede_progress(session, task, now)
-    await wake_dispatchers(session)
+    await supersede_progress(tx, task, now)
+    await wake_dispatchers(tx)
     return delivery_id
 
 
-async def wake_dispatchers(session: AsyncSession) -> None:
+async def wake_dispatchers(tx: Tx | AsyncSession) -> None:
     """Wake every dispatcher once the caller's transaction commits: a delivery is due."""
-    await wakeups.notify(session, wakeups.DELIVERIES)
+    await as_tx(tx).notify(wakeups.DELIVERIES)

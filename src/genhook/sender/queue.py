@@ -46,6 +46,7 @@ from sqlalchemy.orm import aliased
 
 from genhook.db import Database, Task, WebhookAttempt, WebhookDelivery, WebhookReplay
 from genhook.db.database import open_sqlite
+from genhook.db.driver import Tx
 from genhook.sender.fairness import Rooms, destination_of
 
 # A claim looks at this many due rows per row it may take (lanes without room excluded
@@ -643,20 +644,38 @@ def new_delivery_id() -> str:
     return "whd_" + secrets.token_hex(12)
 
 
-_INSERT_DELIVERY = insert(cast(Table, WebhookDelivery.__table__))
+_INSERT_DELIVERY = insert(cast(Table, WebhookDelivery.__table__)).values(
+    {
+        name: bindparam(name)
+        for name in (
+            "id",
+            "task_id",
+            "account_id",
+            "url",
+            "destination",
+            "event_type",
+            "body",
+            "status",
+            "attempts",
+            "round_start",
+            "redeliveries",
+            "next_attempt_at",
+            "created_at",
+            "updated_at",
+        )
+    }
+)
 
 
 async def insert_delivery(
-    session: AsyncSession, task: Task, url: str, event_type: str, body: bytes, now: int
+    tx: Tx, task: Task, url: str, event_type: str, body: bytes, now: int
 ) -> str:
     """A delivery of ``body`` to ``url``, due at once; returns its id.
 
-    One prebuilt Core statement on the session's connection: building an ORM insert's
-    ``values()`` per call cost more CPU than the INSERT itself (it runs in every terminal
-    transaction with a webhook)."""
+    One prebuilt Core statement: it runs in every terminal transaction with a webhook,
+    usually the worker's driver transaction (``genhook.db.driver``)."""
     delivery_id = new_delivery_id()
-    connection = await session.connection()
-    await connection.execute(
+    await tx.run(
         _INSERT_DELIVERY,
         {
             "id": delivery_id,
@@ -703,22 +722,22 @@ _GIVE_UP_TASK_PROGRESS = (
 )
 
 
-async def event_enqueued(session: AsyncSession, task_id: str, event_type: str) -> bool:
+async def event_enqueued(tx: Tx, task_id: str, event_type: str) -> bool:
     """Whether ``task_id`` already has a delivery of ``event_type``."""
-    connection = await session.connection()
     params = {"of_task": task_id, "event_type": event_type}
-    return (await connection.execute(_EVENT_OF_TASK, params)).first() is not None
+    return await tx.first(_EVENT_OF_TASK, params) is not None
 
 
-async def give_up_progress(
-    session: AsyncSession, reason: str, now: int, *, task_id: str | None = None
-) -> int:
-    """Pending progress events not in flight become undeliverable: ``task_id``'s, or, without
-    it, every one whose task's terminal event exists."""
-    if task_id is not None:  # in a terminal transaction: one prebuilt statement
-        connection = await session.connection()
-        params = {"of_task": task_id, "reason": reason, "now": now}
-        return int((await connection.execute(_GIVE_UP_TASK_PROGRESS, params)).rowcount)
+async def give_up_task_progress(tx: Tx, task_id: str, reason: str, now: int) -> int:
+    """In ``task_id``'s terminal transaction: its pending progress events not in flight
+    become undeliverable."""
+    params = {"of_task": task_id, "reason": reason, "now": now}
+    return await tx.run(_GIVE_UP_TASK_PROGRESS, params)
+
+
+async def give_up_progress(session: AsyncSession, reason: str, now: int) -> int:
+    """Pending progress events not in flight whose task's terminal event exists become
+    undeliverable."""
     terminal = aliased(WebhookDelivery)
     which = [
         WebhookDelivery.status == "pending",

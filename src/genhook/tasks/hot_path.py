@@ -1,5 +1,6 @@
 """Statements of the worker's hot path, built once: a claimed batch's input images and
-the completion transaction.
+the completion transaction. They run on the driver connection (``genhook.db.driver``) in
+the worker's transactions, and through a session elsewhere.
 
 A claim reads its batch's input images in its own transaction, so starting a task costs no
 transaction of its own. Completing a task is the service's most frequent write: it costs one
@@ -12,7 +13,7 @@ polling shows) from it, without reading the task again.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import (
@@ -31,7 +32,6 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import configure_mappers
 from sqlalchemy.orm.attributes import instance_dict
 from sqlalchemy.orm.instrumentation import manager_of_class
@@ -39,6 +39,7 @@ from sqlalchemy.orm.instrumentation import manager_of_class
 from genhook import metrics
 from genhook.config import Settings
 from genhook.db import Blob, Task, UsageLine
+from genhook.db.driver import Tx
 from genhook.storage import BlobStore
 from genhook.task_states import COMPLETED, CREATED, PROCESSING
 
@@ -46,6 +47,19 @@ if TYPE_CHECKING:
     from genhook.tasks.lifecycle import Completion
 
 _tasks = cast(Table, Task.__table__)
+# What a usage line holds besides its generated id (``usage_row``).
+USAGE_COLUMNS = (
+    "account_id",
+    "task_id",
+    "model",
+    "tier",
+    "output_pixels",
+    "input_images",
+    "lines",
+    "amount_micros",
+    "upstream_cost_micros",
+    "created_at",
+)
 _blobs = cast(Table, Blob.__table__)
 
 COMPLETE = (
@@ -71,10 +85,34 @@ COMPLETE = (
 # A transcript is written only when there is one, so a task without one keeps what submit
 # stored.
 COMPLETE_WITH_STT = COMPLETE.values(stt_result=bindparam("stt_result"))
-DELETE_BLOBS = delete(_blobs).where(_blobs.c.key.in_(bindparam("keys", expanding=True)))
-# One key, the common case: an expanding IN is rewritten at every execution (about 20 us).
-DELETE_BLOB = delete(_blobs).where(_blobs.c.key == bindparam("key"))
-INSERT_USAGE = insert(cast(Table, UsageLine.__table__))
+
+
+def _keyed(count: int) -> Any:
+    """``blobs.key IN (:key_0, ...)`` for ``count`` keys, or ``= :key_0`` for one: one
+    statement per number of keys, each rendered once (an expanding IN is rendered anew at
+    every execution, and the driver path renders a statement only once)."""
+    if count == 1:
+        return _blobs.c.key == bindparam("key_0")
+    return _blobs.c.key.in_([bindparam(f"key_{index}") for index in range(count)])
+
+
+@functools.lru_cache(maxsize=64)
+def delete_blobs(count: int) -> Executable:
+    return delete(_blobs).where(_keyed(count))
+
+
+@functools.lru_cache(maxsize=64)
+def read_blobs(count: int) -> Executable:
+    return select(_blobs.c.key, _blobs.c.data).where(_keyed(count))
+
+
+def keys_params(keys: Sequence[str]) -> dict[str, str]:
+    return {f"key_{index}": key for index, key in enumerate(keys)}
+
+
+INSERT_USAGE = insert(cast(Table, UsageLine.__table__)).values(
+    {name: bindparam(name) for name in USAGE_COLUMNS}
+)
 
 
 def _runnable(models: tuple[str, ...]) -> list[Any]:
@@ -119,7 +157,7 @@ _new_task = manager_of_class(Task).new_instance
 _task_mapper = inspect(Task)
 
 
-def claimed(rows: Any) -> list[Task]:
+def claimed(rows: Iterable[Mapping[str, Any]]) -> list[Task]:
     """Tasks from rows returning every column (``_take``, ``COMPLETE``), as detached
     ``Task`` objects, without an ORM query.
 
@@ -131,7 +169,7 @@ def claimed(rows: Any) -> list[Task]:
     tasks = []
     for row in rows:
         task = _new_task()
-        instance_dict(task).update(row._mapping)
+        instance_dict(task).update(row)
         tasks.append(task)
     return tasks
 
@@ -201,32 +239,18 @@ HEARTBEAT = (
     .returning(_tasks.c.id)
 )
 HELD = select(_tasks.c.id).where(*_held_ids)
-READ_INPUTS = select(_blobs.c.key, _blobs.c.data).where(
-    _blobs.c.key.in_(bindparam("keys", expanding=True))
-)
-READ_INPUT = select(_blobs.c.key, _blobs.c.data).where(_blobs.c.key == bindparam("key"))
 
 
-def by_keys(
-    one: Executable, many: Executable, keys: list[str]
-) -> tuple[Executable, dict[str, Any]]:
-    """``one`` for a single key, else ``many`` with its expanding ``keys``, and the params."""
-    if len(keys) == 1:
-        return one, {"key": keys[0]}
-    return many, {"keys": keys}
-
-
-async def read_inputs(
-    session: AsyncSession, tasks: Sequence[Task], into: dict[str, dict[str, bytes]]
-) -> None:
+async def read_inputs(tx: Tx, tasks: Sequence[Task], into: dict[str, dict[str, bytes]]) -> None:
     """Put the input images ``tasks`` keep in the database into ``into``, by task id; the
     worker reads any missing here (another store, a URL) itself."""
-    keys = [item["blob"] for task in tasks for item in task.inputs if "blob" in item]
+    keys = list(
+        dict.fromkeys(item["blob"] for task in tasks for item in task.inputs if "blob" in item)
+    )
     if not keys:
         return
-    connection = await session.connection()
-    rows = await connection.execute(*by_keys(READ_INPUT, READ_INPUTS, keys))
-    found = {key: bytes(data) for key, data in rows}
+    rows = await tx.rows(read_blobs(len(keys)), keys_params(keys))
+    found = {row["key"]: bytes(row["data"]) for row in rows}
     for task in tasks:
         into[task.id] = {
             item["blob"]: found[item["blob"]] for item in task.inputs if item.get("blob") in found
@@ -251,7 +275,7 @@ def usage_row(row: Any, now: int, upstream_cost_micros: int | None) -> dict[str,
 
 
 async def complete_in(
-    session: AsyncSession,
+    tx: Tx,
     settings: Settings,
     storage: BlobStore,
     worker_id: str,
@@ -262,12 +286,11 @@ async def complete_in(
     this worker's to end (processing under its lease)."""
     from genhook.tasks.lifecycle import enqueue_callback
 
-    connection = await session.connection()
     expire_at = now + int(settings.output_retention.total_seconds() * 1000)
     done: list[bool] = []
     input_keys: list[str] = []
     usage: list[dict[str, Any]] = []
-    webhooks: list[Any] = []
+    webhooks: list[Task] = []
     for item in items:
         params = {
             "task_id": item.task_id,
@@ -279,23 +302,24 @@ async def complete_in(
             "expire_at": expire_at,
         }
         if item.stt_result is None:
-            row = (await connection.execute(COMPLETE, params)).first()
+            row = await tx.first(COMPLETE, params)
         else:
             params["stt_result"] = item.stt_result
-            row = (await connection.execute(COMPLETE_WITH_STT, params)).first()
+            row = await tx.first(COMPLETE_WITH_STT, params)
         done.append(row is not None)
         if row is None:
             continue
-        metrics.finished(row.model, COMPLETED, row.started_at, now)
-        input_keys += [entry["blob"] for entry in row.inputs if "blob" in entry]
-        if row.charge:
-            usage.append(usage_row(row, now, item.upstream_cost_micros))
-        if row.webhook_url:
-            webhooks.append(row)
+        (task,) = claimed([row])
+        metrics.finished(task.model, COMPLETED, task.started_at, now)
+        input_keys += [entry["blob"] for entry in task.inputs if "blob" in entry]
+        if task.charge:
+            usage.append(usage_row(task, now, item.upstream_cost_micros))
+        if task.webhook_url:
+            webhooks.append(task)
     if input_keys:
-        await connection.execute(*by_keys(DELETE_BLOB, DELETE_BLOBS, input_keys))
+        await tx.run(delete_blobs(len(input_keys)), keys_params(input_keys))
     if usage:
-        await connection.execute(INSERT_USAGE, usage)
-    for task in claimed(webhooks):  # in the order the tasks ended
-        await enqueue_callback(session, task, settings, storage, now)
+        await tx.run_many(INSERT_USAGE, usage)
+    for task in webhooks:  # in the order the tasks ended
+        await enqueue_callback(tx, task, settings, storage, now)
     return done

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from genhook import metrics, wakeups
 from genhook.config import Settings
 from genhook.db import Blob, Database, Task, now_ms
+from genhook.db.driver import SessionTx, Tx
 from genhook.errors import ErrorCode
 from genhook.sender.events import enqueue_processing
 from genhook.sender.outbox import enqueue_delivery, event_type_for
@@ -38,18 +39,17 @@ from genhook.task_states import (
     TIMEOUT_MESSAGE,
 )
 from genhook.tasks.hot_path import (
-    DELETE_BLOB,
-    DELETE_BLOBS,
     HEARTBEAT,
     HELD,
     INSERT_USAGE,
     TAKE_IDS,
-    by_keys,
     claim_candidates,
     claim_one,
     claim_params,
     claimed,
     complete_in,
+    delete_blobs,
+    keys_params,
     read_inputs,
     runnable_one,
     runnable_params,
@@ -63,12 +63,12 @@ __all__ = ["Lifecycle", "enqueue_callback"]
 
 
 async def enqueue_callback(
-    session: AsyncSession, task: Task, settings: Settings, storage: BlobStore, now: int
+    tx: Tx | AsyncSession, task: Task, settings: Settings, storage: BlobStore, now: int
 ) -> None:
     """Write the outbox row of ``task``'s terminal callback, with the payload polling shows."""
     payload = await prediction_view(task, settings, storage, for_webhook=True)
     await enqueue_delivery(
-        session, task=task, event_type=event_type_for(task.kind), payload=payload, now=now
+        tx, task=task, event_type=event_type_for(task.kind), payload=payload, now=now
     )
 
 
@@ -121,8 +121,8 @@ class Lifecycle:
         one, which on SQLite would be a write."""
         if not models:
             return None, False
-        async with self.db.write() as session:
-            return await self._claim_in(session, worker_id, models, reserve_ms, inputs, look_on)
+        async with self.db.transaction() as tx:
+            return await self._claim_in(tx, worker_id, models, reserve_ms, inputs, look_on)
 
     async def complete_and_claim(
         self,
@@ -139,18 +139,16 @@ class Lifecycle:
         BEGIN, a COMMIT and a hand-over per task. Returns the completions' outcomes, the
         claimed task (or None) and whether yet another was runnable.
         """
-        async with self.db.write() as session:
-            done = await complete_in(
-                session, self.settings, self.storage, worker_id, items, now_ms()
-            )
+        async with self.db.transaction() as tx:
+            done = await complete_in(tx, self.settings, self.storage, worker_id, items, now_ms())
             if not models:
                 return done, None, False
-            task, more = await self._claim_in(session, worker_id, models, reserve_ms, inputs)
+            task, more = await self._claim_in(tx, worker_id, models, reserve_ms, inputs)
             return done, task, more
 
     async def _claim_in(
         self,
-        session: AsyncSession,
+        tx: Tx,
         worker_id: str,
         models: Sequence[str],
         reserve_ms: Mapping[str, int] | None,
@@ -162,16 +160,15 @@ class Lifecycle:
             return None, False
         key = tuple(models)
         params = claim_params(key, worker_id, now_ms(), self._lease_ms, reserve_ms or {})
-        connection = await session.connection()
-        row = (await connection.execute(claim_one(key), params)).first()
+        row = await tx.first(claim_one(key), params)
         if row is None:
             return None, False
         (task,) = claimed([row])
         if task.webhook_events:
-            await enqueue_processing(session, task, params["now"])  # opt-in progress event
+            await enqueue_processing(tx, task, params["now"])  # opt-in progress event
         if inputs is not None:
-            await read_inputs(session, [task], inputs)
-        more = look_on and (await connection.execute(runnable_one(key), params)).first() is not None
+            await read_inputs(tx, [task], inputs)
+        more = look_on and await tx.first(runnable_one(key), params) is not None
         metrics.task_started(task)
         return task, more
 
@@ -211,13 +208,13 @@ class Lifecycle:
             ids = list((await session.scalars(candidates, params | {"limit": limit})).all())
             if not ids:
                 return []
-            connection = await session.connection()
-            tasks = claimed(await connection.execute(TAKE_IDS, params | {"ids": ids}))
+            tx = SessionTx(session)
+            tasks = claimed(await tx.rows(TAKE_IDS, params | {"ids": ids}))
             for task in tasks:
                 if task.webhook_events:
-                    await enqueue_processing(session, task, now)  # opt-in progress event
+                    await enqueue_processing(tx, task, now)  # opt-in progress event
             if inputs is not None:
-                await read_inputs(session, tasks, inputs)
+                await read_inputs(tx, tasks, inputs)
             metrics.tasks_started(tasks)
             return tasks
 
@@ -326,10 +323,8 @@ class Lifecycle:
     async def complete_many(self, worker_id: str, items: Sequence[Completion]) -> list[bool]:
         """Several completions in one transaction: group commit for I/O-bound engines,
         whose many tasks in flight would otherwise each pay for a commit."""
-        async with self.db.write() as session:
-            return await complete_in(
-                session, self.settings, self.storage, worker_id, items, now_ms()
-            )
+        async with self.db.transaction() as tx:
+            return await complete_in(tx, self.settings, self.storage, worker_id, items, now_ms())
 
     async def _finish(
         self,
@@ -385,7 +380,7 @@ class Lifecycle:
     ) -> None:
         input_keys = [item["blob"] for item in task.inputs if "blob" in item]
         if input_keys:
-            await session.execute(*by_keys(DELETE_BLOB, DELETE_BLOBS, input_keys))
+            await session.execute(delete_blobs(len(input_keys)), keys_params(input_keys))
         if task.status == COMPLETED and task.charge:
             await session.execute(INSERT_USAGE, [usage_row(task, now, upstream_cost_micros)])
         if task.webhook_url:
