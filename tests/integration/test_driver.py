@@ -1,7 +1,7 @@
 """Write transactions on the driver connection (``genhook.db.driver``): rows and JSON come
 back as a session gives them, an error rolls everything back, wake-ups go out only after
-the commit, SQLite's errors are SQLAlchemy's, and a PostgreSQL connection the server dropped
-is let go of."""
+the commit, a constraint violation is SQLAlchemy's ``IntegrityError``, and a PostgreSQL
+connection the server dropped is let go of."""
 
 from __future__ import annotations
 
@@ -143,20 +143,19 @@ async def test_a_wake_up_goes_out_after_the_commit_and_never_on_rollback(db: Dat
         subscription.close()
 
 
-async def test_a_sqlite_error_is_sqlalchemys(sqlite_url: str) -> None:
-    db = Database(sqlite_url)
-    try:
-        await create_schema(db)
-        await add_account(db)
-        async with db.transaction() as tx:
-            await tx.run(INSERT_TASK, task_row("t-1"))
+async def test_a_constraint_violation_is_sqlalchemys_integrity_error(db: Database) -> None:
+    """As through a session: a submit tells a taken idempotency key apart by it."""
+    async with db.transaction() as tx:
+        await tx.run(INSERT_TASK, task_row("t-1"))
+    for many in (False, True):
         with pytest.raises(IntegrityError):
             async with db.transaction() as tx:
-                await tx.run(INSERT_TASK, task_row("t-1"))
-        async with db.read() as session:
-            assert await session.scalar(select(func.count()).select_from(Task)) == 1
-    finally:
-        await db.dispose()
+                if many:
+                    await tx.run_many(INSERT_TASK, [task_row("t-2"), task_row("t-1")])
+                else:
+                    await tx.run(INSERT_TASK, task_row("t-1"))
+    async with db.read() as session:
+        assert (await session.scalars(select(Task.id))).all() == ["t-1"]
 
 
 def test_a_statement_rendered_anew_per_execution_is_refused() -> None:

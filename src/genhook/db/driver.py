@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import JSON, Executable
 from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook import wakeups
@@ -191,7 +191,11 @@ class SQLiteTx:
 
 
 class PostgresTx:
-    """Statements on an ``asyncpg`` connection inside its ``transaction()``."""
+    """Statements on an ``asyncpg`` connection inside its ``transaction()``.
+
+    A constraint violation is raised as SQLAlchemy's ``IntegrityError``, as through a
+    session (callers tell a taken key apart by it); asyncpg's other errors pass as they
+    are: ``genhook.faults`` knows its connection errors."""
 
     def __init__(self, connection: Any, dialect: Dialect) -> None:
         self.connection = connection
@@ -202,7 +206,11 @@ class PostgresTx:
         plan = compiled(statement, self.dialect)
         if on_statement:
             _observe(plan.sql)
-        records = await self.connection.fetch(plan.sql, *plan.args(params))
+        args = plan.args(params)
+        try:
+            records = await self.connection.fetch(plan.sql, *args)
+        except Exception as error:
+            raise _translated(error, plan.sql, args) from error
         return [plan.row(tuple(record)) for record in records]
 
     async def first(self, statement: Executable, params: Mapping[str, Any]) -> Row | None:
@@ -213,7 +221,11 @@ class PostgresTx:
         plan = compiled(statement, self.dialect)
         if on_statement:
             _observe(plan.sql)
-        status: str = await self.connection.execute(plan.sql, *plan.args(params))
+        args = plan.args(params)
+        try:
+            status: str = await self.connection.execute(plan.sql, *args)
+        except Exception as error:
+            raise _translated(error, plan.sql, args) from error
         # "UPDATE 3", "DELETE 0", "INSERT 0 1"
         last = status.rsplit(" ", 1)[-1]
         return int(last) if last.isdigit() else 0
@@ -222,7 +234,11 @@ class PostgresTx:
         plan = compiled(statement, self.dialect)
         if on_statement:
             _observe(plan.sql)
-        await self.connection.executemany(plan.sql, [plan.args(each) for each in params])
+        args = [plan.args(each) for each in params]
+        try:
+            await self.connection.executemany(plan.sql, args)
+        except Exception as error:
+            raise _translated(error, plan.sql, args) from error
 
     async def notify(self, channel: str) -> None:
         if channel in self.channels:
@@ -235,6 +251,15 @@ class PostgresTx:
 
 
 _PG_NOTIFY = "SELECT pg_notify($1, $2)"
+
+
+def _translated(error: Exception, sql: str, args: Any) -> Exception:
+    """asyncpg's constraint violations as SQLAlchemy's ``IntegrityError``; the rest as is.
+    By name: asyncpg is not imported on an SQLite-only install."""
+    kinds = {kind.__name__ for kind in type(error).__mro__}
+    if "IntegrityConstraintViolationError" in kinds:
+        return IntegrityError(sql, args, error)
+    return error
 
 
 class SessionTx:

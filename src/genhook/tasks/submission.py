@@ -85,16 +85,15 @@ class GroupInserter:
     async def _write(self, rows: list[_Row]) -> None:
         blobs = [blob for _, task_blobs, _ in rows for blob in task_blobs]
         keys = [key for _, _, task_keys in rows for key in task_keys]
-        async with self.db.write() as session:
-            # Core inserts on the session's connection: the ORM's bulk insert path costs
-            # more CPU than the statements themselves.
-            connection = await session.connection()
-            await connection.execute(_INSERT_TASKS, [_values(task) for task, _, _ in rows])
+        async with self.db.transaction() as tx:
+            # Core inserts on the driver connection (``genhook.db.driver``): the ORM's bulk
+            # insert path, and even a session's Core path, cost more CPU than the statements.
+            await tx.run_many(_INSERT_TASKS, [_values(task) for task, _, _ in rows])
             if blobs:
-                await connection.execute(_INSERT_BLOBS, blobs)
+                await tx.run_many(_INSERT_BLOBS, blobs)
             if keys:
-                await connection.execute(_INSERT_KEYS, keys)
-            await wakeups.notify(session, wakeups.TASKS)
+                await tx.run_many(_INSERT_KEYS, keys)
+            await tx.notify(wakeups.TASKS)
 
 
 _Row = tuple[Task, list[dict[str, Any]], list[dict[str, Any]]]
