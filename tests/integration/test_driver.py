@@ -19,6 +19,7 @@ from genhook.db.driver import SessionTx, Tx, compiled
 from genhook.faults import is_infrastructure_error
 from genhook.tasks.hot_path import INSERT_USAGE
 from tests.support.postgres import PostgresServer
+from tests.support.queued import queued_rows
 from tests.support.webhook_receiver import add_account, create_schema
 
 _tasks = cast(Table, Task.__table__)
@@ -37,26 +38,13 @@ async def db(database_url: str) -> AsyncIterator[Database]:
 
 
 def task_row(task_id: str, **changes: Any) -> dict[str, Any]:
-    now = now_ms()
-    row: dict[str, Any] = {column.name: None for column in _tasks.c}
+    """A queued task's every column, with JSON worth a round trip (nested, not ASCII)."""
+    ((row,), _) = queued_rows("acct_1", "test/m", 1, now_ms())
+    row = {column.name: None for column in _tasks.c} | row
     row.update(
         id=task_id,
-        account_id="acct_1",
-        model="test/m",
-        kind="image",
-        status="created",
         params={"prompt": "façade ✓", "nested": {"list": [1, 2.5, None, True]}},
-        inputs=[{"blob": "inputs/a", "format": "png"}],
-        created_at=now,
-        updated_at=now,
-        available_at=now,
-        deadline_at=now + 60_000,
-        attempts=0,
-        lease_losses=0,
-        outputs=[],
-        has_nsfw_contents=[],
         info={"é": "ü"},
-        charge={},
     )
     row.update(changes)
     return row
