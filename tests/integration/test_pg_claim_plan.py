@@ -14,7 +14,7 @@ from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 
 from genhook.accounts import create_account
 from genhook.db import Blob, Database, Task, now_ms
-from genhook.tasks.hot_path import claim_candidates, claim_one_with_inputs, claim_params
+from genhook.tasks.hot_path import claim_candidates, claim_params
 from tests.support.migrated import migrate
 from tests.support.queued import queued_rows
 
@@ -47,10 +47,15 @@ def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return nodes
 
 
-async def explain(db: Database, statement: Any, params: dict[str, Any]) -> dict[str, Any]:
-    """The plan of ``statement`` as run (``EXPLAIN ANALYZE``), its effects rolled back."""
-    compiled = statement.compile(dialect=asyncpg_dialect())
-    values = compiled.construct_params(params)
+async def test_a_claim_reads_the_head_of_the_backlog_not_all_of_it(
+    backlog: Database,
+) -> None:
+    db = backlog
+    models = (MODEL,)
+    compiled = claim_candidates(models).compile(dialect=asyncpg_dialect())
+    values = compiled.construct_params(
+        {**claim_params(models, "w-plan", now_ms(), 30_000, {}), "limit": 1}
+    )
     assert compiled.positiontup is not None
     args = [values[name] for name in compiled.positiontup]
     async with db.write() as session:
@@ -63,41 +68,13 @@ async def explain(db: Database, statement: Any, params: dict[str, Any]) -> dict[
         await session.rollback()  # EXPLAIN ANALYZE took the row's lock: give it back
     # The connection decodes JSON itself (SQLAlchemy's codec); a bare asyncpg one would not.
     document = json.loads(explained) if isinstance(explained, str) else explained
-    plan: dict[str, Any] = document[0]["Plan"]
-    return plan
-
-
-async def test_a_claim_reads_the_head_of_the_backlog_not_all_of_it(
-    backlog: Database,
-) -> None:
-    models = (MODEL,)
-    params = {**claim_params(models, "w-plan", now_ms(), 30_000, {}), "limit": 1}
-    plan = await explain(backlog, claim_candidates(models), params)
+    plan = document[0]["Plan"]
     kinds = [node["Node Type"] for node in _plan_nodes(plan)]
     assert "Sort" not in kinds and "Bitmap Heap Scan" not in kinds, kinds
     scans = [node for node in _plan_nodes(plan) if node["Node Type"] == "Index Scan"]
     assert scans and scans[0]["Index Name"] == "ix_tasks_status_available"
     assert scans[0]["Actual Rows"] <= 2  # stopped at the head, of 6,000 queued
     assert plan["Shared Hit Blocks"] + plan.get("Shared Read Blocks", 0) < 40
-
-
-async def test_the_one_statement_claim_reads_its_task_and_images_by_key(
-    backlog: Database,
-) -> None:
-    """The claim with its input images and the look for another task: the queue's index from
-    its head, the images by key, no scan of either table."""
-    models = (MODEL,)
-    params = claim_params(models, "w-plan", now_ms(), 30_000, {})
-    plan = await explain(backlog, claim_one_with_inputs(models), params)
-    nodes = _plan_nodes(plan)
-    kinds = [node["Node Type"] for node in nodes]
-    assert "Seq Scan" not in kinds and "Sort" not in kinds, kinds
-    assert "Bitmap Heap Scan" not in kinds, kinds
-    blobs = [node for node in nodes if node.get("Relation Name") == "blobs"]
-    assert [node["Node Type"] for node in blobs] == ["Index Scan"]
-    assert plan["Actual Rows"] == 1  # one task, one input image
-    # About 40; a scan of the 6,000 images (a hash join, before) read 141.
-    assert plan["Shared Hit Blocks"] + plan.get("Shared Read Blocks", 0) < 80
 
 
 async def test_only_the_claiming_roles_plan_without_bitmap_scans(pg_url: str) -> None:

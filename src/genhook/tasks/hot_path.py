@@ -34,7 +34,6 @@ from sqlalchemy import (
     literal,
     or_,
     select,
-    true,
     update,
 )
 from sqlalchemy.orm import configure_mappers
@@ -206,19 +205,14 @@ def claim_one_with_inputs(models: tuple[str, ...]) -> Select[Any]:
     before the UPDATE, so the look for another task leaves out the claimed one by its id.
     """
     taken = claim_one(models).cte("claimed")
-    # Each input's key, and its bytes looked up by that key, one input at a time: joined
-    # or matched with IN, the planner guessed a hundred inputs and scanned every blob.
-    item = func.json_array_elements(taken.c.inputs).table_valued("value").lateral("item")
-    key = item.c.value.op("->>")(literal("blob", String))
-    data = select(_blobs.c.data).where(_blobs.c.key == key).scalar_subquery()
-    images = select(key.label("key"), data.label("data")).select_from(item).lateral("images")
+    keys = select(func.json_array_elements(taken.c.inputs).op("->>")(literal("blob", String)))
     more = exists(select(_tasks.c.id).where(*_runnable(models), _tasks.c.id != taken.c.id))
     return select(
         taken,
-        images.c.key.label("blob_key"),
-        images.c.data.label("blob_data"),
+        _blobs.c.key.label("blob_key"),
+        _blobs.c.data.label("blob_data"),
         more.label("more"),
-    ).select_from(taken.outerjoin(images, true()))
+    ).select_from(taken.outerjoin(_blobs, _blobs.c.key.in_(keys)))
 
 
 @functools.lru_cache(maxsize=256)

@@ -208,7 +208,7 @@ class Lifecycle:
             inputs[task.id] = {
                 row["blob_key"]: bytes(row["blob_data"])
                 for row in rows
-                if row["blob_data"] is not None  # an input by URL, or a blob gone
+                if row["blob_key"] is not None
             }
         return task, bool(first["more"])
 
