@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from genhook.db import Task, UsageLine, WebhookDelivery
 from genhook.tasks.lifecycle import Completion
 from tests.conftest import Harness, make_harness, make_settings
-from tests.integration.test_hot_path import claims, counting, submit
+from tests.integration.test_hot_path import counting, submit
 
 HOOK = "http://127.0.0.1:9/hook"
 
@@ -96,11 +96,10 @@ async def test_a_queue_costs_one_write_transaction_per_task_after_the_first_clai
     monkeypatch.setattr(worker.lifecycle, "complete", last_completion)
     with counting(h.state.db) as seen:
         await run_until(h, stop)
-    # The first claim (on PostgreSQL one statement, no transaction), then per task one
-    # transaction: its completion with the next claim, and for the last one its completion
-    # alone.
-    assert seen["tx"] == count + (0 if h.state.db.is_postgres else 1)
-    assert claims(seen) == 2 * count  # each task claimed once and completed once
+    # The first claim, then per task one transaction: its completion with the next claim,
+    # and for the last one its completion alone.
+    assert seen["tx"] == count + 1
+    assert seen["UPDATE"] == 2 * count  # each task claimed once and completed once
     assert set((await states(h, ids)).values()) == {("completed", None, 0)}
     usage, callbacks = await billed_and_called_back(h, ids)
     assert usage == count
@@ -123,7 +122,7 @@ async def test_a_stop_during_a_task_claims_no_successor(
     with counting(h.state.db) as seen:
         await run_until(h, stop)
     # Its claim and its completion alone: no successor claimed (and then released).
-    assert (seen["tx"], claims(seen)) == (1 if h.state.db.is_postgres else 2, 2)
+    assert (seen["tx"], seen["UPDATE"]) == (2, 2)
     assert await states(h, [first, *rest]) == {
         first: ("completed", None, 0),
         **{task_id: ("created", None, 0) for task_id in rest},
@@ -200,11 +199,8 @@ async def test_complete_and_claim_ends_the_items_then_claims_as_claim_next(
     assert done == [True] and task is not None and task.id == second and more
     assert list(inputs) == [second] and len(inputs[second]) == 1  # its input image, read too
     # The completion's UPDATE, blob DELETE and usage INSERT; the claim's UPDATE, its input
-    # image and the look on (on PostgreSQL one statement): one transaction.
-    if harness.state.db.is_postgres:
-        assert dict(seen) == {"tx": 1, "UPDATE": 1, "DELETE": 1, "INSERT": 1, "WITH": 1}
-    else:
-        assert dict(seen) == {"tx": 1, "UPDATE": 2, "DELETE": 1, "INSERT": 1, "SELECT": 2}
+    # image and the look on: one transaction.
+    assert dict(seen) == {"tx": 1, "UPDATE": 2, "DELETE": 1, "INSERT": 1, "SELECT": 2}
     item = Completion(second, [], [], {})
     done, task, more = await lifecycle.complete_and_claim("w-1", [item], ["test/fake-edit"])
     assert done == [True] and task is not None and task.id == third and not more

@@ -485,30 +485,15 @@ class Database:
             wakeups.committed(self.write_engine.sync_engine, tx.channels)
 
     @asynccontextmanager
-    async def statements(self) -> AsyncIterator[Tx]:
-        """Like ``transaction``, but on PostgreSQL each statement commits by itself: for
-        work that is one statement, which then costs one round trip, not three (``BEGIN``
-        and ``COMMIT`` are round trips of their own). On SQLite, ``transaction``."""
-        if not self.is_postgres:
-            async with self.transaction() as tx:
-                yield tx
-            return
-        async with self._postgres_transaction(atomic=False) as pg_tx:
-            yield pg_tx
-
-    @asynccontextmanager
-    async def _postgres_transaction(self, atomic: bool = True) -> AsyncIterator[PostgresTx]:
+    async def _postgres_transaction(self) -> AsyncIterator[PostgresTx]:
         async with self.write_engine.connect() as connection:
             raw = await connection.get_raw_connection()
             pg: Any = raw.driver_connection
             tx = PostgresTx(pg, self.write_engine.dialect)
             try:
-                if not atomic:
+                async with pg.transaction():
+                    driver.began()
                     yield tx
-                else:
-                    async with pg.transaction():
-                        driver.began()
-                        yield tx
             except BaseException:
                 # A connection the server dropped, or one a cancellation left inside its
                 # transaction, would go back to the pool as such: the pool knows nothing of

@@ -37,9 +37,6 @@ class Tx(Protocol):
     """One write transaction. Statements are Core constructs with named ``bindparam``\\ s;
     rows come back as dicts by column name, JSON columns decoded."""
 
-    # The database is PostgreSQL: a statement there is a round trip, worth saving.
-    postgres: bool
-
     async def rows(self, statement: Executable, params: Mapping[str, Any]) -> list[Row]: ...
 
     async def first(self, statement: Executable, params: Mapping[str, Any]) -> Row | None: ...
@@ -137,8 +134,6 @@ class SQLiteTx:
     that ``Database.transaction`` issued; errors are raised as SQLAlchemy's, so fault
     handling treats them as it treats the session's."""
 
-    postgres = False
-
     def __init__(self, connection: sqlite3.Connection, dialect: Dialect) -> None:
         self.connection = connection
         self.dialect = dialect
@@ -201,8 +196,6 @@ class PostgresTx:
     A constraint violation is raised as SQLAlchemy's ``IntegrityError``, as through a
     session (callers tell a taken key apart by it); asyncpg's other errors pass as they
     are: ``genhook.faults`` knows its connection errors."""
-
-    postgres = True
 
     def __init__(self, connection: Any, dialect: Dialect) -> None:
         self.connection = connection
@@ -274,7 +267,6 @@ class SessionTx:
 
     def __init__(self, session: AsyncSession) -> None:
         self.session = session
-        self.postgres = session.get_bind().dialect.name == "postgresql"
 
     async def rows(self, statement: Executable, params: Mapping[str, Any]) -> list[Row]:
         connection = await self.session.connection()

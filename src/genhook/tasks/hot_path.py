@@ -21,17 +21,13 @@ from sqlalchemy import (
     Executable,
     Integer,
     Select,
-    String,
     Table,
     Update,
     and_,
     bindparam,
     delete,
-    exists,
-    func,
     insert,
     inspect,
-    literal,
     or_,
     select,
     update,
@@ -157,7 +153,6 @@ def _take(which: Any) -> Update:
     )
 
 
-TASK_COLUMNS = tuple(column.name for column in _tasks.c)
 _new_task = manager_of_class(Task).new_instance
 _task_mapper = inspect(Task)
 
@@ -192,27 +187,6 @@ def claim_one(models: tuple[str, ...]) -> Update:
         .scalar_subquery()
     )
     return _take(_tasks.c.id == candidate)
-
-
-@functools.lru_cache(maxsize=256)
-def claim_one_with_inputs(models: tuple[str, ...]) -> Select[Any]:
-    """PostgreSQL: ``claim_one``, the claimed task's input images and whether another task
-    waits, in one statement. Each statement is a round trip to the server, about 0.4 ms of
-    waiting when both sides were idle, and a claim made of three of them took 2.3 ms.
-
-    One row per input image kept in ``blobs`` (one row without when there is none), each
-    with every column of the task. Every part of the statement sees the snapshot from
-    before the UPDATE, so the look for another task leaves out the claimed one by its id.
-    """
-    taken = claim_one(models).cte("claimed")
-    keys = select(func.json_array_elements(taken.c.inputs).op("->>")(literal("blob", String)))
-    more = exists(select(_tasks.c.id).where(*_runnable(models), _tasks.c.id != taken.c.id))
-    return select(
-        taken,
-        _blobs.c.key.label("blob_key"),
-        _blobs.c.data.label("blob_data"),
-        more.label("more"),
-    ).select_from(taken.outerjoin(_blobs, _blobs.c.key.in_(keys)))
 
 
 @functools.lru_cache(maxsize=256)

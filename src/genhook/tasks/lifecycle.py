@@ -43,10 +43,8 @@ from genhook.tasks.hot_path import (
     HELD,
     INSERT_USAGE,
     TAKE_IDS,
-    TASK_COLUMNS,
     claim_candidates,
     claim_one,
-    claim_one_with_inputs,
     claim_params,
     claimed,
     complete_in,
@@ -123,18 +121,8 @@ class Lifecycle:
         one, which on SQLite would be a write."""
         if not models:
             return None, False
-        # One statement on PostgreSQL (``claim_one_with_inputs``), so no transaction around
-        # it; a processing event the task asks for is then written in a transaction of its
-        # own before the task runs (a worker that dies first leaves the task to be claimed
-        # again, and that claim writes it).
-        async with self.db.statements() as tx:
-            task, more = await self._claim_in(
-                tx, worker_id, models, reserve_ms, inputs, look_on, events=not tx.postgres
-            )
-        if task is not None and task.webhook_events and self.db.is_postgres:
-            async with self.db.transaction() as tx:
-                await enqueue_processing(tx, task, task.started_at or now_ms())
-        return task, more
+        async with self.db.transaction() as tx:
+            return await self._claim_in(tx, worker_id, models, reserve_ms, inputs, look_on)
 
     async def complete_and_claim(
         self,
@@ -166,51 +154,23 @@ class Lifecycle:
         reserve_ms: Mapping[str, int] | None,
         inputs: dict[str, dict[str, bytes]] | None,
         look_on: bool = True,
-        events: bool = True,
     ) -> tuple[Task | None, bool]:
-        """The claim of ``claim_next`` in the caller's write transaction; ``events``: write
-        the processing event the task asks for in it."""
+        """The claim of ``claim_next`` in the caller's write transaction."""
         if self.closed:
             return None, False
         key = tuple(models)
         params = claim_params(key, worker_id, now_ms(), self._lease_ms, reserve_ms or {})
-        if tx.postgres:
-            task, more = await self._claim_with_inputs(tx, key, params, inputs)
-            more = more and look_on
-        else:
-            row = await tx.first(claim_one(key), params)
-            task = None if row is None else claimed([row])[0]
-            if task is not None and inputs is not None:
-                await read_inputs(tx, [task], inputs)
-            more = look_on and task is not None
-            more = more and await tx.first(runnable_one(key), params) is not None
-        if task is None:
+        row = await tx.first(claim_one(key), params)
+        if row is None:
             return None, False
-        if task.webhook_events and events:
+        (task,) = claimed([row])
+        if task.webhook_events:
             await enqueue_processing(tx, task, params["now"])  # opt-in progress event
+        if inputs is not None:
+            await read_inputs(tx, [task], inputs)
+        more = look_on and await tx.first(runnable_one(key), params) is not None
         metrics.task_started(task)
         return task, more
-
-    @staticmethod
-    async def _claim_with_inputs(
-        tx: Tx,
-        key: tuple[str, ...],
-        params: dict[str, Any],
-        inputs: dict[str, dict[str, bytes]] | None,
-    ) -> tuple[Task | None, bool]:
-        """PostgreSQL's claim: one statement (``claim_one_with_inputs``)."""
-        rows = await tx.rows(claim_one_with_inputs(key), params)
-        if not rows:
-            return None, False
-        first = rows[0]
-        (task,) = claimed([{name: first[name] for name in TASK_COLUMNS}])
-        if inputs is not None and any("blob" in item for item in task.inputs):
-            inputs[task.id] = {
-                row["blob_key"]: bytes(row["blob_data"])
-                for row in rows
-                if row["blob_key"] is not None
-            }
-        return task, bool(first["more"])
 
     async def any_runnable(
         self, models: Sequence[str], reserve_ms: Mapping[str, int] | None = None
