@@ -95,6 +95,25 @@ async def test_a_claim_tells_whether_another_task_was_waiting(harness: Harness) 
     assert await lifecycle.claim_next("w-1", [MODEL]) == (None, False)
 
 
+async def test_a_claim_reads_every_input_image_of_its_task(harness: Harness) -> None:
+    """Three images in, three read with the claim (one statement for all of them), the next
+    task's left alone."""
+    colours = [(200, 30, 30), (30, 200, 30), (30, 30, 200)]
+    first = await submit(harness, images=[data_url(colour) for colour in colours])
+    second = await submit(harness)
+    inputs: dict[str, dict[str, bytes]] = {}
+    task, more = await harness.worker.lifecycle.claim_next("w-1", [MODEL], inputs=inputs)
+    assert task is not None and task.id == first and more
+    keys = [item["blob"] for item in task.inputs]
+    assert list(inputs) == [first] and sorted(inputs[first]) == sorted(keys)
+    async with harness.state.db.read() as session:
+        stored = {key: data for key, data in await session.execute(select(Blob.key, Blob.data))}
+    assert {key: stored[key] for key in keys} == inputs[first]
+    task, more = await harness.worker.lifecycle.claim_next("w-1", [MODEL], inputs=inputs)
+    assert task is not None and task.id == second and not more
+    assert len(inputs[second]) == 1
+
+
 async def test_a_running_worker_claims_nothing_after_its_last_task(harness: Harness) -> None:
     """After the last task the worker waits; it does not write an empty claim first."""
     worker, db = harness.worker, harness.state.db
