@@ -10,7 +10,9 @@ send times (open loop: a slow answer does not delay the next submit), each with 
 ``webhook_url`` on a loopback aiohttp receiver; latency runs from the scheduled send time to
 the webhook's receipt. For each rate it prints p50/p90/p99/max, the submits refused, the
 webhooks that never came, and the service's CPU per task: the process tree's CPU time per
-task, less the engine's own CPU time (``info.engine_ms``). SQLite, then PostgreSQL.
+task, less the engine's own CPU time (``info.engine_ms``), and per process; and the median
+time each hand-over took (``stages``: from the database's timestamps and the client's
+clock). SQLite, then PostgreSQL.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +65,8 @@ class Hooks:
 
     def __init__(self) -> None:
         self.arrived: dict[str, float] = {}
+        # The same instant on the wall clock (epoch ms), to set beside the database's times.
+        self.arrived_at: dict[str, float] = {}
         self.engine_ms: dict[str, float] = {}
         self.runner: web.AppRunner | None = None
         self.url = ""
@@ -72,6 +77,7 @@ class Hooks:
         data = json.loads(body)
         task_id = data["session_id"]
         self.arrived.setdefault(task_id, now)
+        self.arrived_at.setdefault(task_id, time.time() * 1000)
         info = data.get("payload", {}).get("info") or {}
         if "engine_ms" in info:
             self.engine_ms[task_id] = float(info["engine_ms"])
@@ -101,6 +107,7 @@ async def run_rate(
     server_pids: list[int] | None = None,
 ) -> dict[str, Any]:
     sent: dict[str, float] = {}
+    sent_at: dict[str, float] = {}  # the scheduled send on the wall clock (epoch ms)
     refused = 0
     errors = 0
     body = {
@@ -125,7 +132,9 @@ async def run_rate(
                 ) as response:
                     answer = await response.read()
                     if response.status == 200:
-                        sent[json.loads(answer)["id"]] = scheduled
+                        task_id = json.loads(answer)["id"]
+                        sent[task_id] = scheduled
+                        sent_at[task_id] = (scheduled - begin) * 1000 + wall_begin
                     else:
                         refused += 1
             except aiohttp.ClientError:
@@ -136,6 +145,7 @@ async def run_rate(
         own0 = {pid: cpu_seconds([pid]) for pid in tree}
         db0 = cpu_seconds(database)
         begin = time.monotonic()
+        wall_begin = time.time() * 1000
         pending = []
         for i in range(total):
             scheduled = begin + i / rate
@@ -169,7 +179,53 @@ async def run_rate(
         "service_ms": per_task - engine,
         "per_role": {role_of(pid): ms * 1000 / max(1, len(done)) for pid, ms in own.items()},
         "database_ms": db_cpu * 1000 / max(1, len(done)),
+        "sent_at": {t: sent_at[t] for t in done},
     }
+
+
+STAGES = ("created", "claimed", "completed", "attempt", "received")
+
+
+async def stages(
+    database_url: str, sent_at: dict[str, float], received_at: dict[str, float]
+) -> dict[str, float]:
+    """Median milliseconds of each hand-over: the scheduled send to the task row's
+    ``created_at`` (HTTP, validation, insert), to the claim (``started_at``), to the
+    completion (``finished_at``: input, engine, output, completion), to the first webhook
+    attempt's start (commit, dispatcher's wake-up, claim, signing), to the receipt. The
+    database keeps whole milliseconds, so each is good to about 1 ms."""
+    from sqlalchemy import func, select
+
+    from genhook.db import Database, Task, WebhookAttempt, WebhookDelivery
+
+    db = Database(database_url)
+    try:
+        async with db.read() as session:
+            ids = list(sent_at)
+            tasks = await session.execute(
+                select(Task.id, Task.created_at, Task.started_at, Task.finished_at).where(
+                    Task.id.in_(ids)
+                )
+            )
+            attempts = await session.execute(
+                select(WebhookDelivery.task_id, func.min(WebhookAttempt.started_at))
+                .join(WebhookAttempt, WebhookAttempt.delivery_id == WebhookDelivery.id)
+                .where(WebhookDelivery.task_id.in_(ids))
+                .group_by(WebhookDelivery.task_id)
+            )
+            first_attempt = {task_id: started for task_id, started in attempts}
+            gaps: dict[str, list[float]] = {stage: [] for stage in STAGES}
+            for task_id, created, started, finished in tasks:
+                attempt = first_attempt.get(task_id)
+                if started is None or finished is None or attempt is None:
+                    continue
+                times = [sent_at[task_id], created, started, finished, attempt]
+                times.append(received_at[task_id])
+                for stage, (before, after) in zip(STAGES, pairwise(times), strict=True):
+                    gaps[stage].append(after - before)
+    finally:
+        await db.dispose()
+    return {stage: percentile(sorted(values), 50) for stage, values in gaps.items()}
 
 
 def postgres_pids(server: Any) -> list[int]:
@@ -218,6 +274,13 @@ async def measure(
                 roles = "  ".join(f"{role} {ms:.2f}" for role, ms in sorted(r["per_role"].items()))
                 database = f"  PostgreSQL server {r['database_ms']:.2f}" if pids else ""
                 print(f"{'':<9} ms of CPU per task: {roles}{database}", flush=True)
+                medians = await stages(
+                    url or f"sqlite+aiosqlite:///{(data_dir / 'genhook.db').resolve()}",
+                    r["sent_at"],
+                    hooks.arrived_at,
+                )
+                steps = "  ".join(f"{stage} {ms:.1f}" for stage, ms in medians.items())
+                print(f"{'':<9} ms to each step from the one before (medians): send -> {steps}")
     finally:
         await hooks.stop()
 
