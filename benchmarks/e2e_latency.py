@@ -48,6 +48,8 @@ from benchmarks._harness import (  # noqa: E402
 )
 from benchmarks._proc import cpu_seconds, descendants  # noqa: E402
 
+from genhook.config import Settings  # noqa: E402
+
 DRAIN_SECONDS = 30.0
 
 
@@ -274,11 +276,8 @@ async def measure(
                 roles = "  ".join(f"{role} {ms:.2f}" for role, ms in sorted(r["per_role"].items()))
                 database = f"  PostgreSQL server {r['database_ms']:.2f}" if pids else ""
                 print(f"{'':<9} ms of CPU per task: {roles}{database}", flush=True)
-                medians = await stages(
-                    url or f"sqlite+aiosqlite:///{(data_dir / 'genhook.db').resolve()}",
-                    r["sent_at"],
-                    hooks.arrived_at,
-                )
+                served = Settings(data_dir=data_dir, database_url=url).resolved_database_url
+                medians = await stages(served, r["sent_at"], hooks.arrived_at)
                 steps = "  ".join(f"{stage} {ms:.1f}" for stage, ms in medians.items())
                 print(f"{'':<9} ms to each step from the one before (medians): send -> {steps}")
     finally:

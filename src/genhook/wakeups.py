@@ -135,33 +135,26 @@ async def notify(session: AsyncSession, channel: str) -> None:
     """
     pending: _Pending | None = session.info.get(_PENDING_KEY)
     if pending is None:
-        engine = session.get_bind().engine
-        target = _targets.get(engine)
-        if target is None:
-            target = _targets[engine] = _target(engine)
-        pending = session.info[_PENDING_KEY] = _Pending(target)
+        pending = session.info[_PENDING_KEY] = _Pending(_target_of(session.get_bind().engine))
     elif channel in pending.channels:
         return
     pending.channels.add(channel)
     if pending.target.postgres:
-        name, sender = pg_notify_args(channel)
-        await session.execute(_PG_NOTIFY, {"channel": name, "sender": sender})
+        await session.execute(PG_NOTIFY, pg_notify_params(channel))
 
 
-_PG_NOTIFY = text("SELECT pg_notify(:channel, :sender)")
+PG_NOTIFY = text("SELECT pg_notify(:channel, :sender)")
 
 
-def pg_notify_args(channel: str) -> tuple[str, str]:
-    """``pg_notify``'s arguments for ``channel``: the payload names this process, whose own
+def pg_notify_params(channel: str) -> dict[str, str]:
+    """``PG_NOTIFY``'s parameters for ``channel``: the payload names this process, whose own
     listeners ``announce`` wakes at commit."""
-    return PG_CHANNELS[channel], str(os.getpid())
+    return {"channel": PG_CHANNELS[channel], "sender": str(os.getpid())}
 
 
 def committed(engine: Engine, channels: set[str]) -> None:
     """After a commit made outside a session (``genhook.db.driver``): wake ``channels``."""
-    target = _targets.get(engine)
-    if target is None:
-        target = _targets[engine] = _target(engine)
+    target = _target_of(engine)
     for name in channels:
         announce(target.key, name, target.sqlite_path)
 
@@ -182,6 +175,13 @@ class _Pending:
 
 
 _targets: weakref.WeakKeyDictionary[Engine, _Target] = weakref.WeakKeyDictionary()
+
+
+def _target_of(engine: Engine) -> _Target:
+    target = _targets.get(engine)
+    if target is None:
+        target = _targets[engine] = _target(engine)
+    return target
 
 
 def _target(engine: Engine) -> _Target:

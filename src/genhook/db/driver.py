@@ -19,11 +19,11 @@ from __future__ import annotations
 import functools
 import json
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sqlalchemy import JSON, Executable
+from sqlalchemy import JSON, Executable, Insert, Table, bindparam, insert
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -112,6 +112,12 @@ def compiled(statement: Executable, dialect: Dialect) -> Compiled:
     return Compiled(result.string, names, constants, json_params, columns, json_columns)
 
 
+def bound_insert(table: Table, columns: Iterable[str]) -> Insert:
+    """An INSERT of exactly ``columns``, each a parameter of its name: rendered once, so
+    every row must give them all (an INSERT without ``values`` would name every column)."""
+    return insert(table).values({name: bindparam(name) for name in columns})
+
+
 # Observers of the driver transactions, as SQLAlchemy's ``before_cursor_execute`` and
 # ``begin`` events are of a session's (tests and benchmarks count statements): called with
 # each statement's SQL, and at each BEGIN.
@@ -129,7 +135,18 @@ def began() -> None:
         observer()
 
 
-class SQLiteTx:
+class _Port:
+    """``first``, the same over every ``rows``."""
+
+    async def rows(self, statement: Executable, params: Mapping[str, Any]) -> list[Row]:
+        raise NotImplementedError
+
+    async def first(self, statement: Executable, params: Mapping[str, Any]) -> Row | None:
+        found = await self.rows(statement, params)
+        return found[0] if found else None
+
+
+class SQLiteTx(_Port):
     """Statements on a ``sqlite3`` connection in autocommit mode, inside the BEGIN IMMEDIATE
     that ``Database.transaction`` issued; errors are raised as SQLAlchemy's, so fault
     handling treats them as it treats the session's."""
@@ -156,10 +173,6 @@ class SQLiteTx:
             return [plan.row(values) for values in cursor.fetchall()]
         except sqlite3.Error as error:
             raise DBAPIError.instance(plan.sql, params, error, sqlite3.Error) from error
-
-    async def first(self, statement: Executable, params: Mapping[str, Any]) -> Row | None:
-        found = await self.rows(statement, params)
-        return found[0] if found else None
 
     async def run(self, statement: Executable, params: Mapping[str, Any]) -> int:
         plan = compiled(statement, self.dialect)
@@ -190,7 +203,7 @@ class SQLiteTx:
             self.connection.rollback()
 
 
-class PostgresTx:
+class PostgresTx(_Port):
     """Statements on an ``asyncpg`` connection inside its ``transaction()``.
 
     A constraint violation is raised as SQLAlchemy's ``IntegrityError``, as through a
@@ -204,53 +217,34 @@ class PostgresTx:
 
     async def rows(self, statement: Executable, params: Mapping[str, Any]) -> list[Row]:
         plan = compiled(statement, self.dialect)
-        if on_statement:
-            _observe(plan.sql)
-        args = plan.args(params)
-        try:
-            records = await self.connection.fetch(plan.sql, *args)
-        except Exception as error:
-            raise _translated(error, plan.sql, args) from error
+        records = await self._call(self.connection.fetch, plan.sql, *plan.args(params))
         return [plan.row(tuple(record)) for record in records]
-
-    async def first(self, statement: Executable, params: Mapping[str, Any]) -> Row | None:
-        found = await self.rows(statement, params)
-        return found[0] if found else None
 
     async def run(self, statement: Executable, params: Mapping[str, Any]) -> int:
         plan = compiled(statement, self.dialect)
-        if on_statement:
-            _observe(plan.sql)
-        args = plan.args(params)
-        try:
-            status: str = await self.connection.execute(plan.sql, *args)
-        except Exception as error:
-            raise _translated(error, plan.sql, args) from error
+        status: str = await self._call(self.connection.execute, plan.sql, *plan.args(params))
         # "UPDATE 3", "DELETE 0", "INSERT 0 1"
         last = status.rsplit(" ", 1)[-1]
         return int(last) if last.isdigit() else 0
 
     async def run_many(self, statement: Executable, params: Sequence[Mapping[str, Any]]) -> None:
         plan = compiled(statement, self.dialect)
-        if on_statement:
-            _observe(plan.sql)
-        args = [plan.args(each) for each in params]
-        try:
-            await self.connection.executemany(plan.sql, args)
-        except Exception as error:
-            raise _translated(error, plan.sql, args) from error
+        rows = [plan.args(each) for each in params]
+        await self._call(self.connection.executemany, plan.sql, rows)
 
     async def notify(self, channel: str) -> None:
-        if channel in self.channels:
-            return
-        self.channels.add(channel)
-        name, sender = wakeups.pg_notify_args(channel)
+        if channel not in self.channels:
+            self.channels.add(channel)
+            await self.run(wakeups.PG_NOTIFY, wakeups.pg_notify_params(channel))
+
+    @staticmethod
+    async def _call(method: Callable[..., Awaitable[Any]], sql: str, *args: Any) -> Any:
         if on_statement:
-            _observe(_PG_NOTIFY)
-        await self.connection.execute(_PG_NOTIFY, name, sender)
-
-
-_PG_NOTIFY = "SELECT pg_notify($1, $2)"
+            _observe(sql)
+        try:
+            return await method(sql, *args)
+        except Exception as error:
+            raise _translated(error, sql, args) from error
 
 
 def _translated(error: Exception, sql: str, args: Any) -> Exception:
@@ -262,7 +256,7 @@ def _translated(error: Exception, sql: str, args: Any) -> Exception:
     return error
 
 
-class SessionTx:
+class SessionTx(_Port):
     """The same port over an ORM session's transaction."""
 
     def __init__(self, session: AsyncSession) -> None:
@@ -274,10 +268,6 @@ class SessionTx:
         if not result.returns_rows:
             return []
         return [dict(row._mapping) for row in result]
-
-    async def first(self, statement: Executable, params: Mapping[str, Any]) -> Row | None:
-        found = await self.rows(statement, params)
-        return found[0] if found else None
 
     async def run(self, statement: Executable, params: Mapping[str, Any]) -> int:
         connection = await self.session.connection()

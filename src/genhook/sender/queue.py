@@ -46,7 +46,7 @@ from sqlalchemy.orm import aliased
 
 from genhook.db import Database, Task, WebhookAttempt, WebhookDelivery, WebhookReplay
 from genhook.db.database import open_sqlite
-from genhook.db.driver import Tx
+from genhook.db.driver import Tx, bound_insert
 from genhook.sender.fairness import Rooms, destination_of
 
 # A claim looks at this many due rows per row it may take (lanes without room excluded
@@ -644,26 +644,24 @@ def new_delivery_id() -> str:
     return "whd_" + secrets.token_hex(12)
 
 
-_INSERT_DELIVERY = insert(cast(Table, WebhookDelivery.__table__)).values(
-    {
-        name: bindparam(name)
-        for name in (
-            "id",
-            "task_id",
-            "account_id",
-            "url",
-            "destination",
-            "event_type",
-            "body",
-            "status",
-            "attempts",
-            "round_start",
-            "redeliveries",
-            "next_attempt_at",
-            "created_at",
-            "updated_at",
-        )
-    }
+_INSERT_DELIVERY = bound_insert(
+    cast(Table, WebhookDelivery.__table__),
+    (
+        "id",
+        "task_id",
+        "account_id",
+        "url",
+        "destination",
+        "event_type",
+        "body",
+        "status",
+        "attempts",
+        "round_start",
+        "redeliveries",
+        "next_attempt_at",
+        "created_at",
+        "updated_at",
+    ),
 )
 
 

@@ -26,7 +26,6 @@ from sqlalchemy import (
     and_,
     bindparam,
     delete,
-    insert,
     inspect,
     or_,
     select,
@@ -39,7 +38,7 @@ from sqlalchemy.orm.instrumentation import manager_of_class
 from genhook import metrics
 from genhook.config import Settings
 from genhook.db import Blob, Task, UsageLine
-from genhook.db.driver import Tx
+from genhook.db.driver import Tx, bound_insert
 from genhook.storage import BlobStore
 from genhook.task_states import COMPLETED, CREATED, PROCESSING
 
@@ -47,19 +46,6 @@ if TYPE_CHECKING:
     from genhook.tasks.lifecycle import Completion
 
 _tasks = cast(Table, Task.__table__)
-# What a usage line holds besides its generated id (``usage_row``).
-USAGE_COLUMNS = (
-    "account_id",
-    "task_id",
-    "model",
-    "tier",
-    "output_pixels",
-    "input_images",
-    "lines",
-    "amount_micros",
-    "upstream_cost_micros",
-    "created_at",
-)
 _blobs = cast(Table, Blob.__table__)
 
 COMPLETE = (
@@ -110,8 +96,21 @@ def keys_params(keys: Sequence[str]) -> dict[str, str]:
     return {f"key_{index}": key for index, key in enumerate(keys)}
 
 
-INSERT_USAGE = insert(cast(Table, UsageLine.__table__)).values(
-    {name: bindparam(name) for name in USAGE_COLUMNS}
+# A usage line's columns besides its generated id, as ``usage_row`` fills them.
+INSERT_USAGE = bound_insert(
+    cast(Table, UsageLine.__table__),
+    (
+        "account_id",
+        "task_id",
+        "model",
+        "tier",
+        "output_pixels",
+        "input_images",
+        "lines",
+        "amount_micros",
+        "upstream_cost_micros",
+        "created_at",
+    ),
 )
 
 
