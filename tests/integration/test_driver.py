@@ -11,7 +11,7 @@ from typing import Any, cast
 
 import pytest
 from sqlalchemy import Table, bindparam, func, insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from genhook import wakeups
 from genhook.db import Database, Task, UsageLine, database, now_ms
@@ -178,7 +178,78 @@ async def test_a_dropped_postgres_connection_fails_once_and_is_let_go_of(
             async with db.transaction() as tx:
                 await pid(tx)
         assert is_infrastructure_error(caught.value)  # retried, or 503 to a client
+        assert isinstance(caught.value, DBAPIError) and caught.value.connection_invalidated
         async with db.transaction() as tx:
             assert await pid(tx) != first  # a fresh connection, not the dead one again
+    finally:
+        await db.dispose()
+
+
+async def _pid(tx: Tx) -> int:
+    row = await tx.first(select(func.pg_backend_pid()), {})
+    assert row is not None
+    return int(next(iter(row.values())))
+
+
+async def _gone(pg_server: PostgresServer, pids: set[int]) -> None:
+    listed = ", ".join(map(str, pids))
+    for _ in range(100):
+        if not pg_server.rows(f"SELECT 1 FROM pg_stat_activity WHERE pid IN ({listed})"):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"backends {listed} still there")
+
+
+@pytest.mark.postgres
+async def test_a_commit_on_a_dropped_connection_is_a_disconnect(
+    pg_server: PostgresServer, pg_url: str
+) -> None:
+    # Whatever asyncpg calls the failure of a COMMIT on a closed connection, callers see
+    # SQLAlchemy's disconnect, as through a session: retried, or 503 to a client.
+    db = Database(pg_url, pool_size=1)
+    await create_schema(db)
+    await add_account(db)
+    try:
+        with pytest.raises(DBAPIError) as caught:
+            async with db.transaction() as tx:
+                await tx.run(INSERT_TASK, task_row("t-1"))
+                pid = await _pid(tx)
+                pg_server.psql(f"SELECT pg_terminate_backend({pid})")
+                await _gone(pg_server, {pid})
+        assert caught.value.connection_invalidated
+        assert is_infrastructure_error(caught.value)
+        async with db.read() as session:
+            assert (await session.scalars(select(Task.id))).all() == []
+    finally:
+        await db.dispose()
+
+
+@pytest.mark.postgres
+async def test_a_dropped_connection_has_the_pools_others_checked(
+    pg_server: PostgresServer, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A restart drops every connection of the pool; one failed transaction, not one per
+    # pooled connection, before the service writes again.
+    monkeypatch.setattr(database, "PING_AFTER_IDLE_SECONDS", 60.0)
+    db = Database(pg_url, pool_size=3)
+    together = asyncio.Barrier(3)
+
+    async def held() -> int:
+        async with db.transaction() as tx:
+            await together.wait()  # three connections at once
+            return await _pid(tx)
+
+    try:
+        pids = set(await asyncio.gather(held(), held(), held()))
+        assert len(pids) == 3
+        for pid in pids:
+            pg_server.psql(f"SELECT pg_terminate_backend({pid})")
+        await _gone(pg_server, pids)
+        with pytest.raises(DBAPIError):
+            async with db.transaction() as tx:
+                await _pid(tx)
+        for _ in range(3):
+            async with db.transaction() as tx:
+                assert await _pid(tx) not in pids
     finally:
         await db.dispose()

@@ -25,6 +25,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -48,7 +49,6 @@ from sqlalchemy.ext.asyncio import (
 from sqlalchemy.util.concurrency import await_
 
 from genhook import wakeups
-from genhook.db import driver
 from genhook.db.driver import PostgresTx, SessionTx, SQLiteTx, Tx
 from genhook.files import FILE_MODE, private_sqlite
 
@@ -317,6 +317,7 @@ def ping_when_idle(engine: AsyncEngine, idle_seconds: float) -> None:
     ping makes the pool open a new connection in its place, as ``pool_pre_ping`` does.
     """
     pool_events = engine.sync_engine  # the engine's pool, and whichever replaces it
+    _dropped.setdefault(pool_events, float("-inf"))
 
     @event.listens_for(pool_events, "connect")
     def _connected(dbapi_connection: Any, record: Any) -> None:
@@ -330,12 +331,25 @@ def ping_when_idle(engine: AsyncEngine, idle_seconds: float) -> None:
     @event.listens_for(pool_events, "checkout")
     def _checked_out(dbapi_connection: Any, record: Any, proxy: Any) -> None:
         used = record.info.get("used")
-        if used is not None and time.monotonic() - used < idle_seconds:
+        recent = used is not None and time.monotonic() - used < idle_seconds
+        if recent and used > _dropped[pool_events]:
             return
         try:
             dbapi_connection.ping()
         except Exception as error:
             raise DisconnectionError(f"the database did not answer a ping: {error}") from error
+
+
+# Per engine: when a connection of its pool was last found dropped by the server.
+_dropped: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+
+def connections_dropped(engine: AsyncEngine) -> None:
+    """A transaction outside SQLAlchemy found its connection dropped: ping every pooled
+    connection used before now at its next checkout, as SQLAlchemy's own disconnect
+    handling would have discarded them, rather than let each fail one transaction."""
+    if engine.sync_engine in _dropped:
+        _dropped[engine.sync_engine] = time.monotonic()
 
 
 def queue_connect_args(timeout: float | None, *, claims: bool) -> dict[str, Any]:
@@ -489,15 +503,29 @@ class Database:
         async with self.write_engine.connect() as connection:
             raw = await connection.get_raw_connection()
             pg: Any = raw.driver_connection
+            if pg.is_closed():
+                # Dropped by the server while it sat in the pool (a restart) and used too
+                # recently to be pinged: nothing was sent on it yet, so take another.
+                connections_dropped(self.write_engine)
+                await connection.invalidate()
+                raw = await connection.get_raw_connection()
+                pg = raw.driver_connection
             tx = PostgresTx(pg, self.write_engine.dialect)
             try:
-                async with pg.transaction():
-                    driver.began()
+                await tx.begin()
+                try:
                     yield tx
+                except BaseException:
+                    await tx.rollback()
+                    raise
+                await tx.commit()
             except BaseException:
                 # A connection the server dropped, or one a cancellation left inside its
                 # transaction, would go back to the pool as such: the pool knows nothing of
                 # what happened on the driver connection.
+                if pg.is_closed():
+                    # The server went away: its other pooled connections are suspect too.
+                    connections_dropped(self.write_engine)
                 if pg.is_closed() or pg.is_in_transaction():
                     await connection.invalidate()
                 raise

@@ -16,16 +16,17 @@ listeners once the transaction commits, as ``genhook.wakeups.notify`` does for a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sqlite3
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from sqlalchemy import JSON, Executable, Insert, Table, bindparam, insert
 from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook import wakeups
@@ -214,6 +215,7 @@ class PostgresTx(_Port):
         self.connection = connection
         self.dialect = dialect
         self.channels: set[str] = set()
+        self._transaction: Any = None
 
     async def rows(self, statement: Executable, params: Mapping[str, Any]) -> list[Row]:
         plan = compiled(statement, self.dialect)
@@ -237,23 +239,56 @@ class PostgresTx(_Port):
             self.channels.add(channel)
             await self.run(wakeups.PG_NOTIFY, wakeups.pg_notify_params(channel))
 
-    @staticmethod
-    async def _call(method: Callable[..., Awaitable[Any]], sql: str, *args: Any) -> Any:
+    async def _call(self, method: Callable[..., Awaitable[Any]], sql: str, *args: Any) -> Any:
         if on_statement:
             _observe(sql)
         try:
             return await method(sql, *args)
         except Exception as error:
-            raise _translated(error, sql, args) from error
+            self._reraise(error, sql, args)
 
+    async def begin(self) -> None:
+        try:
+            self._transaction = self.connection.transaction()
+            await self._transaction.start()
+        except Exception as error:
+            self._reraise(error)
+        began()
 
-def _translated(error: Exception, sql: str, args: Any) -> Exception:
-    """asyncpg's constraint violations as SQLAlchemy's ``IntegrityError``; the rest as is.
-    By name: asyncpg is not imported on an SQLite-only install."""
-    kinds = {kind.__name__ for kind in type(error).__mro__}
-    if "IntegrityConstraintViolationError" in kinds:
-        return IntegrityError(sql, args, error)
-    return error
+    async def commit(self) -> None:
+        try:
+            await self._transaction.commit()
+        except Exception as error:
+            self._reraise(error)
+
+    async def rollback(self) -> None:
+        """Quietly: the caller's error is the one to raise, and a connection that cannot
+        even roll back is let go of (``Database.transaction``)."""
+        with contextlib.suppress(Exception):
+            await self._transaction.rollback()
+
+    def _reraise(self, error: Exception, sql: str | None = None, args: Any = None) -> NoReturn:
+        translated = self._translated(error, sql, args)
+        if translated is error:
+            raise error
+        raise translated from error
+
+    def _translated(self, error: Exception, sql: str | None, args: Any) -> Exception:
+        """The error as SQLAlchemy's asyncpg dialect raises it through a session.
+
+        A constraint violation is ``IntegrityError``. Any error that left the connection
+        closed (a server restart, a dropped socket, whatever asyncpg called it) is a
+        disconnect, ``connection_invalidated``: fault handling retries it, or answers a
+        client 503. The rest pass as they are. asyncpg's kinds are known by name: it is not
+        imported on an SQLite-only install."""
+        if isinstance(error, DBAPIError):
+            return error
+        kinds = {kind.__name__ for kind in type(error).__mro__}
+        if "IntegrityConstraintViolationError" in kinds:
+            return IntegrityError(sql, args, error)
+        if self.connection.is_closed():
+            return OperationalError(sql, args, error, connection_invalidated=True)
+        return error
 
 
 class SessionTx(_Port):
