@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -9,8 +10,9 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, select, update
 
-from genhook.db import Database, Task, WebhookAttempt, WebhookDelivery, now_ms
+from genhook.db import Database, Task, WebhookAttempt, WebhookDelivery, database, now_ms
 from genhook.sender.queue import DeliveryQueue, Outcome, Outgoing, Ticked, delivery_queue
+from tests.support.postgres import PostgresServer
 from tests.support.webhook_receiver import add_account, create_schema, terminal_task
 
 # Bytes a JSON-in-SQL round trip could corrupt: NUL, invalid UTF-8, quotes, non-ASCII.
@@ -279,3 +281,34 @@ async def test_a_tick_tells_when_the_next_delivery_falls_due(
         await session.execute(update(WebhookDelivery).values(status="delivered"))
     empty = await claim([], 5, 60_000)
     assert empty.next_due_read and empty.next_due is None
+
+
+@pytest.mark.postgres
+async def test_ticks_go_on_after_the_server_dropped_the_connection(
+    pg_server: PostgresServer, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A restart drops the dispatcher's pooled connections. The next tick takes a fresh one
+    # instead of the dead one coming back from the pool tick after tick.
+    monkeypatch.setattr(database, "PING_AFTER_IDLE_SECONDS", 60.0)
+    db = Database(pg_url, pool_size=1)
+    await create_schema(db)
+    await add_account(db, "acct_1", "whsec_one")
+    await add_account(db, "acct_2", "whsec_two")
+    queue = delivery_queue(db)
+    try:
+        await add_deliveries(db, 3)
+        assert [item.id for item in await tick(queue, [], 1)] == ["whd_000"]
+        name = pg_url.rsplit("/", 1)[1]
+        pids = pg_server.rows(f"SELECT pid FROM pg_stat_activity WHERE datname = '{name}'")
+        for (pid,) in pids:
+            pg_server.psql(f"SELECT pg_terminate_backend({pid})")
+        for _ in range(100):  # until the server has closed them all
+            if not pg_server.rows(f"SELECT 1 FROM pg_stat_activity WHERE datname = '{name}'"):
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)  # and asyncpg has seen it
+        assert [item.id for item in await tick(queue, [], 1)] == ["whd_001"]
+        assert [item.id for item in await tick(queue, [], 1)] == ["whd_002"]
+    finally:
+        await queue.close()
+        await db.dispose()

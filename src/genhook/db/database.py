@@ -519,15 +519,18 @@ class Database:
                     await tx.rollback()
                     raise
                 await tx.commit()
-            except BaseException:
+            except BaseException as error:
                 # A connection the server dropped, or one a cancellation left inside its
                 # transaction, would go back to the pool as such: the pool knows nothing of
                 # what happened on the driver connection.
-                if pg.is_closed():
+                closed = pg.is_closed()
+                if closed:
                     # The server went away: its other pooled connections are suspect too.
                     connections_dropped(self.write_engine)
-                if pg.is_closed() or pg.is_in_transaction():
+                if closed or pg.is_in_transaction():
                     await connection.invalidate()
+                if closed and isinstance(error, Exception):
+                    tx.reraise(error)  # a disconnect, also from a call made on tx.connection
                 raise
         if tx.channels:
             wakeups.committed(self.write_engine.sync_engine, tx.channels)

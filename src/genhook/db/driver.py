@@ -245,21 +245,21 @@ class PostgresTx(_Port):
         try:
             return await method(sql, *args)
         except Exception as error:
-            self._reraise(error, sql, args)
+            self.reraise(error, sql, args)
 
     async def begin(self) -> None:
         try:
             self._transaction = self.connection.transaction()
             await self._transaction.start()
         except Exception as error:
-            self._reraise(error)
+            self.reraise(error)
         began()
 
     async def commit(self) -> None:
         try:
             await self._transaction.commit()
         except Exception as error:
-            self._reraise(error)
+            self.reraise(error)
 
     async def rollback(self) -> None:
         """Quietly: the caller's error is the one to raise, and a connection that cannot
@@ -267,7 +267,7 @@ class PostgresTx(_Port):
         with contextlib.suppress(Exception):
             await self._transaction.rollback()
 
-    def _reraise(self, error: Exception, sql: str | None = None, args: Any = None) -> NoReturn:
+    def reraise(self, error: Exception, sql: str | None = None, args: Any = None) -> NoReturn:
         translated = self._translated(error, sql, args)
         if translated is error:
             raise error

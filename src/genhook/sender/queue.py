@@ -46,7 +46,7 @@ from sqlalchemy.orm import aliased
 
 from genhook.db import Database, Task, WebhookAttempt, WebhookDelivery, WebhookReplay
 from genhook.db.database import open_sqlite
-from genhook.db.driver import Tx, bound_insert
+from genhook.db.driver import PostgresTx, Tx, bound_insert
 from genhook.sender.fairness import Rooms, destination_of
 
 # A claim looks at this many due rows per row it may take (lanes without room excluded
@@ -592,42 +592,43 @@ class PostgresDeliveryQueue:
         returned: Sequence[tuple[str, int]] = (),
         inline: bool = False,
     ) -> Ticked:
-        async with self.db.write_engine.connect() as connection:
-            raw = await connection.get_raw_connection()
-            pg: Any = raw.driver_connection
-            async with pg.transaction():
-                if records:
-                    ids = [r.delivery_id for r in records]
-                    mine = _held_by(owner, ids, await pg.fetch(_PG_HELD, ids))
-                    kept = [r for r in records if r.delivery_id in mine]
-                    if kept:
-                        await pg.executemany(_PG_RECORD, [r.state_row(now) for r in kept])
-                        await pg.executemany(_PG_ATTEMPT, [r.attempt_row() for r in kept])
-                if returned:
-                    await pg.executemany(_PG_RETURN, [(d, due, now, owner) for d, due in returned])
-                if rooms.postpone:
-                    await pg.executemany(
-                        _PG_POSTPONE, [(d, now, ms) for d, ms in rooms.postpone.items()]
-                    )
-                rows = []
-                if limit:
-                    rows = await pg.fetch(
-                        _PG_CLAIM,
-                        owner,
-                        lease_expires_at,
-                        now,
-                        limit,
-                        json.dumps(rooms.destinations),
-                        rooms.destination_default,
-                        json.dumps(rooms.accounts),
-                        rooms.account_default,
-                        limit * SCAN_FACTOR,
-                    )
-                # A NULL destination is filled in when the batch is signed.
-                ticked = Ticked([Outgoing(*row) for row in rows])
-                if needs_next_due(len(records), bool(returned), limit, len(rows)):
-                    ticked.next_due = await pg.fetchval(_NEXT_DUE)
-                    ticked.next_due_read = True
+        async with self.db.transaction() as tx:
+            # Hand-written SQL on the asyncpg connection itself; the transaction around it
+            # lets go of a connection the server dropped, and raises that as a disconnect.
+            assert isinstance(tx, PostgresTx)
+            pg: Any = tx.connection
+            if records:
+                ids = [r.delivery_id for r in records]
+                mine = _held_by(owner, ids, await pg.fetch(_PG_HELD, ids))
+                kept = [r for r in records if r.delivery_id in mine]
+                if kept:
+                    await pg.executemany(_PG_RECORD, [r.state_row(now) for r in kept])
+                    await pg.executemany(_PG_ATTEMPT, [r.attempt_row() for r in kept])
+            if returned:
+                await pg.executemany(_PG_RETURN, [(d, due, now, owner) for d, due in returned])
+            if rooms.postpone:
+                await pg.executemany(
+                    _PG_POSTPONE, [(d, now, ms) for d, ms in rooms.postpone.items()]
+                )
+            rows = []
+            if limit:
+                rows = await pg.fetch(
+                    _PG_CLAIM,
+                    owner,
+                    lease_expires_at,
+                    now,
+                    limit,
+                    json.dumps(rooms.destinations),
+                    rooms.destination_default,
+                    json.dumps(rooms.accounts),
+                    rooms.account_default,
+                    limit * SCAN_FACTOR,
+                )
+            # A NULL destination is filled in when the batch is signed.
+            ticked = Ticked([Outgoing(*row) for row in rows])
+            if needs_next_due(len(records), bool(returned), limit, len(rows)):
+                ticked.next_due = await pg.fetchval(_NEXT_DUE)
+                ticked.next_due_read = True
             return ticked
 
     async def close(self) -> None:
