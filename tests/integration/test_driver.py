@@ -152,6 +152,12 @@ def test_a_statement_rendered_anew_per_execution_is_refused() -> None:
         compiled(expanding, Database("sqlite+aiosqlite://").write_engine.dialect)
 
 
+async def _pid(tx: Tx) -> int:
+    row = await tx.first(select(func.pg_backend_pid()), {})
+    assert row is not None
+    return int(next(iter(row.values())))
+
+
 @pytest.mark.postgres
 async def test_a_dropped_postgres_connection_fails_once_and_is_let_go_of(
     pg_server: PostgresServer, pg_url: str, monkeypatch: pytest.MonkeyPatch
@@ -159,45 +165,19 @@ async def test_a_dropped_postgres_connection_fails_once_and_is_let_go_of(
     # Connections count as recent for a minute, so no ping replaces the dropped one first.
     monkeypatch.setattr(database, "PING_AFTER_IDLE_SECONDS", 60.0)
     db = Database(pg_url, pool_size=1)
-    backend = select(func.pg_backend_pid())
-
-    async def pid(tx: Tx) -> int:
-        row = await tx.first(backend, {})
-        assert row is not None
-        return int(next(iter(row.values())))
-
     try:
         async with db.transaction() as tx:
-            first = await pid(tx)
-        pg_server.psql(f"SELECT pg_terminate_backend({first})")
-        for _ in range(50):  # until the server has closed it
-            if not pg_server.rows(f"SELECT 1 FROM pg_stat_activity WHERE pid = {first}"):
-                break
-            await asyncio.sleep(0.02)
+            first = await _pid(tx)
+        pg_server.terminate(f"pid = {first}")
         with pytest.raises(Exception) as caught:
             async with db.transaction() as tx:
-                await pid(tx)
+                await _pid(tx)
         assert is_infrastructure_error(caught.value)  # retried, or 503 to a client
         assert isinstance(caught.value, DBAPIError) and caught.value.connection_invalidated
         async with db.transaction() as tx:
-            assert await pid(tx) != first  # a fresh connection, not the dead one again
+            assert await _pid(tx) != first  # a fresh connection, not the dead one again
     finally:
         await db.dispose()
-
-
-async def _pid(tx: Tx) -> int:
-    row = await tx.first(select(func.pg_backend_pid()), {})
-    assert row is not None
-    return int(next(iter(row.values())))
-
-
-async def _gone(pg_server: PostgresServer, pids: set[int]) -> None:
-    listed = ", ".join(map(str, pids))
-    for _ in range(100):
-        if not pg_server.rows(f"SELECT 1 FROM pg_stat_activity WHERE pid IN ({listed})"):
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"backends {listed} still there")
 
 
 @pytest.mark.postgres
@@ -214,8 +194,7 @@ async def test_a_commit_on_a_dropped_connection_is_a_disconnect(
             async with db.transaction() as tx:
                 await tx.run(INSERT_TASK, task_row("t-1"))
                 pid = await _pid(tx)
-                pg_server.psql(f"SELECT pg_terminate_backend({pid})")
-                await _gone(pg_server, {pid})
+                pg_server.terminate(f"pid = {pid}")
         assert caught.value.connection_invalidated
         assert is_infrastructure_error(caught.value)
         async with db.read() as session:
@@ -242,9 +221,7 @@ async def test_a_dropped_connection_has_the_pools_others_checked(
     try:
         pids = set(await asyncio.gather(held(), held(), held()))
         assert len(pids) == 3
-        for pid in pids:
-            pg_server.psql(f"SELECT pg_terminate_backend({pid})")
-        await _gone(pg_server, pids)
+        pg_server.terminate(f"pid IN ({', '.join(map(str, pids))})")
         with pytest.raises(DBAPIError):
             async with db.transaction() as tx:
                 await _pid(tx)

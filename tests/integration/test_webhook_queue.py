@@ -298,14 +298,7 @@ async def test_ticks_go_on_after_the_server_dropped_the_connection(
     try:
         await add_deliveries(db, 3)
         assert [item.id for item in await tick(queue, [], 1)] == ["whd_000"]
-        name = pg_url.rsplit("/", 1)[1]
-        pids = pg_server.rows(f"SELECT pid FROM pg_stat_activity WHERE datname = '{name}'")
-        for (pid,) in pids:
-            pg_server.psql(f"SELECT pg_terminate_backend({pid})")
-        for _ in range(100):  # until the server has closed them all
-            if not pg_server.rows(f"SELECT 1 FROM pg_stat_activity WHERE datname = '{name}'"):
-                break
-            await asyncio.sleep(0.02)
+        pg_server.terminate(f"datname = '{pg_url.rsplit('/', 1)[1]}'")
         await asyncio.sleep(0.1)  # and asyncpg has seen it
         assert [item.id for item in await tick(queue, [], 1)] == ["whd_001"]
         assert [item.id for item in await tick(queue, [], 1)] == ["whd_002"]

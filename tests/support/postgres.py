@@ -72,6 +72,18 @@ class PostgresServer:
         out = subprocess.run(command, check=True, capture_output=True, text=True)
         return [tuple(line.split("\t")) for line in out.stdout.splitlines() if line]
 
+    def terminate(self, where: str) -> None:
+        """End the backends that match ``where`` (a condition on ``pg_stat_activity``), as a
+        restart ends every connection, and wait until the server has closed them. It
+        blocks: a caller's event loop does not run meanwhile, so its asyncpg connections
+        learn of the close only when next used (or once the loop runs again)."""
+        self.psql(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE {where}")
+        for _ in range(250):
+            if not self.rows(f"SELECT 1 FROM pg_stat_activity WHERE {where}"):
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"backends where {where} still there")
+
     def restart(self) -> None:
         """A fast restart (``pg_ctl restart -m fast``): every connection is cut, the data stays."""
         env = {**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"}
