@@ -16,6 +16,7 @@ listeners once the transaction commits, as ``genhook.wakeups.notify`` does for a
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import functools
 import json
@@ -136,11 +137,11 @@ def began() -> None:
         observer()
 
 
-class _Port:
+class _Port(abc.ABC):
     """``first``, the same over every ``rows``."""
 
-    async def rows(self, statement: Executable, params: Mapping[str, Any]) -> list[Row]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def rows(self, statement: Executable, params: Mapping[str, Any]) -> list[Row]: ...
 
     async def first(self, statement: Executable, params: Mapping[str, Any]) -> Row | None:
         found = await self.rows(statement, params)
