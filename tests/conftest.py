@@ -21,6 +21,7 @@ from genhook.accounts import NewAccount, create_account
 from genhook.api import AppState, build_state, create_app
 from genhook.config import Settings
 from genhook.db import Database
+from genhook.db import database as db_database
 from genhook.engines.registry import build_registry
 from genhook.sender.keys import load_encryption_key
 from genhook.tasks import Worker
@@ -66,6 +67,13 @@ def pg_url(pg_server: PostgresServer) -> str:
     name = "t_" + uuid.uuid4().hex[:12]
     pg_server.psql(f"CREATE DATABASE {name}")
     return pg_server.url(name)
+
+
+@pytest.fixture
+def no_idle_ping(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pooled PostgreSQL connections count as recently used for a minute, so no ping at
+    checkout replaces one the server dropped before a test's transaction meets it."""
+    monkeypatch.setattr(db_database, "PING_AFTER_IDLE_SECONDS", 60.0)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -14,7 +14,7 @@ from sqlalchemy import Table, bindparam, func, insert, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from genhook import wakeups
-from genhook.db import Database, Task, UsageLine, database, now_ms
+from genhook.db import Database, Task, UsageLine, now_ms
 from genhook.db.driver import SessionTx, Tx, compiled
 from genhook.faults import is_infrastructure_error
 from genhook.tasks.hot_path import INSERT_USAGE
@@ -160,10 +160,8 @@ async def _pid(tx: Tx) -> int:
 
 @pytest.mark.postgres
 async def test_a_dropped_postgres_connection_fails_once_and_is_let_go_of(
-    pg_server: PostgresServer, pg_url: str, monkeypatch: pytest.MonkeyPatch
+    pg_server: PostgresServer, pg_url: str, no_idle_ping: None
 ) -> None:
-    # Connections count as recent for a minute, so no ping replaces the dropped one first.
-    monkeypatch.setattr(database, "PING_AFTER_IDLE_SECONDS", 60.0)
     db = Database(pg_url, pool_size=1)
     try:
         async with db.transaction() as tx:
@@ -205,11 +203,10 @@ async def test_a_commit_on_a_dropped_connection_is_a_disconnect(
 
 @pytest.mark.postgres
 async def test_a_dropped_connection_has_the_pools_others_checked(
-    pg_server: PostgresServer, pg_url: str, monkeypatch: pytest.MonkeyPatch
+    pg_server: PostgresServer, pg_url: str, no_idle_ping: None
 ) -> None:
     # A restart drops every connection of the pool; one failed transaction, not one per
     # pooled connection, before the service writes again.
-    monkeypatch.setattr(database, "PING_AFTER_IDLE_SECONDS", 60.0)
     db = Database(pg_url, pool_size=3)
     together = asyncio.Barrier(3)
 

@@ -20,10 +20,9 @@ pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-async def db(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Database]:
-    """A pool whose connections count as recent for a minute: however slow the machine, a
-    test's connection is still in its idle window when it is used again."""
-    monkeypatch.setattr(database, "PING_AFTER_IDLE_SECONDS", 60.0)
+async def db(pg_url: str, no_idle_ping: None) -> AsyncIterator[Database]:
+    """However slow the machine, a test's connection is still in its idle window when it
+    is used again."""
     handle = Database(pg_url, pool_size=2)
     yield handle
     await handle.dispose()

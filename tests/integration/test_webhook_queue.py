@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, select, update
 
-from genhook.db import Database, Task, WebhookAttempt, WebhookDelivery, database, now_ms
+from genhook.db import Database, Task, WebhookAttempt, WebhookDelivery, now_ms
 from genhook.sender.queue import DeliveryQueue, Outcome, Outgoing, Ticked, delivery_queue
 from tests.support.postgres import PostgresServer
 from tests.support.webhook_receiver import add_account, create_schema, terminal_task
@@ -285,11 +285,10 @@ async def test_a_tick_tells_when_the_next_delivery_falls_due(
 
 @pytest.mark.postgres
 async def test_ticks_go_on_after_the_server_dropped_the_connection(
-    pg_server: PostgresServer, pg_url: str, monkeypatch: pytest.MonkeyPatch
+    pg_server: PostgresServer, pg_url: str, no_idle_ping: None
 ) -> None:
     # A restart drops the dispatcher's pooled connections. The next tick takes a fresh one
     # instead of the dead one coming back from the pool tick after tick.
-    monkeypatch.setattr(database, "PING_AFTER_IDLE_SECONDS", 60.0)
     db = Database(pg_url, pool_size=1)
     await create_schema(db)
     await add_account(db, "acct_1", "whsec_one")
