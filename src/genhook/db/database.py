@@ -475,7 +475,7 @@ class Database:
         An in-memory SQLite database, which another connection would not see, gets a
         session's transaction behind the same port."""
         if self.is_postgres:
-            async with self._postgres_transaction() as pg_tx:
+            async with self.postgres_transaction() as pg_tx:
                 yield pg_tx
             return
         if self._turn is None:
@@ -499,7 +499,8 @@ class Database:
             wakeups.committed(self.write_engine.sync_engine, tx.channels)
 
     @asynccontextmanager
-    async def _postgres_transaction(self) -> AsyncIterator[PostgresTx]:
+    async def postgres_transaction(self) -> AsyncIterator[PostgresTx]:
+        """``transaction`` on PostgreSQL; its ``connection`` also serves hand-written SQL."""
         async with self.write_engine.connect() as connection:
             raw = await connection.get_raw_connection()
             pg: Any = raw.driver_connection

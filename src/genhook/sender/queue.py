@@ -46,7 +46,7 @@ from sqlalchemy.orm import aliased
 
 from genhook.db import Database, Task, WebhookAttempt, WebhookDelivery, WebhookReplay
 from genhook.db.database import open_sqlite
-from genhook.db.driver import PostgresTx, Tx, bound_insert
+from genhook.db.driver import Tx, bound_insert
 from genhook.sender.fairness import Rooms, destination_of
 
 # A claim looks at this many due rows per row it may take (lanes without room excluded
@@ -592,10 +592,9 @@ class PostgresDeliveryQueue:
         returned: Sequence[tuple[str, int]] = (),
         inline: bool = False,
     ) -> Ticked:
-        async with self.db.transaction() as tx:
+        async with self.db.postgres_transaction() as tx:
             # Hand-written SQL on the asyncpg connection itself; the transaction around it
             # lets go of a connection the server dropped, and raises that as a disconnect.
-            assert isinstance(tx, PostgresTx)
             pg: Any = tx.connection
             if records:
                 ids = [r.delivery_id for r in records]
