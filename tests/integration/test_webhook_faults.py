@@ -36,6 +36,10 @@ class DiskFullOnce:
         self.feed = feed
         self.failed = 0
 
+    @property
+    def claims_alone(self) -> bool:
+        return self.feed.claims_alone
+
     async def start(self) -> None:
         await self.feed.start()
 

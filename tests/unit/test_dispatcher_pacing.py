@@ -23,6 +23,8 @@ class ScriptedFeed:
     """Answers every claim with nothing (and, as the queue would, that nothing is pending);
     a claim can be held until released."""
 
+    claims_alone = False
+
     def __init__(self) -> None:
         self.claims: list[float] = []
         self.in_flight = 0

@@ -499,8 +499,11 @@ class Database:
             wakeups.committed(self.write_engine.sync_engine, tx.channels)
 
     @asynccontextmanager
-    async def postgres_transaction(self) -> AsyncIterator[PostgresTx]:
-        """``transaction`` on PostgreSQL; its ``connection`` also serves hand-written SQL."""
+    async def postgres_transaction(self, *, atomic: bool = True) -> AsyncIterator[PostgresTx]:
+        """``transaction`` on PostgreSQL; its ``connection`` also serves hand-written SQL.
+
+        ``atomic=False`` sends no BEGIN and no COMMIT: each statement commits on its own.
+        For work that is one statement, that is one round trip instead of three."""
         async with self.write_engine.connect() as connection:
             raw = await connection.get_raw_connection()
             pg: Any = raw.driver_connection
@@ -513,13 +516,17 @@ class Database:
                 pg = raw.driver_connection
             tx = PostgresTx(pg, self.write_engine.dialect)
             try:
-                await tx.begin()
-                try:
+                if not atomic:
+                    tx.autocommit = True
                     yield tx
-                except BaseException:
-                    await tx.rollback()
-                    raise
-                await tx.commit()
+                else:
+                    await tx.begin()
+                    try:
+                        yield tx
+                    except BaseException:
+                        await tx.rollback()
+                        raise
+                    await tx.commit()
             except BaseException as error:
                 # A connection the server dropped, or one a cancellation left inside its
                 # transaction, would go back to the pool as such: the pool knows nothing of

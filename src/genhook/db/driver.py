@@ -217,6 +217,9 @@ class PostgresTx(_Port):
         self.dialect = dialect
         self.channels: set[str] = set()
         self._transaction: Any = None
+        # Outside a transaction (``Database.postgres_transaction(atomic=False)``): each
+        # statement is one of its own.
+        self.autocommit = False
 
     async def rows(self, statement: Executable, params: Mapping[str, Any]) -> list[Row]:
         plan = compiled(statement, self.dialect)
@@ -240,7 +243,14 @@ class PostgresTx(_Port):
             self.channels.add(channel)
             await self.run(wakeups.PG_NOTIFY, wakeups.pg_notify_params(channel))
 
+    async def fetch(self, sql: str, *args: Any) -> list[Any]:
+        """Hand-written SQL's rows, as asyncpg's records."""
+        records: list[Any] = await self._call(self.connection.fetch, sql, *args)
+        return records
+
     async def _call(self, method: Callable[..., Awaitable[Any]], sql: str, *args: Any) -> Any:
+        if self.autocommit:
+            began()
         if on_statement:
             _observe(sql)
         try:

@@ -349,7 +349,10 @@ class Dispatcher:
         )
 
     def _start_exchange(self, want: int) -> None:
-        outcomes, self._outcomes = self._outcomes, []
+        if self._claims_alone_now(want):
+            outcomes: list[Outcome] = []
+        else:
+            outcomes, self._outcomes = self._outcomes, []
         fairness = self.fairness
         returned = [(job.attempt.id, due) for job, due in fairness.returned]
         fairness.returned = []
@@ -358,6 +361,19 @@ class Dispatcher:
         exchange = asyncio.create_task(self._exchange(outcomes, want, rooms, returned))
         self._exchanges.add(exchange)
         exchange.add_done_callback(self._exchanges.discard)
+
+    def _claims_alone_now(self, want: int) -> bool:
+        """Whether this claim leaves the outcomes to a later exchange (``claims_alone``):
+        only for an idle dispatcher woken for new work, which goes out sooner without them,
+        and not while one of them holds back another event of its task. They wait
+        RECORD_DELAY_SECONDS at most, as they would for company."""
+        return (
+            want > 0
+            and self.feed.claims_alone
+            and not self._busy
+            and not self._ready
+            and not any(outcome.holds_task for outcome in self._outcomes)
+        )
 
     async def _exchange(
         self,
@@ -369,9 +385,10 @@ class Dispatcher:
         wakes, forgotten = self._wakes, self._forgotten
         idle = not self._busy and not self._ready
         learned: Ticked | None = None
+        read = False
         try:
             ticked = await self.feed.exchange(outcomes, want, rooms, returned, inline=idle)
-            attempts = ticked.claimed
+            attempts, read = ticked.claimed, ticked.next_due_read
             if ticked.next_due_read and wakes == self._wakes and forgotten == self._forgotten:
                 # Read in this exchange's transaction, after its writes: the read the
                 # forgets below call for, unless a wake-up or another exchange meanwhile
@@ -399,7 +416,10 @@ class Dispatcher:
                 self._short_at = time.monotonic()
                 self._next_look = self._short_at + self.settings.webhook_poll_seconds
                 self._look_is_poll = True
-                self._forget_next_due()
+                if read or not attempts:
+                    self._forget_next_due()
+                # else a claim alone: recording its attempts' outcomes calls for the read
+                # anyway, and one read serves both.
         if learned is not None:
             self._learn_next_due(learned.next_due)
         queued = 0
@@ -629,6 +649,7 @@ def _outcome(
         excerpt,
         attempt.kid if signed else None,
         retry_after,
+        not attempt.terminal,
     )
 
 

@@ -60,6 +60,11 @@ class LocalFeed:
         self._threads = threads
         self._signing: ThreadPoolExecutor | None = None
 
+    @property
+    def claims_alone(self) -> bool:
+        """Whether an idle dispatcher's claim goes sooner alone (``DeliveryQueue``)."""
+        return self.queue.claims_alone
+
     async def start(self) -> None:
         """Nothing to start: the queue opens its connection on first use."""
 

@@ -46,7 +46,7 @@ from sqlalchemy.orm import aliased
 
 from genhook.db import Database, Task, WebhookAttempt, WebhookDelivery, WebhookReplay
 from genhook.db.database import open_sqlite
-from genhook.db.driver import Tx, bound_insert
+from genhook.db.driver import PostgresTx, Tx, bound_insert
 from genhook.sender.fairness import Rooms, destination_of
 
 # A claim looks at this many due rows per row it may take (lanes without room excluded
@@ -83,9 +83,13 @@ class Outgoing:
     kid: str = ""
 
     @property
+    def terminal(self) -> bool:
+        return self.event_type.endswith(".task.terminal")
+
+    @property
     def terminal_at(self) -> int | None:
         """When the task ended, for a terminal event (its outbox row was written then)."""
-        return self.created_at if self.event_type.endswith(".task.terminal") else None
+        return self.created_at if self.terminal else None
 
 
 @dataclass(slots=True, eq=False)
@@ -122,6 +126,9 @@ class Outcome:
     excerpt: str | None
     kid: str | None
     retry_after: float | None = None
+    # Not a terminal event's attempt (a progress event's): until it is recorded, its lease
+    # holds back the other events of its task.
+    holds_task: bool = False
     status: str = "pending"
     next_attempt_at: int | None = None
     delivered_at: int | None = None
@@ -178,6 +185,11 @@ class Outcome:
 
 
 class DeliveryQueue(Protocol):
+    # Whether a claim alone is much cheaper than one that also records outcomes (see
+    # ``PostgresDeliveryQueue``): then an idle dispatcher woken for new work claims alone,
+    # and its outcomes wait for the next exchange.
+    claims_alone: bool
+
     async def tick(
         self,
         records: Sequence[Outcome],
@@ -340,6 +352,8 @@ class SQLiteDeliveryQueue:
     loop never waits inside SQLite for it, and a lock held by another process is waited for
     in this thread, through busy_timeout, not on the loop.
     """
+
+    claims_alone = False  # in process: the outcomes cost the claim little
 
     def __init__(self, db: Database) -> None:
         if not db.sqlite_path or db.sqlite_path == ":memory:":
@@ -575,7 +589,15 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 
 
 class PostgresDeliveryQueue:
-    """Its own transaction on the pooled asyncpg connection."""
+    """Its own transaction on the pooled asyncpg connection.
+
+    Each statement is a round trip to the server, and the transaction that records outcomes
+    and claims is six or seven of them. An idle dispatcher woken for new work therefore
+    claims alone (``claims_alone``): the claim is one statement, sent outside a transaction,
+    one round trip; the outcomes and the next due time come with a later exchange.
+    """
+
+    claims_alone = True
 
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -592,6 +614,9 @@ class PostgresDeliveryQueue:
         returned: Sequence[tuple[str, int]] = (),
         inline: bool = False,
     ) -> Ticked:
+        if inline and limit and not records and not returned and not rooms.postpone:
+            async with self.db.postgres_transaction(atomic=False) as tx:
+                return Ticked(await self._claim(tx, owner, now, lease_expires_at, limit, rooms))
         async with self.db.postgres_transaction() as tx:
             # Hand-written SQL on the asyncpg connection itself; the transaction around it
             # lets go of a connection the server dropped, and raises that as a disconnect.
@@ -609,26 +634,32 @@ class PostgresDeliveryQueue:
                 await pg.executemany(
                     _PG_POSTPONE, [(d, now, ms) for d, ms in rooms.postpone.items()]
                 )
-            rows = []
+            claimed = []
             if limit:
-                rows = await pg.fetch(
-                    _PG_CLAIM,
-                    owner,
-                    lease_expires_at,
-                    now,
-                    limit,
-                    json.dumps(rooms.destinations),
-                    rooms.destination_default,
-                    json.dumps(rooms.accounts),
-                    rooms.account_default,
-                    limit * SCAN_FACTOR,
-                )
-            # A NULL destination is filled in when the batch is signed.
-            ticked = Ticked([Outgoing(*row) for row in rows])
-            if needs_next_due(len(records), bool(returned), limit, len(rows)):
+                claimed = await self._claim(tx, owner, now, lease_expires_at, limit, rooms)
+            ticked = Ticked(claimed)
+            if needs_next_due(len(records), bool(returned), limit, len(claimed)):
                 ticked.next_due = await pg.fetchval(_NEXT_DUE)
                 ticked.next_due_read = True
             return ticked
+
+    async def _claim(
+        self, tx: PostgresTx, owner: str, now: int, lease_expires_at: int, limit: int, rooms: Rooms
+    ) -> list[Outgoing]:
+        rows = await tx.fetch(
+            _PG_CLAIM,
+            owner,
+            lease_expires_at,
+            now,
+            limit,
+            json.dumps(rooms.destinations),
+            rooms.destination_default,
+            json.dumps(rooms.accounts),
+            rooms.account_default,
+            limit * SCAN_FACTOR,
+        )
+        # A NULL destination is filled in when the batch is signed.
+        return [Outgoing(*row) for row in rows]
 
     async def close(self) -> None:
         """Nothing to release: each batch borrows a pooled connection."""
