@@ -20,16 +20,17 @@ from genhook.db.driver import PostgresTx
 from genhook.sender import dispatcher as dispatcher_module
 from genhook.sender.dispatcher import Dispatcher
 from genhook.sender.events import enqueue_processing
-from genhook.sender.fairness import Rooms
 from genhook.sender.feed import LocalFeed
-from genhook.sender.keys import KeyRing, ensure_signing_key
+from genhook.sender.keys import KeyRing
 from genhook.sender.outbox import enqueue_delivery
-from genhook.sender.queue import UNLIMITED, DeliveryQueue, Outcome, Ticked, delivery_queue
+from genhook.sender.queue import DeliveryQueue, Outcome, Ticked, delivery_queue
 from genhook.sender.service import WebhookService
 from tests.support.webhook_receiver import (
+    FeedWrapper,
     Receiver,
     add_account,
     create_schema,
+    delivery_database,
     enqueue,
     payload_for,
     status,
@@ -38,37 +39,18 @@ from tests.support.webhook_receiver import (
 )
 
 
-class ExchangeLog:
+class ExchangeLog(FeedWrapper):
     """The dispatcher's feed, noting each exchange: (outcomes handed in, their delivery ids,
     deliveries asked for, deliveries claimed)."""
 
     def __init__(self, feed: LocalFeed) -> None:
-        self.feed = feed
+        super().__init__(feed)
         self.exchanges: list[tuple[int, list[str], int, list[str]]] = []
 
-    @property
-    def claims_alone(self) -> bool:
-        return self.feed.claims_alone
-
-    async def start(self) -> None:
-        await self.feed.start()
-
-    async def exchange(
-        self,
-        outcomes: Sequence[Outcome],
-        limit: int,
-        rooms: Rooms = UNLIMITED,
-        returned: Sequence[tuple[str, int]] = (),
-        inline: bool = False,
-    ) -> Ticked:
-        ticked = await self.feed.exchange(outcomes, limit, rooms, returned, inline=inline)
+    def after(self, outcomes: Sequence[Outcome], limit: int, ticked: Ticked) -> None:
         ids = [outcome.delivery_id for outcome in outcomes]
         claimed = [attempt.id for attempt in ticked.claimed]
         self.exchanges.append((len(outcomes), ids, limit, claimed))
-        return ticked
-
-    async def close(self) -> None:
-        await self.feed.close()
 
 
 @pytest.fixture
@@ -78,10 +60,7 @@ async def env(
     # Outcomes wait long enough for company that the next claim surely comes first.
     monkeypatch.setattr(dispatcher_module, "RECORD_DELAY_SECONDS", 3.0)
     settings = webhook_settings(tmp_path, database_url, webhook_poll_seconds=3600.0)
-    db = Database(database_url)
-    await create_schema(db)
-    await add_account(db)
-    await ensure_signing_key(db, settings)
+    db = await delivery_database(settings)
     yield settings, db
     await db.dispose()
 

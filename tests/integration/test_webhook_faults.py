@@ -10,17 +10,16 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from genhook.db import Database, WebhookAttempt, WebhookDelivery
+from genhook.db import WebhookAttempt, WebhookDelivery
 from genhook.sender.dispatcher import Dispatcher
-from genhook.sender.fairness import Rooms
 from genhook.sender.feed import LocalFeed
-from genhook.sender.keys import KeyRing, ensure_signing_key
-from genhook.sender.queue import UNLIMITED, Outcome, Ticked
+from genhook.sender.keys import KeyRing
+from genhook.sender.queue import Outcome
 from genhook.sender.service import WebhookService
 from tests.support.webhook_receiver import (
+    FeedWrapper,
     Receiver,
-    add_account,
-    create_schema,
+    delivery_database,
     enqueue,
     status,
     terminal_task,
@@ -28,46 +27,25 @@ from tests.support.webhook_receiver import (
 )
 
 
-class DiskFullOnce:
+class DiskFullOnce(FeedWrapper):
     """The delivery queue's disk is full for the first record of an outcome: the write
     fails with ENOSPC, as the kernel answers, and then the disk has room again."""
 
     def __init__(self, feed: LocalFeed) -> None:
-        self.feed = feed
+        super().__init__(feed)
         self.failed = 0
 
-    @property
-    def claims_alone(self) -> bool:
-        return self.feed.claims_alone
-
-    async def start(self) -> None:
-        await self.feed.start()
-
-    async def exchange(
-        self,
-        outcomes: Sequence[Outcome],
-        limit: int,
-        rooms: Rooms = UNLIMITED,
-        returned: Sequence[tuple[str, int]] = (),
-        inline: bool = False,
-    ) -> Ticked:
+    def before(self, outcomes: Sequence[Outcome]) -> None:
         if outcomes and not self.failed:
             self.failed += 1
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return await self.feed.exchange(outcomes, limit, rooms, returned, inline=inline)
-
-    async def close(self) -> None:
-        await self.feed.close()
 
 
 async def test_acknowledgement_survives_a_full_disk(tmp_path: Path, database_url: str) -> None:
     # A short lease: dropped, the outcome would be re-sent well within the test. Not shorter:
     # on a busy machine a 0.5 s attempt timed out after the receiver had answered.
     settings = webhook_settings(tmp_path, database_url, webhook_timeout_seconds=2.0)
-    db = Database(database_url)
-    await create_schema(db)
-    await add_account(db)
-    await ensure_signing_key(db, settings)
+    db = await delivery_database(settings)
     receiver = await Receiver(status(200)).start()
     try:
         delivery_id = await enqueue(

@@ -19,13 +19,12 @@ from genhook.config import Settings
 from genhook.db import Database, WebhookAttempt, WebhookDelivery, now_ms
 from genhook.sender import queue
 from genhook.sender.dispatcher import Dispatcher
-from genhook.sender.keys import KeyRing, ensure_signing_key
+from genhook.sender.keys import KeyRing
 from genhook.sender.reconcile import Reconciler
 from genhook.sender.service import WebhookService
 from tests.support.webhook_receiver import (
     Receiver,
-    add_account,
-    create_schema,
+    delivery_database,
     enqueue,
     status,
     terminal_task,
@@ -52,10 +51,7 @@ asyncio.run(main())
 @pytest.fixture
 async def env(tmp_path: Path, database_url: str) -> AsyncIterator[tuple[Settings, Database]]:
     settings = webhook_settings(tmp_path, database_url, webhook_timeout_seconds=1.0)
-    db = Database(database_url)
-    await create_schema(db)
-    await add_account(db)
-    await ensure_signing_key(db, settings)
+    db = await delivery_database(settings)
     yield settings, db
     await db.dispose()
 

@@ -7,7 +7,7 @@ import asyncio
 import ipaddress
 import socket
 import ssl
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,10 @@ from aiohttp import web
 
 from genhook.config import Settings
 from genhook.db import Account, Base, Database, Task, now_ms
+from genhook.sender.fairness import Rooms
+from genhook.sender.feed import LocalFeed
 from genhook.sender.outbox import enqueue_delivery
+from genhook.sender.queue import UNLIMITED, Outcome, Ticked
 
 Behaviour = Callable[[web.Request, int], Awaitable[web.StreamResponse]]
 
@@ -159,6 +162,54 @@ async def create_schema(db: Database) -> None:
 async def add_account(db: Database, account_id: str = "acct_1", secret: str = "whsec_test") -> None:
     async with db.write() as session:
         session.add(Account(id=account_id, name=account_id, signing_secret=secret, created_at=0))
+
+
+async def delivery_database(settings: Settings) -> Database:
+    """The settings' database with the schema, one account and a signing key: what a
+    dispatcher needs to deliver."""
+    from genhook.sender.keys import ensure_signing_key
+
+    db = Database(settings.resolved_database_url)
+    await create_schema(db)
+    await add_account(db)
+    await ensure_signing_key(db, settings)
+    return db
+
+
+class FeedWrapper:
+    """A dispatcher's feed (``Dispatcher.feed``) with hooks around each exchange."""
+
+    def __init__(self, feed: LocalFeed) -> None:
+        self.feed = feed
+
+    @property
+    def claims_alone(self) -> bool:
+        return self.feed.claims_alone
+
+    async def start(self) -> None:
+        await self.feed.start()
+
+    async def close(self) -> None:
+        await self.feed.close()
+
+    def before(self, outcomes: Sequence[Outcome]) -> None:
+        """Called before each exchange; may raise, as the exchange would."""
+
+    def after(self, outcomes: Sequence[Outcome], limit: int, ticked: Ticked) -> None:
+        """Called after each exchange that succeeded."""
+
+    async def exchange(
+        self,
+        outcomes: Sequence[Outcome],
+        limit: int,
+        rooms: Rooms = UNLIMITED,
+        returned: Sequence[tuple[str, int]] = (),
+        inline: bool = False,
+    ) -> Ticked:
+        self.before(outcomes)
+        ticked = await self.feed.exchange(outcomes, limit, rooms, returned, inline=inline)
+        self.after(outcomes, limit, ticked)
+        return ticked
 
 
 def terminal_task(
