@@ -43,9 +43,16 @@ class ExchangeLog(FeedWrapper):
     """The dispatcher's feed, noting each exchange: (outcomes handed in, their delivery ids,
     deliveries asked for, deliveries claimed)."""
 
-    def __init__(self, feed: LocalFeed) -> None:
+    def __init__(self, feed: LocalFeed, dispatcher: Dispatcher) -> None:
         super().__init__(feed)
+        self.dispatcher = dispatcher
         self.exchanges: list[tuple[int, list[str], int, list[str]]] = []
+
+    async def outcome_in_hand(self) -> None:
+        """Until the dispatcher holds an attempt's outcome, not yet recorded."""
+        async with asyncio.timeout(20):
+            while not self.dispatcher._outcomes:
+                await asyncio.sleep(0.005)
 
     def after(self, outcomes: Sequence[Outcome], limit: int, ticked: Ticked) -> None:
         ids = [outcome.delivery_id for outcome in outcomes]
@@ -72,7 +79,7 @@ async def running(settings: Settings, db: Database) -> AsyncIterator[ExchangeLog
     dispatcher = Dispatcher(
         settings, db, policy=WebhookService(settings, db).policy, keyring=KeyRing(db, settings)
     )
-    log = ExchangeLog(dispatcher.feed)
+    log = ExchangeLog(dispatcher.feed, dispatcher)
     dispatcher.feed = log  # type: ignore[assignment]
     wake = wakeups.subscribe(db.url, wakeups.DELIVERIES, dispatcher.wake)
     stop = asyncio.Event()
@@ -118,7 +125,7 @@ async def test_a_claim_that_wakes_an_idle_dispatcher(env: tuple[Settings, Databa
         async with running(settings, db) as log:
             first = await enqueue(db, terminal_task("t1", url))
             await wait_for(receiver, 1)
-            await asyncio.sleep(0.1)  # the outcome is in hand, within RECORD_DELAY_SECONDS
+            await log.outcome_in_hand()  # recorded only after RECORD_DELAY_SECONDS
             second = await enqueue(db, terminal_task("t2", url))
             await wait_for(receiver, 2)
             await wait_delivered(db, [first, second])
@@ -153,7 +160,7 @@ async def test_an_outcome_holding_back_its_tasks_terminal_event_goes_with_the_cl
                 await enqueue_processing(tx, task, now_ms())
             (progress,) = await delivery_ids(db)
             await wait_for(receiver, 1)
-            await asyncio.sleep(0.1)
+            await log.outcome_in_hand()
             task.status = "completed"
             async with db.write() as session:
                 await session.merge(task)
