@@ -514,10 +514,9 @@ class Database:
                 await connection.invalidate()
                 raw = await connection.get_raw_connection()
                 pg = raw.driver_connection
-            tx = PostgresTx(pg, self.write_engine.dialect)
+            tx = PostgresTx(pg, self.write_engine.dialect, autocommit=not atomic)
             try:
                 if not atomic:
-                    tx.autocommit = True
                     yield tx
                 else:
                     await tx.begin()

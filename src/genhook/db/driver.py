@@ -212,14 +212,14 @@ class PostgresTx(_Port):
     session (callers tell a taken key apart by it); asyncpg's other errors pass as they
     are: ``genhook.faults`` knows its connection errors."""
 
-    def __init__(self, connection: Any, dialect: Dialect) -> None:
+    def __init__(self, connection: Any, dialect: Dialect, *, autocommit: bool = False) -> None:
         self.connection = connection
         self.dialect = dialect
         self.channels: set[str] = set()
         self._transaction: Any = None
         # Outside a transaction (``Database.postgres_transaction(atomic=False)``): each
         # statement is one of its own.
-        self.autocommit = False
+        self.autocommit = autocommit
 
     async def rows(self, statement: Executable, params: Mapping[str, Any]) -> list[Row]:
         plan = compiled(statement, self.dialect)

@@ -389,7 +389,7 @@ class Dispatcher:
         try:
             ticked = await self.feed.exchange(outcomes, want, rooms, returned, inline=idle)
             attempts, read = ticked.claimed, ticked.next_due_read
-            if ticked.next_due_read and wakes == self._wakes and forgotten == self._forgotten:
+            if read and wakes == self._wakes and forgotten == self._forgotten:
                 # Read in this exchange's transaction, after its writes: the read the
                 # forgets below call for, unless a wake-up or another exchange meanwhile
                 # outdated it.
