@@ -144,7 +144,10 @@ def wait_status(page: Page, status: str) -> None:
 
 
 def snap(page: Page, shots: Path, name: str) -> None:
-    """Screenshot the page after checking it fits a phone's width and labels every control."""
+    """Screenshot the page after checking it fits a phone's width and labels every control.
+    Once it has loaded: laid out before its stylesheet arrives, a page is as wide as its
+    widest table."""
+    page.wait_for_load_state("load")
     unlabelled = page.evaluate(
         """() => [...document.querySelectorAll('input:not([type=hidden]), select, textarea')]
                  .filter(el => el.labels.length === 0).map(el => el.name || el.id)"""
