@@ -390,6 +390,40 @@ async def test_cpu_engines_keep_one_task_at_a_time_beside_upstream_tasks(
     assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
 
 
+async def test_upstream_tasks_ending_beside_a_running_cpu_engine_leave_the_worker_sound(
+    h: Harness, upstream: UpstreamServer
+) -> None:
+    """Upstream tasks end while a CPU model's engine runs in the engine thread: that engine
+    is not theirs, so the worker is not taken for one with an abandoned engine (it would
+    stop claiming) and the tasks after them run."""
+    upstream.delay = 0.2
+    cpu = {"model": "test/fake-edit", "prompt": "sleep=1.0 edit", "size": "1024*1024"}
+    ids = [(await h.submit({**cpu, "images": [data_url()]})).json()["id"]]
+    for index in range(3):
+        body = {"model": "up/edit", "prompt": f"u{index}", "images": [data_url()]}
+        ids.append((await h.submit(body)).json()["id"])
+    stop = asyncio.Event()
+    runner = asyncio.create_task(h.worker.run(stop))
+    try:
+        while (await h.result(ids[1]))["status"] in ("created", "processing"):
+            await asyncio.sleep(0.05)
+        # Submitted once the upstream tasks have ended beside the running CPU engine.
+        ids.append(
+            (await h.submit({**cpu, "prompt": "sleep=0.01 edit", "images": [data_url()]})).json()[
+                "id"
+            ]
+        )
+        async with asyncio.timeout(30):
+            for task_id in ids:
+                while (await h.result(task_id))["status"] in ("created", "processing"):
+                    await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await runner
+    assert not h.worker.tainted
+    assert [(await h.result(task_id))["status"] for task_id in ids] == ["completed"] * 5
+
+
 async def test_queue_callback_is_received_once_and_ends_the_task(
     h: Harness, upstream: UpstreamServer
 ) -> None:

@@ -60,7 +60,8 @@ class Worker(Services):
         self.lifecycle = Lifecycle(self.settings, self.db, self.storage)
         self._engines: dict[str, Engine] = {}
         self._models = [spec.id for spec in self.registry]
-        self._engine_busy = threading.Event()
+        # The task whose engine runs in the engine thread now (one at a time), if any.
+        self._engine_task: str | None = None
         # Input images live in the database with their task (see submission.input_rows),
         # or in the bucket of a blob store that keeps them.
         self._inputs = self.storage if keeps_inputs(self.storage) else DatabaseBlobStore(self.db)
@@ -220,13 +221,15 @@ class Worker(Services):
         finally:
             self.prefetched.pop(task.id, None)
             self._keeper.drop(task.id)
-        if self._engine_busy.is_set() and job_stop.is_set():
+        # Only this task's own engine run counts: an I/O-bound task that ends while another
+        # task's engine runs in the thread leaves nothing behind.
+        if self._engine_task == task.id and job_stop.is_set():
             # Asked to stop (cancel, deadline, lost lease): an engine that can, stops soon.
             for _ in range(ENGINE_STOP_POLLS):
-                if not self._engine_busy.is_set():
+                if self._engine_task != task.id:
                     break
                 await asyncio.sleep(ENGINE_STOP_POLL_SECONDS)
-        if self._engine_busy.is_set():
+        if self._engine_task == task.id:
             # A thread cannot be killed: stop claiming so the supervisor replaces this process.
             log.warning("task %s: the engine is still running after being abandoned", task.id)
             self.tainted = True
@@ -463,11 +466,11 @@ class Worker(Services):
             )
 
     def _run_engine(self, engine: Engine, job: EngineJob) -> EngineResult:
-        self._engine_busy.set()
+        self._engine_task = job.task_id
         try:
             return engine.run(job)
         finally:
-            self._engine_busy.clear()
+            self._engine_task = None
 
     async def _load_inputs(self, task: Task) -> list[bytes]:
         images: list[bytes] = []
