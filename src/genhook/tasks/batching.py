@@ -62,13 +62,20 @@ class _Member:
 
 
 async def run_batch(
-    worker: Worker, tasks: Sequence[Task], stop: asyncio.Event | None, waiter: Waiter | None
-) -> None:
+    worker: Worker,
+    tasks: Sequence[Task],
+    stop: asyncio.Event | None,
+    waiter: Waiter | None,
+    *,
+    more_waiting: bool = False,
+) -> bool:
     """Fill ``tasks`` (claimed, of one batched model, oldest first) up to the model's batch
     size, then run them, one call per batch key.
 
     ``waiter`` is the worker's wake-up, when this loop alone waits on it; without one, the
-    batch looks for arrivals by polling within its wait.
+    batch looks for arrivals by polling within its wait. ``more_waiting``: the claim may have
+    left tasks of the model behind, so the batch claims once before it waits. Returns
+    whether it read a wake-up (which may have been meant for another model's task).
     """
     spec = worker.registry.get(tasks[0].model)
     assert spec is not None
@@ -77,15 +84,13 @@ async def run_batch(
         worker.keeper.hold(member.task.id, member.lost)
     started = time.monotonic()
     try:
-        await _fill(worker, spec, members, stop, waiter)
-        waited = time.monotonic() - started
+        woken = await _fill(worker, spec, members, stop, waiter, more_waiting)
         engine = await _prepare(worker, spec, members)
         if engine is None:
-            return
+            return woken
         for group in _groups(engine, [m for m in members if not m.gone]):
-            metrics.batch_called(spec.id, len(group), waited)
-            await _run_group(worker, spec, engine, group, stop)
-            waited = time.monotonic() - started
+            await _run_group(worker, spec, engine, group, stop, time.monotonic() - started)
+        return woken
     finally:
         for member in members:
             worker.prefetched.pop(member.task.id, None)
@@ -98,27 +103,32 @@ async def _fill(
     members: list[_Member],
     stop: asyncio.Event | None,
     waiter: Waiter | None,
-) -> None:
+    claim_first: bool,
+) -> bool:
     """Claim more of the model's tasks until the batch is full or ``max_wait_ms`` has passed
-    since its first claim; then drop the tasks canceled meanwhile."""
+    since its first claim; then drop the tasks canceled meanwhile. Returns whether a
+    wake-up was read."""
     loop = asyncio.get_running_loop()
     until = loop.time() + spec.max_wait_ms / 1000
-    waited = False
+    waited = woken = False
     while len(members) < spec.max_batch_size and (stop is None or not stop.is_set()):
-        remaining = until - loop.time()
-        if remaining <= 0:
-            break
-        if waiter is not None:
-            if await waiter.wait(remaining) is Wake.TIMEOUT:
+        if not claim_first:
+            remaining = until - loop.time()
+            if remaining <= 0:
                 break
-        else:
-            await asyncio.sleep(min(remaining, FILL_POLL_SECONDS))
-            with contextlib.suppress(Exception):
-                if not await worker.lifecycle.any_runnable([spec.id], worker.reserve_ms()):
-                    continue
-        waited = True
-        if stop is not None and stop.is_set():
-            break
+            if waiter is not None:
+                if await waiter.wait(remaining) is Wake.TIMEOUT:
+                    break
+                woken = True
+            else:
+                await asyncio.sleep(min(remaining, FILL_POLL_SECONDS))
+                with contextlib.suppress(Exception):
+                    if not await worker.lifecycle.any_runnable([spec.id], worker.reserve_ms()):
+                        continue
+            waited = True
+            if stop is not None and stop.is_set():
+                break
+        claim_first = False
         try:
             more = await worker.lifecycle.claim_more(
                 worker.worker_id,
@@ -142,10 +152,15 @@ async def _fill(
             for member in members:
                 if member.task.id not in held:
                     member.lost.set()
+    _drop_lost(members)
+    return woken
+
+
+def _drop_lost(members: list[_Member]) -> None:
     for member in members:
         if member.lost.is_set() and not member.gone:
             member.gone = True
-            log.info("task %s: canceled or lost while its batch formed", member.task.id)
+            log.info("task %s: canceled or lost before its engine call", member.task.id)
 
 
 async def _prepare(worker: Worker, spec: ModelSpec, members: list[_Member]) -> Engine | None:
@@ -246,7 +261,13 @@ async def _run_group(
     engine: Engine,
     group: list[_Member],
     stop: asyncio.Event | None,
+    waited: float,
 ) -> None:
+    _drop_lost(group)  # canceled while an earlier key's call ran
+    group = [member for member in group if not member.gone]
+    if not group:
+        return
+    metrics.batch_called(spec.id, len(group), waited)
     jobs = [member.job for member in group if member.job is not None]
     ids = [job.task_id for job in jobs]
     worker.engine_started(ids)

@@ -207,6 +207,7 @@ class Worker(Services):
         """Run one task (or one batch): the one claimed with the last completion, or one
         claimed now."""
         task, self._next = self._next, None
+        chained = task is not None
         if task is not None:
             tasks = [task]
         elif self.batch_sizes:
@@ -226,11 +227,12 @@ class Worker(Services):
             log.debug("worker %s: claim found no task", self.worker_id)
             return False
         if tasks[0].model in self.batch_sizes:
-            await run_batch(self, tasks, stop, self.wakeup)
-            # A wake-up read while the batch formed may have been for another model's task.
-            self._more = True
+            # A task claimed with a completion may have left more of its model waiting. A
+            # wake-up read while the batch formed may have been for another model's task.
+            woken = await run_batch(self, tasks, stop, self.wakeup, more_waiting=chained)
+            self._more = self._more or woken
         else:
-            await self.process(task or tasks[0], stop)
+            await self.process(tasks[0], stop)
         return True
 
     async def run_claimed(self, tasks: list[Task], stop: asyncio.Event | None) -> None:
