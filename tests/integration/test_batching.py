@@ -7,6 +7,7 @@ twice. Also a synchronous engine running two calls at once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 from collections.abc import AsyncIterator, Sequence
@@ -20,15 +21,19 @@ from genhook.db import Task, UsageLine, WebhookDelivery
 from genhook.errors import ErrorCode
 from genhook.tasks.worker import Worker
 from tests.conftest import Harness, make_harness, make_settings
+from tests.integration.test_hot_path import submit as submit_edit
 from tests.support.engines import BATCH_MODEL, PAIRED_MODEL, CountingBatchEngine
 from tests.support.images import data_url
 
 HOOK = "http://127.0.0.1:9/hook"
 
 
-async def batching_harness(
+@contextlib.asynccontextmanager
+async def batching(
     tmp_path: Path, database_url: str, size: int = 4, wait_ms: int = 0, **overrides: Any
-) -> Harness:
+) -> AsyncIterator[Harness]:
+    """A harness whose ``test/batch`` model takes ``size`` tasks a call after a wait of up
+    to ``wait_ms``; the engine's recorded calls start empty."""
     settings = make_settings(
         tmp_path,
         database_url,
@@ -36,25 +41,23 @@ async def batching_harness(
         model_batching={BATCH_MODEL: {"max_batch_size": size, "max_wait_ms": wait_ms}},
         **overrides,
     )
-    return await make_harness(settings)
+    harness = await make_harness(settings)
+    CountingBatchEngine.calls.clear()
+    try:
+        yield harness
+    finally:
+        await harness.client.aclose()
+        await harness.state.db.dispose()
 
 
 @pytest.fixture
 async def h(tmp_path: Path, database_url: str) -> AsyncIterator[Harness]:
-    harness = await batching_harness(tmp_path, database_url)
-    CountingBatchEngine.calls.clear()
-    yield harness
-    await harness.client.aclose()
-    await harness.state.db.dispose()
+    async with batching(tmp_path, database_url) as harness:
+        yield harness
 
 
 async def submit(h: Harness, prompt: str = "edit", **fields: Any) -> str:
-    body = {"model": BATCH_MODEL, "prompt": prompt, "images": [data_url()], "size": "1024*1024"}
-    body.update(fields)
-    response = await h.submit(body)
-    assert response.status_code == 200, response.text
-    task_id: str = response.json()["id"]
-    return task_id
+    return await submit_edit(h, prompt, **({"model": BATCH_MODEL} | fields))
 
 
 async def rows(h: Harness, ids: Sequence[str]) -> dict[str, Task]:
@@ -154,30 +157,27 @@ async def test_a_raising_call_runs_each_task_alone(h: Harness) -> None:
 
 
 async def test_a_lone_task_runs_after_the_wait(tmp_path: Path, database_url: str) -> None:
-    h = await batching_harness(tmp_path, database_url, wait_ms=300)
-    CountingBatchEngine.calls.clear()
-    try:
+    async with batching(tmp_path, database_url, wait_ms=300) as h:
         task_id = await submit(h)
         async with asyncio.timeout(30):  # the wait ends by itself: no other task comes
             assert await h.worker.run_once()
         assert CountingBatchEngine.calls == [(task_id,)]
         assert (await rows(h, [task_id]))[task_id].info["batch_size"] == 1
-    finally:
-        await h.client.aclose()
-        await h.state.db.dispose()
+
+
+async def cancel(h: Harness, task_id: str) -> None:
+    answer = await h.client.post(f"/api/v1/model/result/{task_id}/cancel", headers=h.headers)
+    assert answer.status_code == 200, answer.text
 
 
 async def test_a_task_canceled_while_its_batch_forms_leaves_it(
     tmp_path: Path, database_url: str
 ) -> None:
-    h = await batching_harness(tmp_path, database_url, wait_ms=1500)
-    CountingBatchEngine.calls.clear()
-    try:
+    async with batching(tmp_path, database_url, wait_ms=1500) as h:
         kept, canceled = await submit(h), await submit(h)
         running = asyncio.create_task(h.worker.run_once())
         await until_processing(h, [kept, canceled])  # both claimed; the batch waits for more
-        answer = await h.client.post(f"/api/v1/model/result/{canceled}/cancel", headers=h.headers)
-        assert answer.status_code == 200, answer.text
+        await cancel(h, canceled)
         async with asyncio.timeout(30):
             assert await running
         assert CountingBatchEngine.calls == [(kept,)]
@@ -185,25 +185,19 @@ async def test_a_task_canceled_while_its_batch_forms_leaves_it(
         assert tasks[kept].status == "completed" and tasks[kept].info["batch_size"] == 1
         assert tasks[canceled].status == "canceled" and tasks[canceled].outputs == []
         assert await usage_of(h, [kept, canceled]) == 1
-    finally:
-        await h.client.aclose()
-        await h.state.db.dispose()
 
 
 async def test_a_task_canceled_in_a_running_batch_is_discarded_alone(
     tmp_path: Path, database_url: str
 ) -> None:
-    h = await batching_harness(tmp_path, database_url, cancel_check_seconds=0.05)
-    CountingBatchEngine.calls.clear()
-    try:
+    async with batching(tmp_path, database_url, cancel_check_seconds=0.05) as h:
         # The second job waits until it is given up; the others finish normally.
         ids = [await submit(h), await submit(h, "wait=20"), await submit(h)]
         running = asyncio.create_task(h.worker.run_once())
         async with asyncio.timeout(30):
             while not CountingBatchEngine.calls:
                 await asyncio.sleep(0.01)
-        answer = await h.client.post(f"/api/v1/model/result/{ids[1]}/cancel", headers=h.headers)
-        assert answer.status_code == 200, answer.text
+        await cancel(h, ids[1])
         async with asyncio.timeout(30):
             assert await running
         assert CountingBatchEngine.calls == [tuple(ids)]
@@ -213,22 +207,36 @@ async def test_a_task_canceled_in_a_running_batch_is_discarded_alone(
         assert {tasks[ids[0]].info["batch_size"], tasks[ids[2]].info["batch_size"]} == {3}
         assert await usage_of(h, ids) == 2
         assert not h.worker.tainted  # the engine call ended; the worker claims on
-    finally:
-        await h.client.aclose()
-        await h.state.db.dispose()
 
 
-async def test_two_workers_competing_take_each_task_once(tmp_path: Path, database_url: str) -> None:
-    h = await batching_harness(tmp_path, database_url, wait_ms=20)
-    CountingBatchEngine.calls.clear()
-    workers = [Worker.sharing(h.state, worker_id=f"w-{name}") for name in "ab"]
+@contextlib.asynccontextmanager
+async def working(*workers: Worker) -> AsyncIterator[None]:
+    """The workers' loops running until the block ends."""
     stop = asyncio.Event()
     running = [asyncio.create_task(worker.run(stop)) for worker in workers]
     try:
-        ids = [await submit(h, webhook_url=HOOK) for _ in range(14)]
-        async with asyncio.timeout(60):
-            while {t.status for t in (await rows(h, ids)).values()} != {"completed"}:
-                await asyncio.sleep(0.02)
+        yield
+    finally:
+        stop.set()
+        await asyncio.gather(*running)
+
+
+async def until_ended(h: Harness, ids: Sequence[str]) -> dict[str, Task]:
+    async with asyncio.timeout(60):
+        while True:
+            tasks = await rows(h, ids)
+            if all(task.finished_at is not None for task in tasks.values()):
+                return tasks
+            await asyncio.sleep(0.02)
+
+
+async def test_two_workers_competing_take_each_task_once(tmp_path: Path, database_url: str) -> None:
+    async with batching(tmp_path, database_url, wait_ms=20) as h:
+        workers = [Worker.sharing(h.state, worker_id=f"w-{name}") for name in "ab"]
+        async with working(*workers):
+            ids = [await submit(h, webhook_url=HOOK) for _ in range(14)]
+            tasks = await until_ended(h, ids)
+        assert {task.status for task in tasks.values()} == {"completed"}
         ran = [task_id for call in CountingBatchEngine.calls for task_id in call]
         assert sorted(ran) == sorted(ids)  # every task in exactly one call
         assert all(1 <= len(call) <= 4 for call in CountingBatchEngine.calls)
@@ -236,29 +244,14 @@ async def test_two_workers_competing_take_each_task_once(tmp_path: Path, databas
         assert await usage_of(h, ids) == 14
         bodies = await callbacks(h)
         assert all(len(bodies[task_id]) == 1 for task_id in ids)
-    finally:
-        stop.set()
-        await asyncio.gather(*running)
-        await h.client.aclose()
-        await h.state.db.dispose()
 
 
 async def test_a_synchronous_engine_runs_two_calls_at_once(
     tmp_path: Path, database_url: str
 ) -> None:
-    h = await batching_harness(tmp_path, database_url)
-    stop = asyncio.Event()
-    running = asyncio.create_task(h.worker.run(stop))
-    try:
+    async with batching(tmp_path, database_url) as h, working(h.worker):
         body = {"model": PAIRED_MODEL, "prompt": "p", "images": [data_url()], "size": "1024*1024"}
         ids = [(await h.submit(body)).json()["id"] for _ in range(2)]
-        async with asyncio.timeout(60):
-            while not {t.status for t in (await rows(h, ids)).values()} <= {"completed", "failed"}:
-                await asyncio.sleep(0.02)
+        tasks = await until_ended(h, ids)
         # Each run waits for the other at a barrier: they ran at the same time.
-        assert {t.status for t in (await rows(h, ids)).values()} == {"completed"}
-    finally:
-        stop.set()
-        await running
-        await h.client.aclose()
-        await h.state.db.dispose()
+        assert {task.status for task in tasks.values()} == {"completed"}

@@ -11,7 +11,7 @@ import io
 import os
 import threading
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -196,18 +196,6 @@ class MatmulEngine:
         return results
 
 
-def _counting(settings: Settings) -> Engine:
-    return CountingBatchEngine()
-
-
-def _paired(settings: Settings) -> Engine:
-    return PairedEngine()
-
-
-def _matmul(settings: Settings) -> Engine:
-    return MatmulEngine()
-
-
 BATCH_MODEL = "test/batch"
 PAIRED_MODEL = "test/paired"
 MATMUL_MODEL = "test/matmul"
@@ -216,32 +204,21 @@ MATMUL_MODEL = "test/matmul"
 def register_batching(registry: Registry) -> None:
     """The engines of the batching tests and benchmark (their sizes and waits are set per
     test with ``GENHOOK_MODEL_BATCHING``)."""
-    registry.register(
-        ModelSpec(
-            id=BATCH_MODEL,
-            kind=ModelKind.IMAGE,
-            request_schema=EditRequest,
-            engine_factory=_counting,
-            pricing=edit_pricing,
-            max_batch_size=4,
+    # (model id, engine, max batch size, concurrency)
+    engines: list[tuple[str, Callable[[], Engine], int, int]] = [
+        (BATCH_MODEL, CountingBatchEngine, 4, 1),
+        (PAIRED_MODEL, PairedEngine, 1, 2),
+        (MATMUL_MODEL, MatmulEngine, 1, 1),
+    ]
+    for model_id, engine, size, concurrency in engines:
+        registry.register(
+            ModelSpec(
+                id=model_id,
+                kind=ModelKind.IMAGE,
+                request_schema=EditRequest,
+                engine_factory=lambda settings, engine=engine: engine(),  # type: ignore[misc]
+                pricing=edit_pricing,
+                max_batch_size=size,
+                concurrency=concurrency,
+            )
         )
-    )
-    registry.register(
-        ModelSpec(
-            id=PAIRED_MODEL,
-            kind=ModelKind.IMAGE,
-            request_schema=EditRequest,
-            engine_factory=_paired,
-            pricing=edit_pricing,
-            concurrency=2,
-        )
-    )
-    registry.register(
-        ModelSpec(
-            id=MATMUL_MODEL,
-            kind=ModelKind.IMAGE,
-            request_schema=EditRequest,
-            engine_factory=_matmul,
-            pricing=edit_pricing,
-        )
-    )
