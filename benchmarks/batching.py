@@ -6,9 +6,10 @@ process on a fresh SQLite database, with the model's batching set through
 
 - Throughput: ``--tasks`` tasks are submitted first, then one worker drains them; tasks/s
   from its start to the last completion, with ``max_batch_size`` 1, 4 and 8 side by side.
-- Lone-task latency: one task a second (``--lone`` of them) to an idle worker, from the
-  submit's commit to the task's completion (both stamped by the database rows), with
-  batch 1 and with batch 8 waiting up to ``--wait-ms``.
+- Lone-task latency: one task a second (``--lone`` of them; for an engine slower than that,
+  each once the last has ended) to an idle worker, from the submit's commit to the task's
+  completion (both stamped by the database rows), with batch 1, batch 8 without a wait and
+  batch 8 waiting up to ``--wait-ms``, side by side.
 
 Cases (``--case``, repeatable):
 
@@ -205,7 +206,8 @@ async def lone_latency(
     case: Case, configs: list[tuple[int, int]], count: int, root: Path
 ) -> list[dict[str, Any]]:
     """One task a second to each idle worker of ``configs`` (max batch size, max wait), side
-    by side (their submits take turns), so all see the same load."""
+    by side (their submits take turns, each after the last task ended), so all see the
+    same load and every task finds its worker idle."""
     services = [
         await _service(root / f"l{size}-{wait}", case, size, wait) for size, wait in configs
     ]
@@ -219,9 +221,12 @@ async def lone_latency(
             running.append(asyncio.create_task(worker.run(stop)))
         await asyncio.sleep(0.5)  # the workers are idle, waiting for a wake-up
         for i in range(count):
-            for index, (_, client, _) in enumerate(services):
+            for index, (state, client, _) in enumerate(services):
+                sent = time.monotonic()
                 ids[index].append(await _submit(client, case, i))
-                await asyncio.sleep(gap)  # one task a second to each
+                # Alone: the next task goes once this one has ended, at most one a second.
+                await _until_done(state, ids[index][-1:], 600)
+                await asyncio.sleep(max(0.0, gap - (time.monotonic() - sent)))
         rows = []
         for (size, wait), (state, _, _), mine in zip(configs, services, ids, strict=True):
             tasks = await _until_done(state, mine, 600)
