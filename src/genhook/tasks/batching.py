@@ -111,7 +111,11 @@ async def _fill(
     loop = asyncio.get_running_loop()
     until = loop.time() + spec.max_wait_ms / 1000
     waited = woken = False
-    while len(members) < spec.max_batch_size and (stop is None or not stop.is_set()):
+
+    def room() -> int:  # a task canceled meanwhile frees its place
+        return spec.max_batch_size - sum(not member.lost.is_set() for member in members)
+
+    while room() > 0 and (stop is None or not stop.is_set()):
         if not claim_first:
             remaining = until - loop.time()
             if remaining <= 0:
@@ -133,7 +137,7 @@ async def _fill(
             more = await worker.lifecycle.claim_more(
                 worker.worker_id,
                 spec.id,
-                spec.max_batch_size - len(members),
+                room(),
                 worker.reserve_ms(),
                 inputs=worker.prefetched,
             )
