@@ -30,15 +30,21 @@ HOOK = "http://127.0.0.1:9/hook"
 
 @contextlib.asynccontextmanager
 async def batching(
-    tmp_path: Path, database_url: str, size: int = 4, wait_ms: int = 0, **overrides: Any
+    tmp_path: Path,
+    database_url: str,
+    size: int = 4,
+    wait_ms: int = 0,
+    calls: int = 1,
+    **overrides: Any,
 ) -> AsyncIterator[Harness]:
     """A harness whose ``test/batch`` model takes ``size`` tasks a call after a wait of up
-    to ``wait_ms``; the engine's recorded calls start empty."""
+    to ``wait_ms``, ``calls`` calls at once; the engine's recorded calls start empty."""
+    tuning = {"max_batch_size": size, "max_wait_ms": wait_ms, "concurrency": calls}
     settings = make_settings(
         tmp_path,
         database_url,
         extra_engines=["tests.support.engines:register_batching"],
-        model_batching={BATCH_MODEL: {"max_batch_size": size, "max_wait_ms": wait_ms}},
+        model_batching={BATCH_MODEL: tuning},
         **overrides,
     )
     harness = await make_harness(settings)
@@ -255,3 +261,16 @@ async def test_a_synchronous_engine_runs_two_calls_at_once(
         tasks = await until_ended(h, ids)
         # Each run waits for the other at a barrier: they ran at the same time.
         assert {task.status for task in tasks.values()} == {"completed"}
+
+
+async def test_a_batched_model_runs_two_batches_at_once(tmp_path: Path, database_url: str) -> None:
+    async with batching(tmp_path, database_url, size=2, calls=2) as h:
+        ids = [await submit(h, webhook_url=HOOK) for _ in range(6)]
+        async with working(h.worker):
+            tasks = await until_ended(h, ids)
+        assert {task.status for task in tasks.values()} == {"completed"}
+        ran = [task_id for call in CountingBatchEngine.calls for task_id in call]
+        assert sorted(ran) == sorted(ids)
+        assert [len(call) for call in CountingBatchEngine.calls] == [2, 2, 2]
+        assert {task.info["batch_size"] for task in tasks.values()} == {2}
+        assert await usage_of(h, ids) == 6
