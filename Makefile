@@ -23,7 +23,7 @@ $(VENV)/.installed-server: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[server,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[server,dev,otel]'
 	touch $@ $(VENV)/.installed-server
 
 # make serve ARGS=--dev: webhooks to a receiver on this machine (genhook serve --help)
