@@ -24,53 +24,20 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from threading import Thread
-from typing import Any
 
 import aiohttp
 from aiohttp import web
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import running_service  # noqa: E402
+from benchmarks._harness import role_of, running_service  # noqa: E402
 from benchmarks._proc import cpu_seconds, descendants  # noqa: E402
 from benchmarks.noop_engine import PNG  # noqa: E402
+from tests.support.otlp import OtlpHttpCollector  # noqa: E402
 
 TARGET = 1.10
-
-
-class Collector:
-    """An OTLP/HTTP trace receiver: decodes each export and counts its spans."""
-
-    def __init__(self) -> None:
-        self.spans = 0
-        collector = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                request = trace_service_pb2.ExportTraceServiceRequest()
-                request.ParseFromString(self.rfile.read(int(self.headers["Content-Length"])))
-                collector.spans += sum(
-                    len(scope.spans) for rs in request.resource_spans for scope in rs.scope_spans
-                )
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        Thread(target=self.server.serve_forever, daemon=True).start()
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @contextmanager
@@ -87,8 +54,8 @@ def environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-async def one_round(base: str, key: str, tasks: int, concurrency: int) -> float:
-    """CPU seconds of the service tree per task, submit to the last webhook."""
+async def one_round(base: str, key: str, tasks: int, concurrency: int) -> dict[str, float]:
+    """CPU seconds per task of each role of the service tree, submit to the last webhook."""
     arrived = asyncio.Event()
     seen: set[str] = set()
 
@@ -114,7 +81,7 @@ async def one_round(base: str, key: str, tasks: int, concurrency: int) -> float:
         "webhook_url": f"http://127.0.0.1:{port}/hook",
     }
     tree = descendants(os.getpid())
-    before = cpu_seconds(tree)
+    before = {pid: cpu_seconds([pid]) for pid in tree}
     try:
         async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:
             queue = iter(range(tasks))
@@ -126,12 +93,18 @@ async def one_round(base: str, key: str, tasks: int, concurrency: int) -> float:
 
             await asyncio.gather(*(submitter() for _ in range(concurrency)))
             await asyncio.wait_for(arrived.wait(), 120)
-        return (cpu_seconds(tree) - before) / tasks
+        by_role: dict[str, float] = {}
+        for pid, start in before.items():
+            role = role_of(pid)
+            by_role[role] = by_role.get(role, 0.0) + (cpu_seconds([pid]) - start) / tasks
+        return by_role
     finally:
         await runner.cleanup()
 
 
-def measure(traced: bool, collector: Collector, args: argparse.Namespace) -> float:
+def measure(
+    traced: bool, collector: OtlpHttpCollector, args: argparse.Namespace
+) -> dict[str, float]:
     otel = {
         "OTEL_TRACES_EXPORTER": "otlp" if traced else "none",
         "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
@@ -144,6 +117,7 @@ def measure(traced: bool, collector: Collector, args: argparse.Namespace) -> flo
             data,
             None,
             extra_engines='["benchmarks.noop_engine:register"]',
+            ready_timeout=300,
             webhook_allow_private_targets="true",
         ) as (base, key),
     ):
@@ -158,18 +132,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=8)
     args = parser.parse_args()
-    collector = Collector()
+    collector = OtlpHttpCollector()
     results: dict[bool, list[float]] = {False: [], True: []}
     try:
         for round_ in range(args.rounds):
             for traced in (False, True):
-                spans = collector.spans
-                cost = measure(traced, collector, args)
+                spans = len(collector.spans())
+                roles = measure(traced, collector, args)
+                cost = sum(roles.values())
                 results[traced].append(cost)
+                parts = ", ".join(f"{role} {ms * 1000:.2f}" for role, ms in sorted(roles.items()))
                 print(
                     f"round {round_ + 1} {'traced  ' if traced else 'untraced'}: "
-                    f"{cost * 1000:.2f} ms CPU per task"
-                    + (f", {collector.spans - spans} spans exported" if traced else ""),
+                    f"{cost * 1000:.2f} ms CPU per task ({parts})"
+                    + (f", {len(collector.spans()) - spans} spans exported" if traced else ""),
                     flush=True,
                 )
     finally:

@@ -21,6 +21,7 @@ goes into a span.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections import OrderedDict
@@ -52,6 +53,8 @@ __all__ = [
     "wanted",
     "webhook_attempt",
 ]
+
+log = logging.getLogger(__name__)
 
 _ROLES = frozenset({"api", "worker", "dispatcher"})
 # Requests that are not work: probes and scrapes would drown the traces that matter.
@@ -379,7 +382,13 @@ async def webhook_attempt(
     assert _tracer is not None
     from opentelemetry.trace import SpanKind
 
-    parent = _task_parent(await _stored_parent(db, attempt.task_id))
+    try:
+        stored = await _stored_parent(db, attempt.task_id)
+    except Exception:
+        # A trace must never cost a delivery: the attempt goes out in a trace of its own.
+        log.warning("no trace context for task %s", attempt.task_id, exc_info=True)
+        stored = None
+    parent = _task_parent(stored)
     attributes: dict[str, str | int] = {
         "http.request.method": "POST",
         "url.scheme": url.scheme,

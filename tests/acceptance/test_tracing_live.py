@@ -10,20 +10,15 @@ import os
 import secrets
 import time
 from collections.abc import Iterator
-from concurrent import futures
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from threading import Thread
 from typing import Any
 
-import grpc
 import httpx
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from tests.conftest import ROOT, LiveService, live_database, start_service, stop_service
 from tests.support.images import data_url
-from tests.support.postgres import free_port
+from tests.support.otlp import OtlpGrpcCollector, OtlpHttpCollector
 from tests.support.webhook_receiver import Receiver, sequence
 
 MODEL = "test/fake-edit"
@@ -186,71 +181,10 @@ async def test_a_submit_without_traceparent_starts_a_trace(
 # -- a real OTLP receiver ------------------------------------------------------------------
 
 
-class _Collected:
-    def __init__(self) -> None:
-        self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
-
-    def spans(self) -> list[tuple[str, Any, Any]]:
-        """(role, span, resource attributes) of everything received."""
-        out = []
-        for request in self.requests:
-            for resource_spans in request.resource_spans:
-                resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
-                for scope_spans in resource_spans.scope_spans:
-                    for span in scope_spans.spans:
-                        out.append((resource.get("genhook.role", ""), span, resource))
-        return out
-
-
-def _http_collector(collected: _Collected) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            assert self.path == "/v1/traces"
-            assert self.headers["Content-Type"] == "application/x-protobuf"
-            request = trace_service_pb2.ExportTraceServiceRequest()
-            request.ParseFromString(body)
-            collected.requests.append(request)
-            answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
-class _GrpcTraces(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, collected: _Collected) -> None:
-        self.collected = collected
-
-    def Export(self, request: Any, context: Any) -> Any:
-        self.collected.requests.append(request)
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
 def test_traces_reach_an_otlp_receiver(tmp_path: Path, protocol: str) -> None:
-    collected = _Collected()
-    http_server = grpc_server = None
-    if protocol == "grpc":
-        port = free_port()
-        grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(
-            _GrpcTraces(collected), grpc_server
-        )
-        grpc_server.add_insecure_port(f"127.0.0.1:{port}")
-        grpc_server.start()
-        endpoint = f"http://127.0.0.1:{port}"
-    else:
-        http_server = _http_collector(collected)
-        endpoint = f"http://127.0.0.1:{http_server.server_address[1]}"
+    collector = OtlpGrpcCollector() if protocol == "grpc" else OtlpHttpCollector()
+    endpoint = collector.endpoint
     live: LiveService | None = None
     try:
         live = start_service(
@@ -277,8 +211,8 @@ def test_traces_reach_an_otlp_receiver(tmp_path: Path, protocol: str) -> None:
         names: set[tuple[str, str]] = set()
         while time.monotonic() < deadline:
             names = {
-                (role, span.name)
-                for role, span, _ in collected.spans()
+                (resource.get("genhook.role", ""), span.name)
+                for resource, span in collector.spans()
                 if span.trace_id.hex() == trace_id
             }
             if ("worker", "genhook.engine.run") in names and (
@@ -290,13 +224,9 @@ def test_traces_reach_an_otlp_receiver(tmp_path: Path, protocol: str) -> None:
         assert ("api", "POST /api/v1/model/generateImage") in names, names
         assert ("worker", "genhook.task.run") in names
         assert ("worker", "genhook.engine.run") in names
-        resources = [r for _, _, r in collected.spans()]
+        resources = [resource for resource, _ in collector.spans()]
         assert all(r["service.name"] == "genhook-under-test" for r in resources)
     finally:
         if live is not None:
             stop_service(live)
-        if http_server is not None:
-            http_server.shutdown()
-            http_server.server_close()
-        if grpc_server is not None:
-            grpc_server.stop(None)
+        collector.close()

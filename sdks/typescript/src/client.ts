@@ -169,6 +169,14 @@ function errorCode(error: unknown): string | undefined {
   return undefined;
 }
 
+/** Adds `Prefer: wait=N` for a wait of `wait` seconds; returns the read time it adds. */
+function preferWait(headers: Record<string, string>, wait: number | undefined): number {
+  if (wait === undefined) return 0;
+  const seconds = Math.max(0, Math.ceil(wait));
+  headers["Prefer"] = `wait=${seconds}`;
+  return seconds * 1000;
+}
+
 function taskPath(taskId: string, tail = ""): string {
   return `/api/v1/model/result/${encodeURIComponent(taskId)}${tail}`;
 }
@@ -282,12 +290,7 @@ export class GenhookClient {
     if (options.idempotencyKey !== undefined) headers["Idempotency-Key"] = options.idempotencyKey;
     if (options.startDeadline !== undefined) headers["X-Start-Deadline"] = String(options.startDeadline);
     if (options.traceparent !== undefined) headers["traceparent"] = options.traceparent;
-    let extraMs = 0;
-    if (options.wait !== undefined) {
-      const seconds = Math.max(0, Math.ceil(options.wait));
-      headers["Prefer"] = `wait=${seconds}`;
-      extraMs = seconds * 1000;
-    }
+    const extraMs = preferWait(headers, options.wait);
     const data = await this.request<unknown>({
       method: "POST",
       path: SUBMIT_PATHS[options.kind ?? "image"],
@@ -318,12 +321,7 @@ export class GenhookClient {
   /** The task now, or once it ends within `wait` seconds; `logs` adds the engine's lines. */
   async result(taskId: string, options: { wait?: number; logs?: boolean; signal?: AbortSignal } = {}): Promise<Prediction> {
     const headers: Record<string, string> = {};
-    let extraMs = 0;
-    if (options.wait !== undefined) {
-      const seconds = Math.max(0, Math.ceil(options.wait));
-      headers["Prefer"] = `wait=${seconds}`;
-      extraMs = seconds * 1000;
-    }
+    const extraMs = preferWait(headers, options.wait);
     const data = await this.request<unknown>({
       method: "GET",
       path: taskPath(taskId, options.logs ? "?logs=1" : ""),
