@@ -21,6 +21,7 @@ goes into a span.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -354,17 +355,24 @@ def steps(report: Callable[..., None]) -> Callable[..., None]:
 _parents: OrderedDict[str, str | None] = OrderedDict()
 
 
-async def _stored_parent(db: Database, task_id: str) -> str | None:
-    """The task's stored context; kept for the retries and the other events of a task."""
-    if task_id in _parents:
-        _parents.move_to_end(task_id)
-        return _parents[task_id]
-    from sqlalchemy import select
+@functools.cache
+def _parent_read() -> Any:
+    from sqlalchemy import bindparam, select
 
     from genhook.db.models import Task
 
-    async with db.read() as session:
-        value = await session.scalar(select(Task.trace_context).where(Task.id == task_id))
+    return select(Task.trace_context).where(Task.id == bindparam("task_id"))
+
+
+async def _stored_parent(db: Database, task_id: str) -> str | None:
+    """The task's stored context; kept for the retries and the other events of a task. One
+    statement on a pooled connection, without a session: a third of a session's CPU."""
+    if task_id in _parents:
+        _parents.move_to_end(task_id)
+        return _parents[task_id]
+    async with db.read_engine.connect() as connection:
+        found = await connection.scalar(_parent_read(), {"task_id": task_id})
+    value = found if isinstance(found, str) else None
     _parents[task_id] = value
     if len(_parents) > _PARENTS_KEPT:
         _parents.popitem(last=False)
