@@ -369,6 +369,15 @@ export class GenhookClient {
   async *events(taskId: string, options: { lastEventId?: string; signal?: AbortSignal } = {}): AsyncGenerator<TaskEvent> {
     let lastId = options.lastEventId;
     let failures = 0;
+    /** After a broken stream: wait before resuming, or give up once retries are spent. */
+    const broken = async (error: unknown): Promise<void> => {
+      if (options.signal?.aborted) throw options.signal.reason;
+      failures++;
+      if (failures > this.maxRetries) {
+        throw new APIConnectionError(`the event stream of ${taskId} broke ${failures} times`, { cause: error });
+      }
+      await sleep(backoffDelay(failures, this.backoffMs, this.backoffCapMs), options.signal);
+    };
     for (;;) {
       const controller = new AbortController();
       const abort = (): void => controller.abort(options.signal?.reason);
@@ -389,12 +398,7 @@ export class GenhookClient {
             signal: controller.signal,
           });
         } catch (error) {
-          if (options.signal?.aborted) throw options.signal.reason;
-          failures++;
-          if (failures > this.maxRetries) {
-            throw new APIConnectionError(`the event stream of ${taskId} broke ${failures} times`, { cause: error });
-          }
-          await sleep(backoffDelay(failures, this.backoffMs, this.backoffCapMs), options.signal);
+          await broken(error);
           continue;
         }
         if (response.status >= 400) {
@@ -420,20 +424,12 @@ export class GenhookClient {
             }
           }
         } catch (error) {
-          if (options.signal?.aborted) throw options.signal.reason;
-          failures++;
-          if (failures > this.maxRetries) {
-            throw new APIConnectionError(`the event stream of ${taskId} broke ${failures} times`, { cause: error });
-          }
-          await sleep(backoffDelay(failures, this.backoffMs, this.backoffCapMs), options.signal);
+          await broken(error);
           continue;
         }
         if (ended) return;
         // The server closed the stream before the end (it restarted): resume.
-        failures++;
-        if (failures > this.maxRetries) {
-          throw new APIConnectionError(`the event stream of ${taskId} broke ${failures} times`);
-        }
+        await broken(undefined);
       } finally {
         clearTimeout(idle);
         options.signal?.removeEventListener("abort", abort);
