@@ -36,9 +36,13 @@ log = logging.getLogger("genhook")
 
 
 def configure_logging(settings: Settings, role: str = "serve") -> None:
+    """What every process configures first: its log lines and, when the ``OTEL_*``
+    variables ask for them, its traces (``genhook.tracing``; only api, worker, dispatcher)."""
+    from genhook import tracing
     from genhook.logs import configure_logging as configure
 
     configure(settings, role)
+    tracing.setup(role)
 
 
 async def bootstrap(settings: Settings) -> dict[str, str] | None:

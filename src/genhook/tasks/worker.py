@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel
 from sqlalchemy import select
 
+from genhook import tracing
 from genhook.db import Task, now_ms
 from genhook.engines.base import AsyncEngine, Engine, EngineJob, EngineResult, stored_request
 from genhook.errors import ErrorCode, TaskFailure
@@ -254,7 +255,8 @@ class Worker(Services):
     async def process(self, task: Task, stop: asyncio.Event | None = None) -> None:
         context = bind_task(task.id, task.account_id)  # every log line about it says so
         try:
-            await self._process(task, stop)
+            with tracing.task_run(task):
+                await self._process(task, stop)
         finally:
             unbind(context)
 
@@ -377,17 +379,18 @@ class Worker(Services):
                 model=task.model,
                 params=task.params,
                 images=images,
-                report=progress.report,
+                report=tracing.steps(progress.report),
                 deadline=task.deadline_at / 1000,
                 stop=job_stop,
                 request=self.request_of(task),
             )
             started = time.monotonic()
-            async with progress.running():
-                if isinstance(engine, AsyncEngine):
-                    result = await engine.run_async(job)
-                else:
-                    result = await asyncio.to_thread(self._run_engine, engine, job)
+            with tracing.span("genhook.engine.run", {"genhook.model": task.model}):
+                async with progress.running():
+                    if isinstance(engine, AsyncEngine):
+                        result = await engine.run_async(job)
+                    else:
+                        result = await asyncio.to_thread(self._run_engine, engine, job)
             in_engine = False
             keys = await self.store_outputs(task, result)
             self.ran_for(task.model, time.monotonic() - started)
@@ -582,11 +585,16 @@ class Worker(Services):
         try:
             for output in result.outputs:
                 key = new_blob_key("outputs", extension_of(output.content_type))
-                await retry_infrastructure(
-                    lambda: self.storage.put(key, output.data, output.content_type),  # noqa: B023
-                    what=f"task {task.id}: storing an output",
-                    budget_seconds=self.settings.fault_retry_seconds,
-                )
+                blob: dict[str, str | int | float] = {
+                    "genhook.blob.bytes": len(output.data),
+                    "genhook.blob.kind": "output",
+                }
+                with tracing.span("genhook.blob.put", blob):
+                    await retry_infrastructure(
+                        lambda: self.storage.put(key, output.data, output.content_type),  # noqa: B023
+                        what=f"task {task.id}: storing an output",
+                        budget_seconds=self.settings.fault_retry_seconds,
+                    )
                 keys.append(key)
         except BaseException:
             for key in keys:
