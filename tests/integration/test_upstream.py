@@ -465,3 +465,40 @@ async def test_queue_callback_is_received_once_and_ends_the_task(
     assert upstream.jobs["job-0"]["polls"] == 0
     async with h.state.db.read() as session:
         assert (await session.scalars(select(UpstreamCallback))).all() == []
+
+
+async def test_queue_callback_checks_the_token_before_the_body_and_caps_it(
+    h: Harness, upstream: UpstreamServer
+) -> None:
+    response = await h.submit({"model": "up/callback", "prompt": "wait", "images": [data_url()]})
+    task_id = response.json()["id"]
+    stop = asyncio.Event()
+    runner = asyncio.create_task(h.worker.run(stop))
+    json_type = {"Content-Type": "application/json"}
+    try:
+        while "job-0" not in upstream.jobs:
+            await asyncio.sleep(0.02)
+        path = upstream.jobs["job-0"]["body"]["webhook"].removeprefix("http://testserver")
+        assert f"/callback/{task_id}/" in path
+        # A guessed URL is refused on the token alone, whatever its body.
+        big = b"[" * (9 * 1024 * 1024)
+        wrong = await h.client.post(path[:-4] + "AAAA", content=big, headers=json_type)
+        assert wrong.status_code == 404, wrong.text
+        unknown = await h.client.post(
+            "/api/v1/upstream/callback/task_nope/" + "A" * 43, content=big, headers=json_type
+        )
+        assert unknown.status_code == 404
+        # The right URL takes no more than a submit's JSON without image data ...
+        padded = {"id": "job-0", "status": "running", "pad": "x" * (300 * 1024)}
+        too_large = await h.client.post(path, json=padded)
+        assert too_large.status_code == 413, too_large.text
+        # ... nor more arrays and objects than a submit may hold.
+        many = {"id": "job-0", "status": "running", "items": [[] for _ in range(2000)]}
+        crowded = await h.client.post(path, json=many)
+        assert crowded.status_code == 400, crowded.text
+        assert crowded.json()["errors"][0]["field"] == "body"
+        final = {"id": "job-0", "status": "succeeded", "output": []}
+        assert (await h.client.post(path, json=final)).status_code == 200
+    finally:
+        stop.set()
+        await runner
