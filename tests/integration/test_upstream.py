@@ -45,6 +45,13 @@ def models(base_url: str) -> list[dict[str, Any]]:
             **common,
         },
         {
+            "id": "up/follow",
+            "adapter": "openai-images",
+            "follow_redirects": "same-origin",
+            "detect_nsfw": False,
+            **common,
+        },
+        {
             "id": "up/slow",
             "adapter": "openai-images",
             "deadline_seconds": 1.5,
@@ -502,3 +509,31 @@ async def test_queue_callback_checks_the_token_before_the_body_and_caps_it(
     finally:
         stop.set()
         await runner
+
+
+async def test_redirects_are_refused_unless_allowed_and_never_leave_the_origin(
+    h: Harness, upstream: UpstreamServer
+) -> None:
+    refused = await run(h, "up/edit", "redirect")
+    assert refused["status"] == "failed"
+    assert refused["error_code"] == ErrorCode.UPSTREAM_BAD_RESPONSE
+    assert "redirect" in refused["error"]
+    assert upstream.redirected == []
+    followed = await run(h, "up/follow", "redirect")
+    assert followed["status"] == "completed", followed
+    assert upstream.redirected == [(f"127.0.0.1:{upstream.port}", f"Bearer {CREDENTIAL}")]
+    away = await run(h, "up/follow", "redirect away")
+    assert away["status"] == "failed"
+    assert away["error_code"] == ErrorCode.UPSTREAM_BAD_RESPONSE
+    assert "origin" in away["error"]
+    assert all(host.startswith("127.0.0.1:") for host, _ in upstream.redirected)
+
+
+async def test_an_upstream_job_id_stays_one_path_segment(
+    h: Harness, upstream: UpstreamServer
+) -> None:
+    result = await run(h, "up/queue", "sneaky-id")
+    assert result["status"] == "completed", result
+    assert result["info"]["upstream_id"] == "../../../steal?x="
+    assert "/steal" not in upstream.raw_paths
+    assert "/queue/jobs/..%2F..%2F..%2Fsteal%3Fx=" in upstream.raw_paths
