@@ -174,6 +174,10 @@ class Settings(BaseSettings):
     db_connect_timeout_seconds: float = Field(default=5.0, gt=0)
     # API requests in progress at once in one process; more are refused with 503.
     max_concurrent_requests: int = Field(default=512, ge=1)
+    # Of those, event streams and ``Prefer: wait`` requests open at once per account and per
+    # API key; more are refused with 429 (docs/security.md).
+    max_held_requests_per_account: int = Field(default=64, ge=1)
+    max_held_requests_per_key: int = Field(default=32, ge=1)
     # History kept: webhook attempts, and finished tasks (None keeps them).
     webhook_attempt_retention_days: float = Field(default=30.0, gt=0)
     task_retention_days: float | None = Field(default=None, gt=0)

@@ -22,6 +22,7 @@ from starlette.datastructures import QueryParams
 
 from genhook.api.deps import AppState, current_account, get_state
 from genhook.api.errors import ERROR_RESPONSES
+from genhook.api.held import HeldStream, Hold
 from genhook.api.schemas import TaskListResponse
 from genhook.db import Account, Task
 from genhook.errors import FieldError, InvalidRequest, NotFound, whole_number
@@ -86,15 +87,21 @@ async def wait_until_done(state: AppState, task: Task, seconds: float) -> Task:
     return await get_task(state.db, task.id) or task
 
 
-async def result_response(state: AppState, task: Task, request: Request) -> JSONResponse:
-    """A result, after ``Prefer: wait`` when asked, with the live fields and logs."""
+async def result_response(
+    state: AppState, task: Task, request: Request, hold: Hold | None = None
+) -> JSONResponse:
+    """A result, after ``Prefer: wait`` when asked, with the live fields and logs; the wait
+    takes a held request's place unless the caller already has one (``hold``)."""
     wait = prefer_wait(request, state.settings.wait_max_seconds)
     logs = wants_logs(request)
     headers: dict[str, str] = {}
     if wait is not None:
         headers["Preference-Applied"] = f"wait={wait:g}"
         if not is_terminal(task.status):
-            task = await wait_until_done(state, task, wait)
+            if hold is None:
+                hold = state.held.hold(task.account_id, request.headers.get("authorization"))
+            with hold:
+                task = await wait_until_done(state, task, wait)
     view = await read_task_view(state.db, task, state.settings, state.storage, logs=logs)
     return JSONResponse(view, headers=headers)
 
@@ -161,8 +168,17 @@ async def get_events(request_id: str, request: Request) -> StreamingResponse:
     account = await current_account(request, state)
     await _owned_task(state, account, request_id)
     last = _parse_event_id(request.headers.get("last-event-id"))
-    return StreamingResponse(
-        event_stream(state, request_id, last),
+    hold = state.held.hold(account.id, request.headers.get("authorization"))
+    return event_response(state, request_id, last, hold)
+
+
+def event_response(
+    state: AppState, task_id: str, last: tuple[str, int] | None, hold: Hold
+) -> StreamingResponse:
+    """The event stream as a response that holds ``hold`` until it ends."""
+    return HeldStream(
+        event_stream(state, task_id, last),
+        hold,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.datastructures import FormData, UploadFile
 
 from genhook.accounts import authenticate
 from genhook.api.deps import AppState
-from genhook.api.routes_watch import event_stream
+from genhook.api.routes_watch import event_response
 from genhook.console.session import (
     COOKIE,
     SessionSigner,
@@ -535,11 +535,7 @@ async def task_events(request: Request, task_id: str) -> Response:
     account = await authenticate(state.db, f"Bearer {key}", state.auth_cache)
     if await owned_task(state.db, account.id, task_id) is None:
         raise NotFound(f"no task {task_id!r}")
-    return StreamingResponse(
-        event_stream(state, task_id, None),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    return event_response(state, task_id, None, state.held.hold(account.id, f"Bearer {key}"))
 
 
 # Deliveries.
