@@ -211,6 +211,8 @@ class Settings(BaseSettings):
     # when several API processes serve the console, so a session works on all of them).
     console_secret: str | None = None
     console_enabled: bool = True
+    # /docs and /redoc, from assets in the package (docs/security.md).
+    api_docs: bool = True
     # Accounts whose keys see every account's tasks and deliveries (/api/v1/admin/...).
     admin_accounts: list[str] = Field(default_factory=list)
 
