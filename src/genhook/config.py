@@ -51,6 +51,8 @@ class Settings(BaseSettings):
     input_max_bytes: int = Field(default=25 * 1024 * 1024, gt=0)
     input_fetch_timeout_seconds: float = Field(default=20.0, gt=0)
     max_input_pixels: int = Field(default=40_000_000, gt=0)
+    # Pixels all input images of one task may declare together (docs/security.md).
+    max_task_input_pixels: int = Field(default=100_000_000, gt=0)
 
     # Storage of inputs and outputs.
     storage: Literal["file", "database"] = "file"
