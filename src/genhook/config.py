@@ -209,9 +209,7 @@ class Settings(BaseSettings):
     metrics_token: str | None = None
     metrics_database_timeout_seconds: float = Field(default=2.0, gt=0)
 
-    # Web console (/console): signs its session cookies; unset, a per-process secret (set it
-    # when several API processes serve the console, so a session works on all of them).
-    console_secret: str | None = None
+    # Web console (/console); its sessions are kept in the database (docs/console.md).
     console_enabled: bool = True
     # /docs and /redoc, from assets in the package (docs/security.md).
     api_docs: bool = True
