@@ -50,8 +50,12 @@ async def test_held_requests_are_capped_per_key_and_account_and_leave_room(h: Ha
     second_key = bearer((await create_key(h.state.db, h.account.account_id, "second")).api_key)
     waiting: list[asyncio.Task[httpx.Response]] = []
 
-    def wait_with(headers: dict[str, str]) -> None:
-        waiting.append(asyncio.create_task(h.client.get(result, headers={**headers, **WAIT})))
+    def wait_with(headers: dict[str, str], path: str = result) -> None:
+        waiting.append(asyncio.create_task(h.client.get(path, headers={**headers, **WAIT})))
+
+    async def task_of(headers: dict[str, str]) -> str:
+        submitted = await h.client.post("/api/v1/model/generateImage", json=body, headers=headers)
+        return f"/api/v1/model/result/{submitted.json()['id']}"
 
     wait_with(first_key)
     wait_with(first_key)
@@ -72,20 +76,25 @@ async def test_held_requests_are_capped_per_key_and_account_and_leave_room(h: Ha
     wait_with(second_key)
     await until_held(h, 3)
     assert (await h.client.get(result, headers={**second_key, **WAIT})).status_code == 429
-    # Another account is not affected.
-    other = await create_account(h.state.db, "other")
-    other_task = (
-        await h.client.post("/api/v1/model/generateImage", json=body, headers=bearer(other.api_key))
-    ).json()["id"]
-    wait_other = h.client.get(
-        f"/api/v1/model/result/{other_task}", headers={**bearer(other.api_key), **WAIT}
-    )
-    waiting.append(asyncio.create_task(wait_other))
-    await until_held(h, 4)
+    # Other accounts are not affected ...
+    other = bearer((await create_account(h.state.db, "other")).api_key)
+    other_result = await task_of(other)
+    wait_with(other, other_result)
+    wait_with(other, other_result)
+    third = bearer((await create_account(h.state.db, "third")).api_key)
+    wait_with(third, await task_of(third))
+    await until_held(h, 6)
+    # ... until held requests of all accounts together fill their share (6 of 8 slots):
+    # then one more is 503, and the rest of the slots still serve plain requests.
+    fourth = bearer((await create_account(h.state.db, "fourth")).api_key)
+    full = await h.client.post("/api/v1/model/generateImage", json=body, headers={**fourth, **WAIT})
+    assert full.status_code == 503, full.text
+    assert full.headers["Retry-After"]
+    assert (await h.client.get(result, headers=first_key)).status_code == 200
     # The tasks end: every wait is answered and every place given back.
-    assert await h.run_all() == 2
+    assert await h.run_all() == 3
     answers = await asyncio.wait_for(asyncio.gather(*waiting), 30)
-    assert [answer.json()["status"] for answer in answers] == ["completed"] * 4
+    assert [answer.json()["status"] for answer in answers] == ["completed"] * 6
     stream = await h.client.get(events, headers=first_key)
     assert stream.status_code == 200
     assert "event: completed" in stream.text
