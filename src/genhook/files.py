@@ -8,8 +8,19 @@ Existing paths created by older versions with wider modes are tightened on start
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from genhook.config import Settings
+
+log = logging.getLogger(__name__)
+
+# Paths named one by one in the start's log line; the rest are counted.
+NAMED_CHANGES = 10
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -48,11 +59,64 @@ def private_sqlite(database: str) -> None:
             _tighten(companion, FILE_MODE)
 
 
-def _tighten(path: Path, mode: int) -> None:
+def tighten_data(settings: Settings) -> list[tuple[Path, int, int]]:
+    """At start: the whole data directory (database, key file, credentials, blobs, wake-up
+    sockets, metrics), and the blob and metrics directories wherever they are configured,
+    tightened to 0700/0600; logs what it changed, since a wider mode was someone's doing."""
+    roots = [settings.data_dir]
+    if settings.storage == "file" and settings.blob_store and "://" not in settings.blob_store:
+        roots.append(Path(settings.blob_store))
+    if settings.metrics_dir is not None:
+        roots.append(settings.metrics_dir)
+    changed: list[tuple[Path, int, int]] = []
+    seen: set[Path] = set()
+    for root in roots:
+        resolved = root.resolve()
+        if any(resolved.is_relative_to(done) for done in seen):
+            continue
+        seen.add(resolved)
+        changed += tighten_tree(resolved)
+    if changed:
+        named = ", ".join(
+            f"{path} {old:04o} -> {new:04o}" for path, old, new in changed[:NAMED_CHANGES]
+        )
+        more = len(changed) - NAMED_CHANGES
+        log.warning(
+            "tightened the modes of %d path(s) other users could read or change: %s%s",
+            len(changed),
+            named,
+            f" and {more} more" if more > 0 else "",
+        )
+    return changed
+
+
+def tighten_tree(root: Path) -> list[tuple[Path, int, int]]:
+    """Every directory under ``root`` (itself included) 0700 and every other entry 0600,
+    where ours and wider; links are neither followed nor changed. Returns (path, old mode,
+    new mode) of each path changed, for the start to say what it did."""
+    changed: list[tuple[Path, int, int]] = []
+    if root.is_symlink() or not root.is_dir():
+        return changed
+    for directory, _, files in os.walk(root):  # does not enter links to directories
+        here = Path(directory)
+        for path, mode in [(here, DIR_MODE)] + [(here / name, FILE_MODE) for name in files]:
+            old = _tighten(path, mode)
+            if old is not None:
+                changed.append((path, old, mode))
+    return changed
+
+
+def _tighten(path: Path, mode: int) -> int | None:
+    """Set ``path`` to ``mode`` when it is ours and wider; its old mode when changed."""
     try:
-        info = path.stat()
+        info = os.lstat(path)
     except FileNotFoundError:
-        return
-    if info.st_uid == os.getuid() and info.st_mode & 0o777 & ~mode:
+        return None
+    if stat.S_ISLNK(info.st_mode):
+        return None
+    old = info.st_mode & 0o777
+    if info.st_uid == os.getuid() and old & ~mode:
         with contextlib.suppress(PermissionError):
             os.chmod(path, mode)
+            return old
+    return None

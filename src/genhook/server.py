@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from genhook.config import Settings
-from genhook.files import private_dir
+from genhook.files import private_dir, tighten_data
 from genhook.supervisor import dispatcher_owner_for, exec_supervisor, worker_id_for
 
 if TYPE_CHECKING:
@@ -131,6 +131,7 @@ def _prepare_role(settings: Settings, role: str) -> None:
     configure_logging(settings, role)
     os.umask(0o077)
     private_dir(settings.data_dir)
+    tighten_data(settings)
     require_migrated(settings)
 
 
@@ -391,6 +392,7 @@ def serve(settings: Settings) -> None:
     # Everything the service creates (database, WAL, blobs, key file) is its user's alone.
     os.umask(0o077)
     private_dir(settings.data_dir)
+    tighten_data(settings)
     from genhook import metrics
 
     metrics.use_directory(*metrics.serve_directory(settings))  # every child counts there too

@@ -21,6 +21,7 @@ from genhook.api.errors import install_error_handlers
 from genhook.api.routes_admin import router as admin_router
 from genhook.api.routes_cancel import router as cancel_router
 from genhook.api.routes_delivery_message import router as delivery_message_router
+from genhook.api.routes_docs import install_docs
 from genhook.api.routes_keys import router as keys_router
 from genhook.api.routes_metrics import router as metrics_router
 from genhook.api.routes_models import install_models
@@ -67,6 +68,8 @@ def create_app(state: AppState) -> FastAPI:
         version=__version__,
         description="Asynchronous generation tasks with signed webhook callbacks.",
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
         **tracing.fastapi_options(),
     )
     app.state.genhook = state
@@ -87,6 +90,8 @@ def create_app(state: AppState) -> FastAPI:
     app.include_router(metrics_router)
     if state.settings.console_enabled:
         install_console(app, state)
+    if state.settings.api_docs:
+        install_docs(app)
 
     @app.get("/healthz", tags=["operations"], summary="Liveness: the process answers")
     async def healthz() -> dict[str, str]:

@@ -74,6 +74,8 @@ def install_error_handlers(app: FastAPI) -> None:
         headers = None
         if isinstance(exc, TooManyRequests):
             headers = {"Retry-After": str(exc.retry_after)}
+        elif exc.status_code == 503:
+            headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
         return error_response(exc.status_code, exc.message, exc.errors, headers)
 
     @app.exception_handler(RequestValidationError)

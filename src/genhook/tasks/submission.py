@@ -23,7 +23,7 @@ from genhook.engines.base import ModelKind
 from genhook.engines.edit_request import IMAGE_REFS, ImageItemsError, ImageRef, parse_image_ref
 from genhook.engines.registry import PATH_KINDS, submit_paths
 from genhook.errors import FieldError, InvalidRequest
-from genhook.media import CONTENT_TYPES
+from genhook.media import CONTENT_TYPES, pixel_budget_problem
 from genhook.sender.events import take_webhook_events
 from genhook.services import Services
 from genhook.storage.inputs import discard_blobs, stage_inputs
@@ -165,6 +165,10 @@ class Submitter(Services):
         refs = context.get(IMAGE_REFS)
         if refs is None:
             refs = [parse_image_ref(item, inline) for item in getattr(request, "images", [])]
+        inline_images = [ref.data for ref in refs if ref.data is not None and ref.format]
+        problem = pixel_budget_problem(inline_images, self.settings.max_task_input_pixels)
+        if problem is not None:
+            raise InvalidRequest(problem, [FieldError("images", problem)])
         now = now_ms()
         inputs, blobs = input_rows(task_id, refs, now)
         deadline = self.settings.task_deadline_seconds or spec.deadline_seconds
