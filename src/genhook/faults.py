@@ -50,6 +50,22 @@ def is_infrastructure_error(error: BaseException) -> bool:
     return False
 
 
+def describe(error: BaseException) -> str:
+    """One line naming the root cause of an infrastructure error (the driver's or the
+    system's error, not SQLAlchemy's wrapper), for a log line or an answer."""
+    seen: set[int] = set()
+    current: BaseException = error
+    while len(seen) < 8:
+        seen.add(id(current))
+        orig = getattr(current, "orig", None)
+        nested = orig if isinstance(orig, BaseException) else current.__cause__
+        if nested is None or id(nested) in seen:
+            break
+        current = nested
+    text = str(current).strip().splitlines()
+    return f"{type(current).__name__}: {text[0]}" if text else type(current).__name__
+
+
 def _is_transient(error: BaseException) -> bool:
     if isinstance(error, sa_exc.TimeoutError):  # no pool slot within the pool timeout
         return True

@@ -110,6 +110,8 @@ async def sweep_forever(lifecycle: Lifecycle, interval: float, stop: asyncio.Eve
         try:
             await lifecycle.sweep()
         except Exception:
+            # An infrastructure fault (a database restart) is one line with its cause,
+            # folded while it lasts (``genhook.logs.FaultFolding``); anything else a traceback.
             log.exception("sweep failed; retrying")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)

@@ -82,10 +82,18 @@ EXIT_TAINTED = 3
 EXIT_REFUSED = 2
 
 
-def _name_process(role: str, index: int) -> None:
+def process_name(role: str, index: int, parent: int | None) -> str:
+    """How a role process names itself in the logs: ``worker-1`` under a supervisor (one
+    machine), ``worker@HOST:PID`` on its own, where many machines log as worker 0."""
+    if parent is not None:
+        return f"{role}-{index}"
+    return f"{role}@{socket.gethostname()}:{os.getpid()}"
+
+
+def _name_process(role: str, index: int, parent: int | None) -> None:
     import multiprocessing
 
-    multiprocessing.current_process().name = f"{role}-{index}"  # named so in the logs
+    multiprocessing.current_process().name = process_name(role, index, parent)
 
 
 def require_migrated(settings: Settings) -> None:
@@ -132,7 +140,7 @@ def _prepare_role(settings: Settings, role: str) -> None:
 
 def worker_main(settings: Settings, index: int, parent: int | None = None) -> None:
     """Entry point of one worker process; ``parent`` is its supervisor's pid, if any."""
-    _name_process("worker", index)
+    _name_process("worker", index, parent)
     configure_logging(settings, "worker")
     with asyncio.Runner(loop_factory=_fast_loop()) as runner:
         tainted = runner.run(_worker(settings, index, parent))
@@ -196,7 +204,7 @@ def run_worker(settings: Settings) -> None:
 def dispatcher_main(settings: Settings, index: int, parent: int | None = None) -> None:
     """Entry point of one dispatcher process: webhook delivery, reconciliation, retention
     and the task sweeper."""
-    _name_process("dispatcher", index)
+    _name_process("dispatcher", index, parent)
     configure_logging(settings, "dispatcher")
     with asyncio.Runner(loop_factory=_fast_loop()) as runner:
         runner.run(_dispatcher(settings, index, parent))
@@ -300,7 +308,7 @@ def connection_limits(settings: Settings) -> dict[str, Any]:
 
 def api_main(settings: Settings, parent: int | None = None, fd: int | None = None) -> None:
     """Entry point of the API process; ``fd`` is a listening socket its supervisor opened."""
-    _name_process("api", 0)
+    _name_process("api", 0, parent)
     configure_logging(settings, "api")
     with asyncio.Runner(loop_factory=_fast_loop()) as runner:
         runner.run(_api(settings, parent, fd))

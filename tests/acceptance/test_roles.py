@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -137,6 +138,8 @@ def test_role_answers_readiness_and_stops_on_sigterm(
     finally:
         code = stop_role(role)
     assert code == 0, role.log()
+    # Named by machine and process, not "worker-0" on every machine.
+    assert f" {name}@{socket.gethostname()}:{role.process.pid} " in role.log(), role.log()
     assert not [pid for pid in helpers if alive(pid)]
 
 
