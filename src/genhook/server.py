@@ -30,6 +30,9 @@ from genhook.files import private_dir
 from genhook.supervisor import dispatcher_owner_for, exec_supervisor, worker_id_for
 
 if TYPE_CHECKING:
+    from genhook.db import Database
+    from genhook.services import Services
+    from genhook.storage import BlobStore
     from genhook.tasks.worker import Worker
 
 log = logging.getLogger("genhook")
@@ -142,12 +145,18 @@ def worker_main(settings: Settings, index: int, parent: int | None = None) -> No
     """Entry point of one worker process; ``parent`` is its supervisor's pid, if any."""
     _name_process("worker", index, parent)
     configure_logging(settings, "worker")
-    with asyncio.Runner(loop_factory=_fast_loop()) as runner:
+    runner = asyncio.Runner(loop_factory=_fast_loop())
+    try:
         tainted = runner.run(_worker(settings, index, parent))
+    except BaseException:
+        runner.close()
+        raise
     if tainted:
-        # An abandoned engine thread is still computing; leave without waiting for it.
+        # An abandoned engine thread is still computing; leave without waiting for it (closing
+        # the loop would: it joins the executor's threads).
         logging.shutdown()
         os._exit(EXIT_TAINTED)
+    runner.close()
 
 
 async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
@@ -155,12 +164,18 @@ async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
     from genhook.roles import health_port
     from genhook.services import open_services, ready_problems
     from genhook.storage.blobs import close_blob_store
+    from genhook.tasks.liveness import LIVE_SUFFIX, hold_liveness
     from genhook.tasks.worker import Worker
 
     stop = asyncio.Event()
     _stop_on_signals(stop.set)
     state = open_services(settings, claims=True)
-    worker = Worker.sharing(state, worker_id=worker_id_for(os.getpid(), index))
+    worker_id = worker_id_for(os.getpid(), index)
+    # On its own on PostgreSQL, the worker's database session tells the sweeper it is alive.
+    liveness = parent is None and state.db.is_postgres
+    if liveness:
+        worker_id += LIVE_SUFFIX
+    worker = Worker.sharing(state, worker_id=worker_id)
     if settings.worker_concurrency:
         # Only engines that wait on I/O run several tasks at once; CPU engines keep one.
         worker.limits = {
@@ -171,7 +186,12 @@ async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
     _watch_parent(parent, orphaned.set)
     orphan_watch = asyncio.create_task(_leave_when_orphaned(worker, orphaned))
     try:
-        async with health_port(settings, lambda: ready_problems(state)):
+        async with contextlib.AsyncExitStack() as stack:
+            if liveness:
+                await stack.enter_async_context(
+                    hold_liveness(settings.resolved_database_url, worker_id)
+                )
+            await stack.enter_async_context(health_port(settings, lambda: ready_problems(state)))
             await worker.run(stop)
     finally:
         orphan_watch.cancel()
@@ -241,11 +261,42 @@ async def _dispatcher(settings: Settings, index: int, parent: int | None) -> Non
             problems.append("the webhook dispatcher has not started")
         return problems
 
+    requests = asyncio.create_task(_release_requests(state)) if parent is not None else None
     try:
         async with health_port(settings, ready):
             await role.run(stop)
     finally:
+        if requests is not None:
+            requests.cancel()
+            await asyncio.gather(requests, return_exceptions=True)
         await state.db.dispose()
+
+
+async def _release_requests(state: Services) -> None:
+    """Give back what a dead sibling held as soon as the supervisor asks, on standard input
+    (``genhook.supervisor.RELEASE`` lines): this process is running and connected, where a
+    fresh release process would take seconds to start."""
+    from genhook.supervisor import RELEASE
+
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    pipe = os.fdopen(0, "rb", buffering=0, closefd=False)
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    try:
+        while line := await reader.readline():
+            words = line.decode(errors="replace").split()
+            if len(words) != 4 or words[0] != RELEASE:
+                log.warning("ignored a request from the supervisor: %r", line[:200])
+                continue
+            _, what, owner, how = words
+            try:
+                await release_held(
+                    state.settings, state.db, state.storage, what, owner, lost=how == "lost"
+                )
+            except Exception as exc:
+                log.error("could not give back what %s held (%s); its leases will", owner, exc)
+    finally:
+        transport.close()
 
 
 def run_dispatcher(settings: Settings) -> None:
@@ -432,18 +483,24 @@ def release_main(settings: Settings, what: str, owner: str, *, lost: bool) -> No
 
 async def _release(settings: Settings, what: str, owner: str, *, lost: bool) -> None:
     from genhook.db import Database
+    from genhook.storage import open_blob_store
 
     db = Database(settings.resolved_database_url, pool_size=1)
     try:
-        if what == "tasks":
-            from genhook.storage import open_blob_store
-            from genhook.tasks.lifecycle import Lifecycle
-
-            lifecycle = Lifecycle(settings, db, open_blob_store(settings, db))
-            await lifecycle.release_owner(owner, lost=lost)
-        else:
-            from genhook.sender.queue import release_deliveries
-
-            await release_deliveries(db, owner)
+        await release_held(settings, db, open_blob_store(settings, db), what, owner, lost=lost)
     finally:
         await db.dispose()
+
+
+async def release_held(
+    settings: Settings, db: Database, storage: BlobStore, what: str, owner: str, *, lost: bool
+) -> None:
+    """Give back the tasks (``what`` = tasks) or the deliveries ``owner`` held."""
+    if what == "tasks":
+        from genhook.tasks.lifecycle import Lifecycle
+
+        await Lifecycle(settings, db, storage).release_owner(owner, lost=lost)
+    else:
+        from genhook.sender.queue import release_deliveries
+
+        await release_deliveries(db, owner)
