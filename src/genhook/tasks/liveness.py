@@ -20,14 +20,13 @@ import contextlib
 import logging
 import zlib
 from collections.abc import AsyncIterator, Iterable
-from functools import partial
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from genhook.retry import backoff_delay
+from genhook.db.held_connection import hold_connection
 
 log = logging.getLogger(__name__)
 
@@ -69,38 +68,21 @@ class _Holder:
         self.held = asyncio.Event()
 
     async def run(self) -> None:
-        import asyncpg
+        await hold_connection(
+            self.dsn,
+            self._lock,
+            on_lost=self._lost,
+            check_seconds=CHECK_SECONDS,
+            base=0.1,
+            cap=2.0,
+        )
 
-        failures = 0
-        while True:
-            lost = asyncio.Event()
-            connection: Any = None
-            try:
-                connection = await asyncpg.connect(self.dsn, timeout=10)
-                connection.add_termination_listener(partial(_closed, lost))
-                await connection.execute(
-                    "SELECT pg_advisory_lock($1, $2)", NAMESPACE, lock_key(self.owner)
-                )
-                failures = 0
-                self.held.set()
-                while not lost.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(lost.wait(), CHECK_SECONDS)
-                    if not lost.is_set():
-                        await asyncio.wait_for(connection.fetchval("SELECT 1"), 10)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                log.warning("worker %s: liveness connection lost (%s)", self.owner, error)
-            finally:
-                if connection is not None:
-                    connection.terminate()
-            failures += 1
-            await asyncio.sleep(backoff_delay(failures, 0.1, 2.0))
+    async def _lock(self, connection: Any) -> None:
+        await connection.execute("SELECT pg_advisory_lock($1, $2)", NAMESPACE, lock_key(self.owner))
+        self.held.set()
 
-
-def _closed(lost: asyncio.Event, _connection: Any) -> None:
-    lost.set()
+    def _lost(self, error: Exception) -> None:
+        log.warning("worker %s: liveness connection lost (%s)", self.owner, error)
 
 
 class DeathWatch:
