@@ -37,7 +37,7 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s%(
 # Attributes every LogRecord has; anything else on a record came from ``extra=``.
 _STANDARD = frozenset(
     vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys()
-    | {"message", "asctime", "ids", "role", *_FIELDS}
+    | {"message", "asctime", "ids", "role", "fold", *_FIELDS}
 )
 
 
@@ -73,10 +73,16 @@ class _ContextFilter(logging.Filter):
 
 # Seconds between two lines about the same infrastructure fault.
 FOLD_SECONDS = 5.0
+# ``extra=`` of a warning repeated for as long as a condition lasts (a readiness probe that
+# keeps failing): folded like a fault's, whatever its arguments.
+FOLD = {"fold": True}
 
 
-def _fault_of(record: logging.LogRecord) -> BaseException | None:
-    """The infrastructure error a record is about: its exception, or one of its arguments."""
+def _fault_of(record: logging.LogRecord) -> BaseException | str | None:
+    """The infrastructure error a record is about (its exception, or one of its arguments),
+    or ``fold`` for a record logged with ``extra=FOLD``."""
+    if getattr(record, "fold", False):
+        return "fold"
     candidates: list[Any] = []
     if record.exc_info and record.exc_info[1] is not None:
         candidates.append(record.exc_info[1])
@@ -107,7 +113,7 @@ class FaultFolding(logging.Filter):
             return True
         from genhook.faults import describe
 
-        cause = describe(error)
+        cause = error if isinstance(error, str) else describe(error)
         key = (record.name, str(record.msg), cause)
         now = time.monotonic()
         if now - self._last.get(key, -self.interval) < self.interval:

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from genhook.config import Settings
+from genhook.logs import FOLD
 from genhook.services import Services
 from genhook.tasks.lifecycle import Lifecycle
 
@@ -76,7 +77,7 @@ class HealthPort:
             problems = [f"{type(exc).__name__}: {exc}"]
         if problems:
             message = "; ".join(problems)
-            log.warning("readiness check failed: %s", message)
+            log.warning("readiness check failed: %s", message, extra=FOLD)
             return web.json_response({"code": 503, "message": message, "errors": []}, status=503)
         return web.json_response({"status": "ready"})
 

@@ -157,3 +157,12 @@ def test_an_infrastructure_fault_is_one_line_per_cause_folded(
     except ValueError:
         log.exception("sweep failed; retrying")
     assert "Traceback" in lines(captured)[-1]["exc"]
+
+
+def test_a_failing_readiness_probe_is_folded(captured: io.StringIO) -> None:
+    from genhook.logs import FOLD
+
+    log = logging.getLogger("genhook.api.app")
+    for free in range(100):  # probed ten times a second, the reason changing a little
+        log.warning("readiness check failed: %s", f"{free} MB free", extra=FOLD)
+    assert [line["message"] for line in lines(captured)] == ["readiness check failed: 0 MB free"]
