@@ -149,7 +149,7 @@ def shutdown(tmp: Path, grace: float) -> None:
     killed = [line for line in live.log().splitlines() if "did not stop in time" in line]
     print(
         f"SIGTERM with a task past the {grace:g} s grace: exit {code} in {took:.2f} s "
-        f"(bound: grace + about 6 s), children killed: {len(killed)} "
+        f"(bound: grace + about 8 s), children killed: {len(killed)} "
         f"({'; '.join(k.split(': ', 1)[-1] for k in killed) or 'none'})"
     )
 

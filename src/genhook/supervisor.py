@@ -45,7 +45,7 @@ RELEASE_TIMEOUT = 60.0
 # Past the grace, how long a worker has to give back its task and leave before it is killed.
 STOP_MARGIN = 1.0
 # The dispatchers' own grace, once the workers are gone: the last tasks' callbacks go out.
-DISPATCHER_GRACE = 3.0
+DISPATCHER_GRACE = 5.0
 # How long a stopping supervisor waits for what killed children held to be given back.
 RELEASE_AT_STOP = 2.0
 # The first word of a line a dispatcher reads on its standard input: give back what a dead
