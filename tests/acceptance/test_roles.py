@@ -108,6 +108,20 @@ def alive(pid: int) -> bool:
     return b"Z" not in state
 
 
+def create_key(env: dict[str, str]) -> str:
+    """An API key of a new account, made with the CLI."""
+    created = subprocess.run(
+        [sys.executable, "-m", "genhook.cli", "accounts", "create", "acme", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert created.returncode == 0, created.stderr
+    key: str = json.loads(created.stdout)["api_key"]
+    return key
+
+
 @pytest.fixture
 def migrated(tmp_path: Path, database_url: str) -> dict[str, str]:
     upgrade(database_url)
@@ -160,15 +174,7 @@ def test_role_refuses_an_unmigrated_database(tmp_path: Path, database_url: str, 
 def test_api_worker_and_dispatcher_processes_run_a_task_and_deliver_its_webhook(
     tmp_path: Path, migrated: dict[str, str], running: list[Role]
 ) -> None:
-    created = subprocess.run(
-        [sys.executable, "-m", "genhook.cli", "accounts", "create", "acme", "--json"],
-        env=migrated,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert created.returncode == 0, created.stderr
-    key = json.loads(created.stdout)["api_key"]
+    key = create_key(migrated)
     hooks = Hooks()
     try:
         api = start_role(tmp_path, migrated, "api")
@@ -212,15 +218,7 @@ def test_a_standalone_workers_task_runs_again_soon_after_it_dies(
     is requeued by the dispatcher's sweeper well before its 30 s lease runs out."""
     upgrade(pg_url)
     env = {**role_env(tmp_path, pg_url), "GENHOOK_LEASE_SECONDS": "30"}
-    created = subprocess.run(
-        [sys.executable, "-m", "genhook.cli", "accounts", "create", "acme", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert created.returncode == 0, created.stderr
-    headers = {"Authorization": f"Bearer {json.loads(created.stdout)['api_key']}"}
+    headers = {"Authorization": f"Bearer {create_key(env)}"}
     api = start_role(tmp_path, env, "api")
     running.append(api)
     running.append(start_role(tmp_path, env, "dispatcher"))
