@@ -124,6 +124,8 @@ class FaultFolding(logging.Filter):
             record.msg = f"{record.msg} ({cause})"
             record.exc_info = None
             record.exc_text = None
+        elif isinstance(record.args, tuple):  # the cause in one line, not SQLAlchemy's text
+            record.args = tuple(cause if arg is error else arg for arg in record.args)
         folded = self._folded.pop(key, 0)
         if folded:
             record.msg = f"{record.msg} ({folded} more like this in the last {self.interval:g} s)"

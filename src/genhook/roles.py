@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from genhook.config import Settings
+from genhook.faults import is_infrastructure_error
 from genhook.logs import FOLD
 from genhook.services import Services
 from genhook.tasks.lifecycle import Lifecycle
@@ -110,10 +111,11 @@ async def sweep_forever(lifecycle: Lifecycle, interval: float, stop: asyncio.Eve
     while not stop.is_set():
         try:
             await lifecycle.sweep()
-        except Exception:
-            # An infrastructure fault (a database restart) is one line with its cause,
-            # folded while it lasts (``genhook.logs.FaultFolding``); anything else a traceback.
-            log.exception("sweep failed; retrying")
+        except Exception as error:
+            if not is_infrastructure_error(error):
+                log.exception("sweep failed; retrying")
+            else:  # planned: one line with the cause, folded while it lasts (genhook.logs)
+                log.warning("sweep failed; retrying (%s)", error)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)
 

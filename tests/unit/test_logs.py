@@ -150,6 +150,10 @@ def test_an_infrastructure_fault_is_one_line_per_cause_folded(
     assert "(149 more like this in the last 5 s)" in sweeps[1]["message"]
     disk = [line for line in lines(captured) if line["message"].startswith("task t1")]
     assert len(disk) == 1 and "No space left on device" in disk[0]["message"]
+    log.warning("sweep failed; retrying (%s)", _restart_error())
+    assert lines(captured)[-1]["message"].endswith(
+        "(ConnectionRefusedError: [Errno 111] Connect call failed ('127.0.0.1', 5432))"
+    )
     # Lines about anything else are never folded, and keep their traceback.
     assert sum(line["message"] == "an ordinary warning" for line in lines(captured)) == 2
     try:

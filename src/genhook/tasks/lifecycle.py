@@ -459,11 +459,12 @@ class Lifecycle:
             )
             if requeued.rowcount:  # type: ignore[attr-defined]
                 await wakeups.notify(session, wakeups.TASKS)
-        log.warning(
+        counts = (extended.rowcount, requeued.rowcount)  # type: ignore[attr-defined]
+        log.log(
+            logging.WARNING if any(counts) else logging.INFO,
             "an outage of %.1f s is over: %d deadline(s) extended, %d task(s) requeued uncharged",
             outage / 1000,
-            extended.rowcount,  # type: ignore[attr-defined]
-            requeued.rowcount,  # type: ignore[attr-defined]
+            *counts,
         )
 
     async def _sweep(self, now: int) -> int:
