@@ -186,6 +186,9 @@ class Settings(BaseSettings):
     # deadline (or its model's recent run time, when longer).
     fault_retry_seconds: float = Field(default=10.0, ge=0)
     task_start_margin_seconds: float = Field(default=0.5, ge=0)
+    # Submits are refused (503) while the data directory's disk has less free than this, so
+    # tasks in flight keep room to store their outputs; the sweeper holds off meanwhile.
+    min_free_disk_mb: int = Field(default=256, ge=0)
     # A request waits this long for a database connection, then gets 503.
     db_pool_timeout_seconds: float = Field(default=2.0, gt=0)
     db_connect_timeout_seconds: float = Field(default=5.0, gt=0)

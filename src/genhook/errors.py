@@ -69,7 +69,15 @@ class Gone(GenhookError):
 
 
 class ServiceUnavailable(GenhookError):
+    """The service cannot take the request now (its message says why); retry later."""
+
     status_code = 503
+
+    def __init__(
+        self, message: str, errors: list[FieldError] | None = None, retry_after: int = 1
+    ) -> None:
+        super().__init__(message, errors)
+        self.retry_after = max(1, retry_after)
 
 
 class ErrorCode(IntEnum):

@@ -11,11 +11,13 @@ import contextlib
 import logging
 import os
 import stat
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from genhook.config import Settings
+    from genhook.db import Database
 
 log = logging.getLogger(__name__)
 
@@ -120,3 +122,48 @@ def _tighten(path: Path, mode: int) -> int | None:
             os.chmod(path, mode)
             return old
     return None
+
+
+# How long one look at the free space is trusted: a submit does not pay a system call each.
+_DISK_CHECK_SECONDS = 0.5
+_disk_checked: dict[tuple[str, int], tuple[float, str | None]] = {}
+
+
+def disk_problem(settings: Settings, db: Database) -> str | None:
+    """Why the service should take no new work, when the disk of its data directory or of
+    its SQLite database is below the ``min_free_disk_mb`` margin; None while there is room."""
+    directories = [settings.data_dir]
+    if db.sqlite_path and db.sqlite_path != ":memory:" and not db.sqlite_path.startswith("file:"):
+        directories.append(Path(db.sqlite_path).parent)
+    return low_disk(directories, settings.min_free_disk_mb)
+
+
+def low_disk(directories: list[Path], margin_mb: int) -> str | None:
+    """Why the service should stop taking work, when a disk it writes to has less than
+    ``margin_mb`` MB free (a full disk included); None while there is room."""
+    if margin_mb <= 0:
+        return None
+    now = time.monotonic()
+    for directory in directories:
+        key = (str(directory), margin_mb)
+        checked = _disk_checked.get(key)
+        if checked is None or now - checked[0] > _DISK_CHECK_SECONDS:
+            checked = (now, _free_space_problem(directory, margin_mb))
+            _disk_checked[key] = checked
+        if checked[1] is not None:
+            return checked[1]
+    return None
+
+
+def _free_space_problem(directory: Path, margin_mb: int) -> str | None:
+    try:
+        space = os.statvfs(directory)
+    except OSError:
+        return None  # missing or unreadable: the writes themselves will say why
+    free_mb = space.f_bavail * space.f_frsize // (1024 * 1024)
+    if free_mb >= margin_mb:
+        return None
+    return (
+        f"the disk is (nearly) full: {free_mb} MB free for {directory}, under the "
+        f"{margin_mb} MB margin (GENHOOK_MIN_FREE_DISK_MB)"
+    )

@@ -37,6 +37,7 @@ from genhook.console import install_console
 from genhook.db import Database
 from genhook.engines.registry import Registry
 from genhook.faults import RETRY_AFTER_SECONDS
+from genhook.logs import FOLD
 from genhook.net import Resolver
 from genhook.services import open_services
 from genhook.storage.blobs import close_blob_store
@@ -105,7 +106,7 @@ def create_app(state: AppState) -> FastAPI:
     async def readyz() -> Any:
         problems = await ready_problems(state)
         if problems:
-            log.warning("readiness check failed: %s", "; ".join(problems))
+            log.warning("readiness check failed: %s", "; ".join(problems), extra=FOLD)
             return JSONResponse(
                 {"code": 503, "message": "; ".join(problems), "errors": []},
                 status_code=503,
