@@ -144,6 +144,9 @@ class ModelSpec:
     price_list: Callable[[Settings], dict[str, Any]] | None = None
     # Jobs of this model one worker process runs at once; above 1 only for ``AsyncEngine``s.
     concurrency: int = 1
+    # The catalogue's named choices of request fields a schema cannot list, such as each
+    # voice with its engine and language: ``{"voices": [{...}, ...]}``.
+    choices: Callable[[], dict[str, Any]] | None = None
 
     def accepts(self, path_kind: ModelKind) -> bool:
         return path_kind == self.kind or path_kind in self.accepted_on
