@@ -125,9 +125,9 @@ class PiperVoice:
         silence = np.zeros(round(SENTENCE_SILENCE_SECONDS * self.sample_rate), dtype=np.int16)
         parts: list[npt.NDArray[np.int16]] = []
         for sentence in sentences(clauses):
+            if not any(ch.isalpha() for ch in sentence):
+                continue  # punctuation alone: nothing to say
             ids = phoneme_ids(sentence, self.config.phoneme_ids)
-            if len(ids) <= 3:  # nothing the voice knows between BOS and EOS
-                continue
             audio = self._session.run(
                 None,
                 {
