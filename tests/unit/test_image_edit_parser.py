@@ -396,5 +396,8 @@ def test_another_image_lends_its_style() -> None:
     with pytest.raises(TaskFailure) as info:
         parse_prompt("in the style of the second image", 1, loose=False)
     assert info.value.code == ErrorCode.INSTRUCTION_INVALID
+    (step,) = parse_prompt("make image 1 look like image 2", 2, loose=False).steps
+    assert (step.op, step.params["style_image"], step.targets) == ("style_transfer", 2, (0,))
     # "look like" a known operation stays that operation.
     assert ops("make it look like a painting") == ["painting"]
+    assert ops("make image 2 look like a painting", 2) == ["painting"]

@@ -175,12 +175,13 @@ def _m_style(c: _Clause, ctx: _Context) -> None:
         content = tuple(c.refs)
         c.take(named, Step(STYLE_OP, {"style": name}, content, c.original))
         return
-    if lead is None or lead.group(0).startswith("look") or not c.refs:
-        # "look like a painting" is for the other matchers; an unknown style is ignored.
-        return
+    if lead is None or not c.refs:
+        return  # an unknown style is left for the other matchers, then listed as ignored
     # The image named right after "in the style of" is the style; the others are restyled.
     after = re.search(_STYLE_LEAD, c.original)
     named_after = refs_in(c.original[after.end() :], ctx.image_count) if after else []
+    if lead.group(0).startswith("look") and not named_after:
+        return  # "make image 2 look like a painting" is a painting
     source = named_after[0] if named_after else c.refs[-1]
     content = tuple(r for r in c.refs if r != source)
     params = {"style": f"image {source + 1}", "style_image": source + 1}
