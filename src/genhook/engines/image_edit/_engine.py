@@ -45,7 +45,6 @@ class DetectorEngine:
         self._settings = settings
         self._terms = blocked_terms(settings)
         self._detector: Detector | None = None
-        self._stylizer: Stylizer | None = None
         self._lock = threading.Lock()
 
     def load(self) -> None:
@@ -68,10 +67,7 @@ class DetectorEngine:
     @property
     def stylizer(self) -> Stylizer:
         """The style networks of this process; each is loaded when first asked for."""
-        with self._lock:
-            if self._stylizer is None:
-                self._stylizer = Stylizer(shared_threads(self._settings))
-            return self._stylizer
+        return Stylizer.shared(shared_threads(self._settings))
 
     def context(self, out_size: tuple[int, int], fast: bool) -> _ops.Context:
         return _ops.Context(

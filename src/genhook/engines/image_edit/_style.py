@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 from PIL import Image
@@ -46,7 +46,18 @@ def _to_image(array: np.ndarray) -> Image.Image:
 
 
 class Stylizer:
-    """The three sessions of one worker process, each loaded on first use."""
+    """The three sessions of one worker process, each loaded on first use; the image-edit
+    and video engines of a process share one (``Stylizer.shared``)."""
+
+    _shared: ClassVar[Stylizer | None] = None
+    _shared_lock = threading.Lock()
+
+    @classmethod
+    def shared(cls, threads: int) -> Stylizer:
+        with cls._shared_lock:
+            if cls._shared is None:
+                cls._shared = Stylizer(threads)
+            return cls._shared
 
     def __init__(self, threads: int) -> None:
         self._threads = threads
