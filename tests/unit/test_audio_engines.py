@@ -42,7 +42,13 @@ def stt() -> SpeechToTextEngine:
 
 
 def speak(tts: TextToSpeechEngine, text: str, **params: Any) -> tuple[bytes, dict[str, Any]]:
-    values: dict[str, Any] = {"prompt": text, "output_format": "wav", "sample_rate": 16000}
+    # eSpeak NG unless a test is about the voice: the fastest source of known speech.
+    values: dict[str, Any] = {
+        "prompt": text,
+        "output_format": "wav",
+        "sample_rate": 16000,
+        "voice": "en-us",
+    }
     values.update(params)
     result = tts.run(EngineJob("t", "genhook/text-to-speech", values, []))
     assert len(result.outputs) == 1
@@ -61,11 +67,12 @@ def failure(stt: SpeechToTextEngine, data: bytes, **params: Any) -> TaskFailure:
     return caught.value
 
 
-@pytest.mark.parametrize("voice", ["joe", "en-us"])
+# The Piper voice costs about eight times eSpeak NG's CPU: a third of the sentences for it.
+@pytest.mark.parametrize(("voice", "count"), [("joe", 8), ("en-us", len(SENTENCES))])
 def test_round_trip_word_error_rate(
-    tts: TextToSpeechEngine, stt: SpeechToTextEngine, voice: str
+    tts: TextToSpeechEngine, stt: SpeechToTextEngine, voice: str, count: int
 ) -> None:
-    text = " ".join(SENTENCES)
+    text = " ".join(SENTENCES[:count])
     audio, info = speak(tts, text, voice=voice)
     result = transcribe(stt, audio, word_timestamps=True)
     assert word_error_rate(text, result["text"]) <= MAX_ROUND_TRIP_WER, result["text"]
