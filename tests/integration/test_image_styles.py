@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
+from genhook.client import ModelInfo
 from genhook.engines.style_names import STYLE_NAMES
 from genhook.errors import ErrorCode
 from tests.conftest import Harness
@@ -204,3 +205,4 @@ async def test_the_catalogue_lists_the_styles(harness: Harness, model: str) -> N
     choices = response.json()["choices"]
     assert choices["styles"] == list(STYLE_NAMES) and "mosaic" in choices["styles"]
     assert "second image" in choices["style_from_image"]
+    assert ModelInfo.from_json(response.json()).choices == choices  # as the SDK reads it
