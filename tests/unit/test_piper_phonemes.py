@@ -47,6 +47,14 @@ def test_sentences_end_at_full_stops_and_keep_marks_as_phonemes() -> None:
     assert sentences(clauses) == ["həlˈoʊ, wˈɜːld.", "hˈaʊ ɑːɹ juː?", "aɪm fˈaɪn"]
 
 
+def test_a_long_text_without_punctuation_is_cut_where_espeak_cuts_it() -> None:
+    text = " ".join(["the quick brown fox jumps over the lazy dog"] * 110)
+    clauses = Espeak.get().phonemize(text, "en-us")
+    assert len(clauses) > 3 and all(mark == "" for _, mark in clauses)
+    parts = sentences(clauses)
+    assert len(parts) == len(clauses) and max(map(len, parts)) < 1500
+
+
 def test_phoneme_ids_pad_every_phoneme_between_bos_and_eos(config: PiperConfig) -> None:
     ids = phoneme_ids("hə ˈoʊ.", config.phoneme_ids)
     expected = [1, 0]

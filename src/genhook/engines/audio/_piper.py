@@ -63,18 +63,20 @@ class PiperConfig:
 
 
 def sentences(clauses: list[tuple[str, str]]) -> list[str]:
-    """Join eSpeak NG's clauses into Piper's sentences, punctuation kept as phonemes."""
+    """Join eSpeak NG's clauses into Piper's sentences, punctuation kept as phonemes.
+
+    A clause with no punctuation is one eSpeak NG cut because it ran long (or the text's
+    end): it ends a sentence too, so no inference is fed thousands of phonemes at once.
+    """
     done: list[str] = []
     current = ""
     for phonemes, mark in clauses:
         current += _LANGUAGE_SWITCH.sub("", phonemes)
         if mark:
             current += mark + (" " if mark in _SPACED_MARKS else "")
-        if mark in _SENTENCE_ENDS and current.strip():
+        if (mark in _SENTENCE_ENDS or not mark) and current.strip():
             done.append(current.strip())
             current = ""
-        elif mark == "":
-            current += " "
     if current.strip():
         done.append(current.strip())
     return done
