@@ -154,7 +154,8 @@ async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
     state = open_services(settings, claims=True)
     worker = Worker.sharing(state, worker_id=worker_id_for(os.getpid(), index))
     if settings.worker_concurrency:
-        # Only engines that wait on I/O run several tasks at once; CPU engines keep one.
+        # Only models that allow several calls at once (I/O-bound engines, thread-safe
+        # synchronous ones) take it; the others keep one.
         worker.limits = {
             model: settings.worker_concurrency if limit > 1 else limit
             for model, limit in worker.limits.items()
