@@ -1,16 +1,20 @@
 """Benchmark of the two audio models on the CPU.
 
 - Text-to-speech real-time factor: seconds of speech produced per second of CPU, for the
-  known sentences spoken as one text and encoded to MP3 (synthesis and encoding included).
+  known sentences spoken as one text and encoded to MP3 (synthesis and encoding included),
+  for the Piper voice (``joe``, the default, its ONNX session on one thread) and eSpeak NG
+  (``en-us``) side by side.
 - Speech-to-text real-time factor on 30 s of speech (WAV, decoding included), with the
   default model: seconds of audio transcribed per second of wall time, by 1 and by 2 worker
   processes (multiprocessing, spawn, one model per process and the cores shared among them,
   as ``genhook serve`` runs it), and per second of CPU; greedy (the default) and 5 beams.
 - Round-trip word error rate: every known sentence spoken, then transcribed back, alone and
-  all together.
+  all together; the known sentences and 32 more with numbers, names and punctuation
+  (``ROUND_TRIP_SENTENCES``), for each voice side by side.
 
     .venv/bin/python benchmarks/audio.py                 # everything
     .venv/bin/python benchmarks/audio.py --reps 4 --json out.json
+    .venv/bin/python benchmarks/audio.py --skip-stt --beams 1   # the voices only
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.speech import SENTENCES, word_errors
+from tests.support.speech import ROUND_TRIP_SENTENCES, SENTENCES, word_errors
 
 from genhook.config import Settings
 from genhook.engines.audio._stt import SpeechToTextEngine
@@ -35,35 +39,45 @@ from genhook.engines.audio._tts import TextToSpeechEngine
 from genhook.engines.base import EngineJob
 
 TARGET_SECONDS = 30.0
+VOICES = ("joe", "en-us")  # Piper, eSpeak NG
 
 
-def speak(engine: TextToSpeechEngine, text: str, fmt: str = "wav") -> tuple[bytes, float]:
-    params = {"prompt": text, "output_format": fmt, "sample_rate": 16000 if fmt == "wav" else 24000}
+def speak(
+    engine: TextToSpeechEngine, text: str, fmt: str = "wav", voice: str = "joe"
+) -> tuple[bytes, float]:
+    params = {
+        "prompt": text,
+        "voice": voice,
+        "output_format": fmt,
+        "sample_rate": 16000 if fmt == "wav" else 24000,
+    }
     result = engine.run(EngineJob("bench", "genhook/text-to-speech", params, []))
     return result.outputs[0].data, float(result.info["duration_seconds"])
 
 
 def thirty_seconds(engine: TextToSpeechEngine) -> tuple[bytes, float]:
-    """About 30 s of speech: as many sentences as fit."""
+    """About 30 s of speech (eSpeak NG, as in earlier runs): as many sentences as fit."""
     chosen: list[str] = []
     for sentence in SENTENCES * 2:
         trial = " ".join([*chosen, sentence])
-        if speak(engine, trial)[1] > TARGET_SECONDS:
+        if speak(engine, trial, voice="en-us")[1] > TARGET_SECONDS:
             break
         chosen.append(sentence)
-    return speak(engine, " ".join(chosen))
+    return speak(engine, " ".join(chosen), voice="en-us")
 
 
-def bench_tts(engine: TextToSpeechEngine, reps: int) -> dict[str, float]:
+def bench_tts(engine: TextToSpeechEngine, reps: int, voice: str) -> dict[str, Any]:
     text = " ".join(SENTENCES)
+    speak(engine, text, "mp3", voice)  # warm-up
     audio = cpu = wall = 0.0
     for _ in range(reps):
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        _, seconds = speak(engine, text, "mp3")
+        _, seconds = speak(engine, text, "mp3", voice)
         cpu += time.process_time() - cpu0
         wall += time.perf_counter() - wall0
         audio += seconds
     return {
+        "voice": voice,
         "audio_seconds": audio,
         "cpu_seconds": cpu,
         "rtf_cpu": audio / cpu,
@@ -121,28 +135,44 @@ def bench_stt(data: bytes, workers: int, beam: int, reps: int) -> dict[str, floa
     }
 
 
-def bench_wer(tts: TextToSpeechEngine, beam: int) -> dict[str, float]:
-    stt = SpeechToTextEngine(Settings(workers=1, stt_beam_size=beam))
-    stt.load()
+def bench_wer(
+    tts: TextToSpeechEngine, stt: SpeechToTextEngine, voice: str, sentences: tuple[str, ...]
+) -> dict[str, Any]:
     errors = total = 0
-    for sentence in SENTENCES:
-        data, _ = speak(tts, sentence)
+    worst: list[tuple[float, str, str]] = []
+    for sentence in sentences:
+        data, _ = speak(tts, sentence, voice=voice)
         result = stt.run(EngineJob("bench", "genhook/speech-to-text", {}, [data]))
         assert result.stt_result is not None
         e, n = word_errors(sentence, result.stt_result["text"])
         errors, total = errors + e, total + n
-    text = " ".join(SENTENCES)
-    data, _ = speak(tts, text)
+        worst.append((e / n, sentence, result.stt_result["text"]))
+    text = " ".join(sentences)
+    data, _ = speak(tts, text, voice=voice)
     joined = stt.run(EngineJob("bench", "genhook/speech-to-text", {}, [data]))
     assert joined.stt_result is not None
     je, jn = word_errors(text, joined.stt_result["text"])
+    worst.sort(reverse=True)
     return {
-        "beam": beam,
-        "sentences": len(SENTENCES),
+        "voice": voice,
+        "sentences": len(sentences),
         "words": total,
         "wer_each": errors / total,
         "wer_joined": je / jn,
+        "worst": [{"said": s, "heard": h} for _, s, h in worst[:3]],
     }
+
+
+def round_trips(tts: TextToSpeechEngine, beam: int) -> list[dict[str, Any]]:
+    stt = SpeechToTextEngine(Settings(workers=1, stt_beam_size=beam, stt_max_duration_seconds=600))
+    stt.load()
+    rows = []
+    for name, sentences in (("plain", SENTENCES), ("numbers, names", ROUND_TRIP_SENTENCES)):
+        for voice in VOICES:
+            row = {"set": name, "beam": beam, **bench_wer(tts, stt, voice, sentences)}
+            print("round trip:", json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
 
 
 def main() -> None:
@@ -154,23 +184,27 @@ def main() -> None:
     )
     parser.add_argument("--beams", default="1,5", help="GENHOOK_STT_BEAM_SIZE values to run")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--skip-stt", action="store_true", help="leave out the speech-to-text speed figures"
+    )
     args = parser.parse_args()
     print(f"cpu cores: {os.cpu_count()}, load average: {os.getloadavg()}")
-    tts = TextToSpeechEngine(Settings())
+    # One ONNX Runtime thread for the Piper voice: its real-time factor per core.
+    tts = TextToSpeechEngine(Settings(workers=os.cpu_count() or 1))
     tts.load()
-    figures: dict[str, Any] = {"tts": bench_tts(tts, max(3, args.reps))}
-    print("text-to-speech:", json.dumps(figures["tts"]))
-    clip, seconds = thirty_seconds(tts)
-    print(f"speech-to-text clip: {seconds:.1f} s of speech")
+    figures: dict[str, Any] = {"tts": [bench_tts(tts, max(3, args.reps), v) for v in VOICES]}
+    for row in figures["tts"]:
+        print("text-to-speech:", json.dumps(row), flush=True)
     beams = [int(b) for b in args.beams.split(",")]
-    figures["stt"] = [
-        bench_stt(clip, workers, beam, args.reps) for beam in beams for workers in (1, 2)
-    ]
-    for row in figures["stt"]:
-        print("speech-to-text:", json.dumps(row))
-    figures["round_trip"] = [bench_wer(tts, beam) for beam in beams]
-    for row in figures["round_trip"]:
-        print("round trip:", json.dumps(row))
+    if not args.skip_stt:
+        clip, seconds = thirty_seconds(tts)
+        print(f"speech-to-text clip: {seconds:.1f} s of speech")
+        figures["stt"] = [
+            bench_stt(clip, workers, beam, args.reps) for beam in beams for workers in (1, 2)
+        ]
+        for row in figures["stt"]:
+            print("speech-to-text:", json.dumps(row))
+    figures["round_trip"] = [row for beam in beams for row in round_trips(tts, beam)]
     print(f"load average after: {os.getloadavg()}")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))

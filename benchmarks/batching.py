@@ -111,7 +111,7 @@ def stt_case() -> Case:
     tts.load()
     clips = []
     for text in SENTENCES[:8]:
-        params = {"prompt": text, "output_format": "wav", "sample_rate": 16000}
+        params = {"prompt": text, "voice": "en-us", "output_format": "wav", "sample_rate": 16000}
         data = tts.run(EngineJob("b", "genhook/text-to-speech", params, [])).outputs[0].data
         clips.append("data:audio/wav;base64," + base64.b64encode(data).decode())
     return Case(

@@ -6,8 +6,14 @@ output, everything included: decoding, NSFW check of the input, the edit, the fi
 NSFW flag of the output and encoding. Throughput: the same job list run by 1 and by 2
 worker processes (multiprocessing, spawn, one engine per process as the service runs it).
 
+Style transfer: median and p95 of the same full run for a named look ("in the style of a
+mosaic") and for another input's look ("in the style of the second image"), to a 1024*1024
+and a 2048*2048 output from an input of that size, so the network runs at full size. One
+worker: the engine's ONNX sessions use the cores ``genhook serve`` gives each worker.
+
     .venv/bin/python benchmarks/image_edit.py            # everything, standard mode
     .venv/bin/python benchmarks/image_edit.py --runs 5 --jobs 40 --mode fast --json out.json
+    .venv/bin/python benchmarks/image_edit.py --skip-operations --skip-throughput --style-runs 5
 """
 
 from __future__ import annotations
@@ -25,11 +31,12 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from genhook.config import Settings
 from genhook.engines.base import EngineJob
 from genhook.engines.image_edit import ImageEditEngine
+from genhook.engines.onnx import shared_threads
 
 PIXEL_OPS: dict[str, str] = {
     "grayscale": "make it black and white",
@@ -87,6 +94,67 @@ def job(prompt: str, data: bytes, mode: str, index: int = 0) -> EngineJob:
         "enable_base64_output": False,
     }
     return EngineJob(f"bench-{index}", "genhook/image-edit", params, [data])
+
+
+STYLE_PROMPTS: dict[str, str] = {
+    "named (mosaic)": "in the style of a mosaic",
+    "second image": "in the style of the second image",
+}
+
+
+def style_inputs(side: int) -> tuple[bytes, bytes]:
+    """The portrait at ``side`` square, and a style picture: bold diagonal stripes."""
+    portrait = Image.open(io.BytesIO(input_jpeg())).resize((side, side), Image.Resampling.LANCZOS)
+    stripes = Image.new("RGB", (512, 512), (250, 140, 20))
+    draw = ImageDraw.Draw(stripes)
+    for offset in range(-512, 512, 40):
+        draw.polygon(
+            [(offset, 0), (offset + 20, 0), (offset + 532, 512), (offset + 512, 512)],
+            fill=(20, 40, 200),
+        )
+    encoded = []
+    for image in (portrait, stripes):
+        buffer = io.BytesIO()
+        image.save(buffer, "JPEG", quality=90)
+        encoded.append(buffer.getvalue())
+    return encoded[0], encoded[1]
+
+
+def style_transfer(runs: int, mode: str) -> dict[str, dict[str, float]]:
+    settings = Settings()
+    engine = ImageEditEngine(settings)
+    engine.load()
+    figures: dict[str, dict[str, float]] = {}
+    for side in (1024, 2048):
+        photo, style = style_inputs(side)
+        for name, prompt in STYLE_PROMPTS.items():
+            task = job(prompt, photo, mode)
+            task.params["size"] = f"{side}*{side}"
+            if "second" in prompt:
+                task.images.append(style)
+            engine.run(task)  # warm-up: loads the networks
+            times, cpu = [], []
+            for _ in range(runs):
+                start, cpu_start = time.perf_counter(), time.process_time()
+                result = engine.run(task)
+                times.append((time.perf_counter() - start) * 1000)
+                cpu.append((time.process_time() - cpu_start) * 1000)
+            assert result.info["size"] == f"{side}*{side}"
+            key = f"{side}*{side} {name}"
+            # CPU time stands for the wall time of an idle core when the machine is busy.
+            figures[key] = {
+                "median_ms": statistics.median(times),
+                "p95_ms": percentile(times, 0.95),
+                "median_cpu_ms": statistics.median(cpu),
+            }
+            print(
+                f"  {key:28s} median {figures[key]['median_ms']:8.1f} ms"
+                f"   p95 {figures[key]['p95_ms']:8.1f} ms"
+                f"   CPU median {figures[key]['median_cpu_ms']:8.1f} ms"
+                f"   load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+    return figures
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -173,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=["standard", "fast"], default="standard")
     parser.add_argument("--skip-operations", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--style-runs", type=int, default=5, help="timed runs per style case")
+    parser.add_argument("--skip-styles", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
 
@@ -198,6 +268,13 @@ def main(argv: list[str] | None = None) -> int:
             f"worst median {max(pixel):.1f} ms; face/background worst median "
             f"{max(detector):.1f} ms"
         )
+    if not args.skip_styles:
+        print(
+            f"style transfer ({args.style_runs} runs each, one worker, "
+            f"{shared_threads(Settings())} ONNX Runtime thread(s)):",
+            flush=True,
+        )
+        report["style_transfer"] = style_transfer(args.style_runs, args.mode)
     if not args.skip_throughput:
         prompts = list(PIXEL_OPS.values()) + list(DETECTOR_OPS.values())
         tasks = [job(prompts[i % len(prompts)], data, args.mode, i) for i in range(args.jobs)]

@@ -66,12 +66,19 @@ async def test_text_to_speech_task(harness: Harness) -> None:
     text = "Hello from genhook. " * 60  # 1,200 characters: two started thousands
     task_id = await submitted(
         harness,
-        {"model": TTS, "prompt": text, "output_format": "ogg", "webhook_url": HOOK},
+        {
+            "model": TTS,
+            "prompt": text,
+            "output_format": "ogg",
+            "voice": "en-us",
+            "webhook_url": HOOK,
+        },
     )
     assert await harness.run_all() == 1
     result = await harness.result(task_id)
     assert result["status"] == "completed", result
     assert result["info"]["voice"] == "en-us" and result["info"]["characters"] == len(text)
+    assert result["info"]["engine"] == "espeak"
     assert result["info"]["duration_seconds"] > 30
     assert "stt_result" not in result
     output = await harness.client.get(result["outputs"][0].replace("http://testserver", ""))
@@ -86,6 +93,40 @@ async def test_text_to_speech_task(harness: Harness) -> None:
     assert row.event_type == "audio.task.terminal"
     sent = json.loads(row.body)
     assert sent["event_type"] == "audio.task.terminal" and sent["status"] == "OK"
+
+
+async def test_the_piper_voice_speaks_english_by_default(harness: Harness) -> None:
+    """The default voice, through the API, is heard back by the speech-to-text model."""
+    text = "Dr. Smith paid 42 dollars for the tickets, didn't she? Yes, on Friday."
+    tts_id = await submitted(
+        harness, {"model": TTS, "prompt": text, "output_format": "flac", "speed": 1.2}
+    )
+    assert await harness.run_all() == 1
+    spoken = await harness.result(tts_id)
+    assert spoken["status"] == "completed", spoken
+    info = spoken["info"]
+    assert (info["voice"], info["engine"], info["language"]) == ("joe", "piper", "en-us")
+    output = await harness.client.get(spoken["outputs"][0].replace("http://testserver", ""))
+    assert output.headers["content-type"] == "audio/flac" and output.content[:4] == b"fLaC"
+    stt_id = await submitted(
+        harness, {"model": STT, "audio": audio_url(output.content, "audio/flac")}
+    )
+    assert await harness.run_all() == 1
+    heard = await harness.result(stt_id)
+    assert heard["status"] == "completed", heard
+    assert word_error_rate(text, heard["stt_result"]["text"]) <= 0.25, heard["stt_result"]
+
+
+async def test_the_catalogue_lists_each_voice_with_engine_and_language(
+    harness: Harness,
+) -> None:
+    response = await harness.client.get(f"/api/v1/models/{TTS}", headers=harness.headers)
+    assert response.status_code == 200, response.text
+    voices = {v["voice"]: v for v in response.json()["choices"]["voices"]}
+    assert voices["joe"] == {"voice": "joe", "engine": "piper", "language": "en-us"}
+    assert voices["fr"] == {"voice": "fr", "engine": "espeak", "language": "fr"}
+    assert voices["en-us"]["engine"] == "espeak" and len(voices) > 100
+    assert response.json()["request_schema"]["properties"]["voice"]["default"] == "joe"
 
 
 async def test_text_to_speech_base64_output(harness: Harness) -> None:

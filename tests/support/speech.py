@@ -38,6 +38,42 @@ SENTENCES: tuple[str, ...] = (
     "Thank you very much for your help with the move.",
 )
 
+# The round trip of ``benchmarks/audio.py``: numbers, names and punctuation, as real text has.
+ROUND_TRIP_SENTENCES: tuple[str, ...] = (
+    "Dr. Smith will see you at 10 o'clock on Tuesday.",
+    "Maria, could you send the report to Peter before Friday?",
+    "The package weighs 12 kilograms and costs 45 dollars.",
+    "Flight 815 to London leaves from gate 22.",
+    "Wait! Did you really drive 300 miles yesterday?",
+    "John and Sarah moved to Chicago in 2019.",
+    "Our office is on the 4th floor, next to the elevator.",
+    "Please read chapters 3, 4 and 5 before the exam.",
+    "Emma said: the train was late again this morning.",
+    "The temperature dropped to minus 5 degrees last night.",
+    "Call me at home; I will be there after 6.",
+    "Professor Lee teaches physics at the university in Boston.",
+    "We sold 250 tickets for the concert on Saturday.",
+    "Is this the road to Madrid, or did we take a wrong turn?",
+    "Thomas bought 3 apples, 2 pears and a melon.",
+    "The bank opens at 9 and closes at 5.",
+    "Anna's birthday party is on the 14th of July.",
+    "Hello, my name is David, and I work in sales.",
+    "The museum in Paris has more than 35 thousand paintings.",
+    "Turn off the lights, lock the door, and go to sleep.",
+    "Mr. Brown paid 20 dollars for a taxi to the airport.",
+    "Sophie, are you coming to the meeting at noon?",
+    "The river is 400 kilometers long and very deep.",
+    "Michael plays the guitar in a band called The Rivers.",
+    "Yes, the store on Main Street is open until 10.",
+    "Our team won the game 3 to 1 in the final minute!",
+    "Kate flew from Tokyo to Sydney with her brother Sam.",
+    "Add 2 cups of flour, 1 egg and a little milk.",
+    "The library will be closed from Monday to Wednesday.",
+    "Robert works at a hospital in Seattle as a nurse.",
+    "There are 7 days in a week and 12 months in a year.",
+    "Lucy asked: where did you park the car, Tom?",
+)
+
 _WORD = re.compile(r"[a-z0-9']+")
 
 

@@ -43,7 +43,7 @@ async def test_the_worker_parses_the_stored_params_with_the_model_schema(tmp_pat
     assert (request.prompt, request.speed, request.voice, request.sample_rate) == (
         "hello",
         1.5,
-        "en-us",
+        "joe",
         24000,
     )
     assert worker.request_of(Task(id="t2", model="no/such-model", params={})) is None

@@ -304,3 +304,100 @@ def test_any_prompt_parses_or_fails_with_a_documented_code(
         for step in plan.steps:
             assert all(0 <= t < images for t in step.targets)
             assert json.loads(json.dumps(step.describe())) == step.describe()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "ignored"),
+    [
+        ("make it warmer and increase contrast", ["make it warmer"]),
+        ("increase contrast and make it warmer", ["make it warmer"]),
+        ("make it brighter and warmer", ["warmer"]),
+        ("sharpen it with lots of dragons", ["dragons"]),
+        ("increase brightness by 20% and add sparkles", ["add sparkles"]),
+        ("in the style of van gogh, then sharpen it", ["in the style of van gogh"]),
+        # Words an operation read (amounts, units, positions, directions) are no leftovers.
+        ("blur it by 6 px", []),
+        ("posterize to 4 levels", []),
+        ("rotate it 90 degrees clockwise", []),
+        ("make a 2x2 grid", []),
+        ("put image 1 and image 2 side by side", []),
+        ('add the caption "Hello" at the top in yellow', []),
+    ],
+)
+def test_every_part_of_a_prompt_is_an_operation_or_ignored(prompt: str, ignored: list[str]) -> None:
+    for loose in (False, True):
+        plan = parse_prompt(prompt, 3, loose=loose)
+        assert plan.steps
+        assert plan.ignored == ignored, (prompt, loose)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "text", "where"),
+    [
+        ("add the text Hello World at the bottom", "Hello World", "bottom-center"),
+        ("write Hello World on top", "Hello World", "top-center"),
+        ("put the words Big Sale on top", "Big Sale", "top-center"),
+        ("Write Happy Birthday in red at the top", "Happy Birthday", "top-center"),
+        ("add the title Summer Trip to the bottom left in white", "Summer Trip", "bottom-left"),
+        ("write: Open 24/7", "Open 24/7", "bottom-center"),
+    ],
+)
+def test_unquoted_caption_text_keeps_its_case(prompt: str, text: str, where: str) -> None:
+    for loose in (False, True):
+        plan = parse_prompt(prompt, 1, loose=loose)
+        assert [(s.op, s.params["text"], s.params["position"]) for s in plan.steps] == [
+            ("caption", text, where)
+        ]
+        assert plan.ignored == []
+
+
+def test_a_caption_keeps_the_rest_of_the_prompt() -> None:
+    plan = parse_prompt(
+        "write Happy Birthday in red at the top and add a gold border", 1, loose=False
+    )
+    assert [s.op for s in plan.steps] == ["caption", "border"]
+    assert plan.steps[0].params["color"] == "#ff0000"
+    # "add" alone is no caption: a border stays a border, a caption with no text is none.
+    assert ops("add a red border") == ["border"]
+    with pytest.raises(TaskFailure):
+        parse_prompt("add the caption at the top", 1, loose=False)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "style"),
+    [
+        ("in the style of a mosaic", "mosaic"),
+        ("make it mosaic style", "mosaic"),
+        ("apply the style of a woodcut", "woodcut"),
+        ("styled like an etching", "etching"),
+        ("style: swirl", "swirl"),
+    ],
+)
+def test_named_styles(prompt: str, style: str) -> None:
+    for loose in (False, True):  # "mosaic" alone still reads as pixelate when loose
+        plan = parse_prompt(prompt, 1, loose=loose)
+        assert [(s.op, s.params) for s in plan.steps] == [("style_transfer", {"style": style})]
+        assert plan.style_sources == frozenset()
+    assert ops("make it a mosaic", loose=True) == ["pixelate"]
+
+
+def test_another_image_lends_its_style() -> None:
+    plan = parse_prompt("in the style of the second image", 2, loose=False)
+    (step,) = plan.steps
+    assert step.params == {"style": "image 2", "style_image": 2} and step.targets == ()
+    assert plan.style_sources == frozenset({1})
+    # The image named after "style of" is the style, wherever the other one is named.
+    for prompt in (
+        "apply the style of image 2 to image 1",
+        "restyle image 1 in the style of image 2",
+    ):
+        (step,) = parse_prompt(prompt, 2, loose=False).steps
+        assert (step.params["style_image"], step.targets) == (2, (0,)), prompt
+    with pytest.raises(TaskFailure) as info:
+        parse_prompt("in the style of the second image", 1, loose=False)
+    assert info.value.code == ErrorCode.INSTRUCTION_INVALID
+    (step,) = parse_prompt("make image 1 look like image 2", 2, loose=False).steps
+    assert (step.op, step.params["style_image"], step.targets) == ("style_transfer", 2, (0,))
+    # "look like" a known operation stays that operation.
+    assert ops("make it look like a painting") == ["painting"]
+    assert ops("make image 2 look like a painting", 2) == ["painting"]

@@ -26,7 +26,7 @@ def recordings() -> list[bytes]:
     tts.load()
     spoken = []
     for text in (" ".join(SENTENCES[:2]), SENTENCES[4]):
-        params = {"prompt": text, "output_format": "wav", "sample_rate": 16000}
+        params = {"prompt": text, "voice": "en-us", "output_format": "wav", "sample_rate": 16000}
         spoken.append(tts.run(EngineJob("t", "genhook/text-to-speech", params, [])).outputs[0].data)
     return spoken
 

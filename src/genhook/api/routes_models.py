@@ -40,6 +40,11 @@ class ModelInfo(BaseModel):
     request_schema: dict[str, Any] = Field(description="JSON Schema of the request body.")
     pricing: ModelPricing
     deadline_seconds: float = Field(description="A task not finished by then ends `timeout`.")
+    choices: dict[str, Any] | None = Field(
+        default=None,
+        description="Named choices of request fields, with what each is: the voices of "
+        "text-to-speech (engine, language), the styles of image-edit.",
+    )
 
 
 class ModelList(BaseModel):
@@ -64,6 +69,7 @@ def model_info(spec: ModelSpec, settings: Settings) -> dict[str, Any]:
         "request_schema": spec.request_schema.model_json_schema(),
         "pricing": pricing,
         "deadline_seconds": settings.task_deadline_seconds or spec.deadline_seconds,
+        "choices": spec.choices() if spec.choices is not None else None,
     }
 
 

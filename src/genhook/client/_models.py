@@ -305,11 +305,14 @@ class ModelInfo:
     request_schema: dict[str, Any]
     pricing: dict[str, Any]
     deadline_seconds: float | None
+    # Named values of request fields with what each is: voices (engine, language), styles.
+    choices: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelInfo:
         paths = data.get("submit_paths")
+        choices = data.get("choices")
         schema = data.get("request_schema")
         pricing = data.get("pricing")
         deadline = data.get("deadline_seconds")
@@ -325,6 +328,7 @@ class ModelInfo:
             deadline_seconds=float(deadline)
             if isinstance(deadline, int | float) and not isinstance(deadline, bool)
             else None,
+            choices=dict(choices) if isinstance(choices, dict) else {},
             raw=data,
         )
 

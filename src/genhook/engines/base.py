@@ -170,6 +170,9 @@ class ModelSpec:
     # waits for more to arrive before it runs what it has (``tasks/batching.py``).
     max_batch_size: int = 1
     max_wait_ms: int = 0
+    # The catalogue's named choices of request fields a schema cannot list, such as each
+    # voice with its engine and language: ``{"voices": [{...}, ...]}``.
+    choices: Callable[[], dict[str, Any]] | None = None
 
     def accepts(self, path_kind: ModelKind) -> bool:
         return path_kind == self.kind or path_kind in self.accepted_on

@@ -19,6 +19,7 @@ from genhook.engines.audio import STT_SPEC, TTS_SPEC
 from genhook.engines.base import Charge, Engine, ModelKind, ModelSpec
 from genhook.engines.edit_request import EditRequest
 from genhook.engines.image_to_video import video_spec
+from genhook.engines.style_names import style_choices
 
 IMAGE_EDIT_MODEL_ID = "genhook/image-edit"
 TIER_1_5K_MAX_PIXELS = 2_360_000
@@ -108,8 +109,10 @@ IMAGE_EDIT_SPEC = ModelSpec(
     pricing=edit_pricing,
     deadline_seconds=300.0,
     accepted_on=frozenset({ModelKind.VIDEO}),
-    description="Edits 1 to 10 images under a text prompt on the CPU (Pillow, OpenCV).",
+    description="Edits 1 to 10 images under a text prompt on the CPU (Pillow, OpenCV, and "
+    "neural style transfer on ONNX Runtime).",
     price_list=edit_price_list,
+    choices=style_choices,
 )
 
 

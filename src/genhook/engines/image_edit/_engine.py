@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from typing import Any
 
 import cv2
@@ -27,6 +28,8 @@ from genhook.engines.image_edit._detector import Detector
 from genhook.engines.image_edit._moderation import blocked_terms, check_prompt
 from genhook.engines.image_edit._parser import parse_prompt
 from genhook.engines.image_edit._plan import COMBINE_OPS, FINISHING_OPS, EditPlan, FitMode, Step
+from genhook.engines.image_edit._style import Stylizer
+from genhook.engines.onnx import shared_threads
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.media import DecodeLimits, register_heif
 
@@ -64,6 +67,16 @@ class DetectorEngine:
             self.load()
         assert self._detector is not None
         return self._detector
+
+    @property
+    def stylizer(self) -> Stylizer:
+        """The style networks of this process; each is loaded when first asked for."""
+        return Stylizer.shared(shared_threads(self._settings))
+
+    def context(self, out_size: tuple[int, int], fast: bool) -> _ops.Context:
+        return _ops.Context(
+            out_size=out_size, fast=fast, detector=self.detector, stylizer=self.stylizer
+        )
 
     def run(self, job: EngineJob) -> EngineResult:
         try:
@@ -130,14 +143,18 @@ class ImageEditEngine(DetectorEngine):
             job.report(progress=0.35, log="inputs passed moderation")
 
         job.stop_if_asked()
-        ctx = _ops.Context(out_size=out_size, fast=fast, detector=self.detector)
+        ctx = self.context(out_size, fast)
         images = [_cap(d.image, limit, ctx.fast) for d in decoded]
-        canvas, finishing, summary_extra = self._execute(plan, images, ctx, limit)
+        # The plan as the user numbered the inputs stays for ``info``; this one runs.
+        work = plan
+        if plan.style_sources:
+            images, work = _lend_styles(plan, images, ctx)
+        canvas, finishing, summary_extra = self._execute(work, images, ctx, limit)
         job.report(progress=0.7, log="edits applied")
         job.stop_if_asked()
 
-        fit_mode, why = _choose_fit(plan, len(images))
-        final = self._finish(canvas, finishing, out_size, fit_mode, plan.fit.pad_color, ctx)
+        fit_mode, why = _choose_fit(work, len(images))
+        final = self._finish(canvas, finishing, out_size, fit_mode, work.fit.pad_color, ctx)
         if final.size != out_size:  # pragma: no cover - a broken invariant, not a user error
             raise TaskFailure(ErrorCode.ENGINE_ERROR, f"output is {final.size}, not {out_size}")
 
@@ -274,6 +291,30 @@ def apply_to_input(step: Step, image: Image.Image, ctx: _ops.Context) -> Image.I
     if step.op == "caption":
         return _output.caption(image, step.params)
     return _ops.apply(step, image, ctx)
+
+
+def _lend_styles(
+    plan: EditPlan, images: list[Image.Image], ctx: _ops.Context
+) -> tuple[list[Image.Image], EditPlan]:
+    """Set aside the inputs that only lend their style, and renumber what the plan's steps
+    name among the others; a step that named only style inputs has nothing left to do."""
+    sources = plan.style_sources
+    kept = [i for i in range(len(images)) if i not in sources]
+    if not kept:
+        raise TaskFailure(
+            ErrorCode.INSTRUCTION_INVALID,
+            "every input image is a style image; add the picture to restyle",
+        )
+    ctx.style_images = {i: images[i] for i in sources}
+    number = {old: new for new, old in enumerate(kept)}
+    steps: list[Step] = []
+    for step in plan.steps:
+        targets = tuple(number[t] for t in step.targets if t in number)
+        if step.targets and not targets:
+            ctx.notes.append(f"{step.clause!r} names only a style image; it was not applied")
+            continue
+        steps.append(replace(step, targets=targets))
+    return [images[i] for i in kept], replace(plan, steps=steps)
 
 
 def _cap(image: Image.Image, limit: int, fast: bool) -> Image.Image:

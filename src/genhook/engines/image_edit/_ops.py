@@ -20,6 +20,7 @@ from PIL import Image, ImageDraw, ImageEnhance, ImageFilter, ImageOps
 from genhook.engines.image_edit._detector import Box, Detector
 from genhook.engines.image_edit._plan import Step
 from genhook.engines.image_edit._segment import foreground_mask
+from genhook.engines.image_edit._style import Stylizer
 from genhook.errors import ErrorCode, TaskFailure
 
 Array = npt.NDArray[Any]
@@ -33,6 +34,9 @@ class Context:
     out_size: tuple[int, int]
     fast: bool
     detector: Detector
+    stylizer: Stylizer | None = None
+    # 0-based input index -> the picture of an input that only lends its style.
+    style_images: dict[int, Image.Image] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     faces_found: int = 0
 
@@ -406,6 +410,17 @@ def background(image: Image.Image, ctx: Context, step: Step) -> Image.Image:
     return join_alpha(Image.fromarray(mixed), alpha)
 
 
+def style_transfer(image: Image.Image, ctx: Context, params: dict[str, Any]) -> Image.Image:
+    """A named look, or the look of another input; alpha is kept as it was."""
+    stylizer = ctx.stylizer
+    if stylizer is None:  # pragma: no cover - every engine hands its stylizer over
+        raise TaskFailure(ErrorCode.ENGINE_ERROR, "style transfer is not available here")
+    if "style_image" in params:
+        source = ctx.style_images[int(params["style_image"]) - 1].convert("RGB")
+        return _rgb_op(lambda rgb: stylizer.from_image(rgb, source))(image)
+    return _rgb_op(lambda rgb: stylizer.named(rgb, str(params["style"])))(image)
+
+
 def apply(step: Step, image: Image.Image, ctx: Context) -> Image.Image:
     """Apply one non-combining, non-finishing step to ``image``."""
     p = step.params
@@ -448,4 +463,6 @@ def apply(step: Step, image: Image.Image, ctx: Context) -> Image.Image:
         return background(image, ctx, step)
     if op == "resize":
         return image
+    if op == "style_transfer":
+        return style_transfer(image, ctx, p)
     raise TaskFailure(ErrorCode.ENGINE_ERROR, f"operation {op!r} has no implementation")

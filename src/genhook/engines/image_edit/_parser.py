@@ -13,9 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from genhook.engines.image_edit._clauses import PLACEHOLDER_RE, split_prompt
+from genhook.engines.image_edit._clauses import PLACEHOLDER_RE, refs_in, split_prompt
 from genhook.engines.image_edit._plan import (
     COMBINE_OPS,
+    STYLE_OP,
     EditPlan,
     FitMode,
     FitPolicy,
@@ -32,9 +33,11 @@ from genhook.engines.image_edit._words import (
     amount,
     color_hex,
     intensity,
+    leftover,
     loosen,
     position,
 )
+from genhook.engines.style_names import STYLE_NAMES
 from genhook.errors import ErrorCode, TaskFailure
 
 
@@ -113,14 +116,16 @@ def _m_fit(c: _Clause, ctx: _Context) -> None:
     c.take(match, None)
 
 
+_CAPTION_WORDS = (
+    r"\b(?:caption\w*|text|title\w*|label\w*|write|written|words?|say(?:s|ing)?|reads?|heading|"
+    r"headline|subtitle\w*|watermark\w*|signature|sign|slogan|quote|add|put|insert|type)\b"
+)
+
+
 def _m_caption(c: _Clause, ctx: _Context) -> None:
     if not c.quotes:
         return
-    keyword = re.search(
-        r"\b(?:caption\w*|text|title\w*|label\w*|write|written|words?|say(?:s|ing)?|reads?|heading|"
-        r"headline|subtitle\w*|watermark\w*|signature|sign|slogan|quote|add|put|insert|type)\b",
-        c.masked,
-    )
+    keyword = re.search(_CAPTION_WORDS, c.masked)
     placeholder = PLACEHOLDER_RE.search(c.masked)
     if placeholder is None or (keyword is None and not ctx.loose):
         return
@@ -146,6 +151,41 @@ def _m_caption(c: _Clause, ctx: _Context) -> None:
         r"\b(?:top|upper|above|header|bottom|lower|below|footer|middle|cent(?:er|re)|left|right|"
         r"corner|tiny|small|medium|big|large|huge)\b"
     )
+    c.take_all(_CAPTION_WORDS)
+
+
+_STYLE_LEAD = (
+    r"\b(?:in\s+(?:the\s+)?(?:style|manner|look)\s+of|(?:with|using|use|apply|take)\s+(?:the\s+)?"
+    r"(?:style|look)\s+of|styl(?:e|ed|ised|ized)\s+(?:like|after|as)|look(?:s|ing)?\s+like)\b"
+)
+
+
+def _m_style(c: _Clause, ctx: _Context) -> None:
+    """A named look ("in the style of a mosaic", "mosaic style") or another input's look
+    ("in the style of the second image")."""
+    lead = re.search(_STYLE_LEAD, c.masked)
+    named = re.search(
+        rf"{_STYLE_LEAD}\s+(?:an?\s+|the\s+)?({'|'.join(STYLE_NAMES)})\b|"
+        rf"\b({'|'.join(STYLE_NAMES)})\s+(?:style|look|effect|filter)\b|"
+        rf"\bstyle\s*:?\s+({'|'.join(STYLE_NAMES)})\b",
+        c.masked,
+    )
+    if named:
+        name = next(g for g in named.groups() if g)
+        content = tuple(c.refs)
+        c.take(named, Step(STYLE_OP, {"style": name}, content, c.original))
+        return
+    if lead is None or not c.refs:
+        return  # an unknown style is left for the other matchers, then listed as ignored
+    # The image named right after "in the style of" is the style; the others are restyled.
+    after = re.search(_STYLE_LEAD, c.original)
+    named_after = refs_in(c.original[after.end() :], ctx.image_count) if after else []
+    if lead.group(0).startswith("look") and not named_after:
+        return  # "make image 2 look like a painting" is a painting
+    source = named_after[0] if named_after else c.refs[-1]
+    content = tuple(r for r in c.refs if r != source)
+    params = {"style": f"image {source + 1}", "style_image": source + 1}
+    c.take(lead, Step(STYLE_OP, params, content, c.original))
 
 
 def _m_background(c: _Clause, ctx: _Context) -> None:
@@ -504,6 +544,7 @@ def _sharpen_params(text: str) -> dict[str, Any]:
 _MATCHERS: tuple[Matcher, ...] = (
     _m_fit,
     _m_caption,
+    _m_style,
     _m_background,
     _m_faces,
     _m_combine,
@@ -563,6 +604,8 @@ def parse_prompt(prompt: str, image_count: int, *, loose: bool) -> EditPlan:
         plan.steps.extend(step for _, step in clause.found)
         if not clause.found and ctx.fit is fit_before:
             plan.ignored.append(raw.original)
+        elif rest := leftover(clause.masked):
+            plan.ignored.append(PLACEHOLDER_RE.sub(lambda m: f'"{quotes[int(m.group(1))]}"', rest))
     if ctx.fit is not None:
         plan.fit = ctx.fit
     combines = [s for s in plan.steps if s.op in COMBINE_OPS]

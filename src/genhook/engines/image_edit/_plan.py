@@ -15,6 +15,7 @@ FitMode = Literal["auto", "cover", "contain", "stretch"]
 # crisp whatever the input size.
 FINISHING_OPS = frozenset({"border", "caption"})
 COMBINE_OPS = frozenset({"side_by_side", "stack_vertical", "grid", "overlay", "blend"})
+STYLE_OP = "style_transfer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +48,11 @@ OPERATIONS: tuple[OperationDoc, ...] = (
     OperationDoc("cartoon", "flat colors and ink outlines", "make it look like a cartoon"),
     OperationDoc("painting", "painterly stylization", "make it look like a painting"),
     OperationDoc("vignette", "darkened corners", "add a vignette"),
+    OperationDoc(
+        "style_transfer",
+        "a neural style: one of the named looks, or the look of another input image",
+        "in the style of a mosaic",
+    ),
     OperationDoc("border", "a border or frame of a named color", "add a 40px gold border"),
     OperationDoc(
         "caption",
@@ -121,6 +127,15 @@ class EditPlan:
     @property
     def combine(self) -> Step | None:
         return next((s for s in self.steps if s.op in COMBINE_OPS), None)
+
+    @property
+    def style_sources(self) -> frozenset[int]:
+        """0-based inputs that only lend their style: they are no part of the output."""
+        return frozenset(
+            int(s.params["style_image"]) - 1
+            for s in self.steps
+            if s.op == STYLE_OP and "style_image" in s.params
+        )
 
     def summary(self) -> str:
         return ", then ".join(step.label() for step in self.steps)

@@ -82,7 +82,12 @@ SYNONYMS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
             "painting",
         ),
         (r"\b(?:drawing|charcoal|hand[\s-]drawn)\b", "pencil sketch"),
-        (r"\b(?:mosaic|8[\s-]?bit|lego|blocky)\b", "pixelate"),
+        # "in the style of a mosaic" and "mosaic style" name the neural look instead.
+        (
+            r"(?<!style of )(?<!style of a )(?<!style of the )"
+            r"\b(?:mosaic|8[\s-]?bit|lego|blocky)\b(?!\s+(?:style|look|effect|filter)\b)",
+            "pixelate",
+        ),
         (r"\b(?:mirror\s+image)\b", "flip horizontally"),
     )
 )
@@ -219,6 +224,45 @@ def position(text: str, default_v: str = "bottom", default_h: str = "center") ->
     if vertical == "center" and horizontal == "center":
         return "center"
     return f"{vertical}-{horizontal}" if vertical != "center" else f"center-{horizontal}"
+
+
+# Words that carry no instruction of their own once a clause's operation has taken the words
+# it used: what is left of a clause beyond these is reported under ``info.ignored``.
+FILLER = frozenset(
+    """a an the it its it's this that these those them they me my our your of to for by
+    with in on at into onto from as and or but so than then up down out over off all
+    each every both whole entire image images picture pictures photo photos pic pics img
+    please kindly can could would will you i we let let's just also too very really
+    quite rather bit tad touch little lot lots much more less some any make made makes
+    making turn turned give gives get apply applied add use using do does be is are was
+    look looks like style effect filter tone version one two slightly slight lightly light
+    strong strongly heavy heavily subtle subtly gentle gently mild mildly somewhat
+    significantly dramatically greatly considerably massively intensely extremely
+    increase increased decrease decreased raise boost reduce reduced lower higher
+    enhance amplify bump pump max stronger weaker tone mute muted cut drop set change
+    adjust adjusted tweak new nice good px pixel pixels level levels bits degree degrees
+    deg percent per cent block blocks cell cells tile tiles square squares column columns
+    cols row rows across wide tones shades steps colors colours ratio aspect size put place
+    placed together vertical vertically horizontal horizontally""".split()  # noqa: SIM905
+)
+_TOKEN_RE = re.compile(r"[a-z0-9'_-]*[a-z0-9][a-z0-9'_-]*|⟦\d+⟧")
+
+
+def leftover(masked: str) -> str:
+    """The words of a clause no operation used and that are not filler, or ``""``."""
+    kept: list[str] = []
+    for part in re.split(r"\s{2,}", masked):
+        words = [w.strip("_") for w in _TOKEN_RE.findall(part)]
+        while words and (words[0] in FILLER or PERCENT_OR_NUMBER_RE.fullmatch(words[0])):
+            words.pop(0)
+        while words and (words[-1] in FILLER or PERCENT_OR_NUMBER_RE.fullmatch(words[-1])):
+            words.pop()
+        if words:
+            kept.append(" ".join(words))
+    return " ... ".join(kept)
+
+
+PERCENT_OR_NUMBER_RE = re.compile(r"\d+(?:\.\d+)?(?:%|px|percent|x\d+)?")
 
 
 def loosen(text: str, plan_notes: list[dict[str, str]]) -> str:

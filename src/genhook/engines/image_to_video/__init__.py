@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from genhook.engines.base import Charge, ModelKind, ModelSpec
+from genhook.engines.style_names import style_choices
 from genhook.engines.video_request import SHORT_SIDES, VideoRequest, frame_size
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ def video_spec(settings: Settings) -> ModelSpec:
             "Animates 1 to 10 images into an H.264 MP4 on the CPU: camera moves, fades and "
             "slideshow transitions read from the prompt, with the image-edit model's looks."
         ),
+        choices=style_choices,
     )
 
 

@@ -137,10 +137,21 @@ class ImageToVideoEngine(DetectorEngine):
                 + ") do not apply to video; several images play one after another"
             )
         decor = build_decor(looks.finishing, size)
-        ctx = EditContext(out_size=decor.inner, fast=False, detector=self.detector)
+        ctx = self.context(decor.inner, fast=False)
+        # An input named as a style ("in the style of the second image") lends its look and
+        # is not played.
+        sources = looks.plan.style_sources if looks.plan is not None else frozenset()
+        for index in sorted(sources):
+            ctx.style_images[index] = (first if index == 0 else decode(index + 1)).image
+        playing = [i for i in range(len(job.images)) if i not in sources]
+        if not playing:
+            raise TaskFailure(
+                ErrorCode.INSTRUCTION_INVALID,
+                "every input image is a style image; add the picture to animate",
+            )
         # One decoded input at a time: only the stills, a fraction of the inputs' size, stay.
         stills: list[I420] = []
-        for index in range(len(job.images)):
+        for index in playing:
             decoded = first if index == 0 else decode(index + 1)
             stills.append(_still(decoded, looks, index, ctx, decor.inner, looks.plan))
         del first, decoded

@@ -1,0 +1,28 @@
+"""ONNX Runtime sessions on the CPU, configured one way for every engine that runs a model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+    from genhook.config import Settings
+
+
+def shared_threads(settings: Settings) -> int:
+    """The cores of the machine shared among the worker processes ``genhook serve`` runs."""
+    return max(1, (os.cpu_count() or 1) // max(1, settings.workers))
+
+
+def cpu_session(path: Path, threads: int) -> onnxruntime.InferenceSession:
+    """A CPU session of the model at ``path`` on ``threads`` intra-op threads, quiet."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
