@@ -137,5 +137,6 @@ def test_serve_dev_accepts_local_webhooks_and_prints_listen(tmp_path: Path) -> N
         assert response.status_code == 400
         assert "must use https" in response.json()["message"]
         assert "not a routable public address" in response.json()["message"]
+        assert "genhook serve --dev" in response.json()["message"]
     finally:
         stop_service(plain)
