@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -36,6 +37,26 @@ def stt_pricing(settings: Settings, request: BaseModel) -> Charge:
     return Charge(tier="stt", output_pixels=0, input_images=1, lines=(line,))
 
 
+def tts_price_list(settings: Settings) -> dict[str, Any]:
+    """The rule of ``tts_pricing`` for the model catalogue."""
+    price = settings.price_tts_per_1k_chars_usd
+    return {
+        "summary": f"{price} USD per started 1,000 characters of prompt",
+        "unit": "1000 characters",
+        "prices_usd": {"per_1000_characters": str(price)},
+    }
+
+
+def stt_price_list(settings: Settings) -> dict[str, Any]:
+    """The rule of ``stt_pricing`` for the model catalogue."""
+    price = settings.price_stt_task_usd
+    return {
+        "summary": f"{price} USD per transcription, whatever its length",
+        "unit": "task",
+        "prices_usd": {"task": str(price)},
+    }
+
+
 def _tts_engine(settings: Settings) -> Engine:
     from genhook.engines.audio._tts import TextToSpeechEngine
 
@@ -54,6 +75,7 @@ TTS_SPEC = ModelSpec(
     request_schema=TextToSpeechRequest,
     engine_factory=_tts_engine,
     pricing=tts_pricing,
+    price_list=tts_price_list,
     deadline_seconds=120.0,
     description="Speaks up to 5,000 characters of text on the CPU (eSpeak NG, 100+ languages); "
     "MP3, WAV, Ogg Opus or FLAC.",
@@ -65,6 +87,7 @@ STT_SPEC = ModelSpec(
     request_schema=SpeechToTextRequest,
     engine_factory=_stt_engine,
     pricing=stt_pricing,
+    price_list=stt_price_list,
     deadline_seconds=900.0,
     description="Transcribes speech on the CPU (Whisper via faster-whisper) with word "
     "timestamps; the bundled model is English-only tiny.en.",
