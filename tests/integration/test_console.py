@@ -294,3 +294,28 @@ async def test_a_key_created_in_the_console_can_be_revoked_there(harness: Harnes
     assert (await harness.client.get("/api/v1/keys", headers=auth)).status_code == 401
     page = (await client.get("/console/keys")).text
     assert page.count("/revoke") == 1  # only the signed-in key is left to revoke
+
+
+async def test_the_root_leads_to_the_console_and_the_site_has_an_icon(
+    harness: Harness, tmp_path: Path
+) -> None:
+    response = await harness.client.get("/")
+    assert response.status_code == 307 and response.headers["location"] == "/console"
+    icon = await harness.client.get("/favicon.ico")
+    assert icon.status_code == 200
+    assert icon.headers["content-type"] == "image/vnd.microsoft.icon"
+    # An ICO directory of one 32x32 image, a PNG inside.
+    assert icon.content[:6] == b"\x00\x00\x01\x00\x01\x00" and icon.content[6:8] == b"\x20\x20"
+    assert icon.content[22:30] == b"\x89PNG\r\n\x1a\n"
+    # With the console off, the root leads to the API reference instead.
+    settings = make_settings(
+        tmp_path / "off", f"sqlite+aiosqlite:///{tmp_path / 'off.db'}", console_enabled=False
+    )
+    off = await make_harness(settings)
+    try:
+        response = await off.client.get("/")
+        assert response.status_code == 307 and response.headers["location"] == "/docs"
+        assert (await off.client.get(response.headers["location"])).status_code == 200
+    finally:
+        await off.client.aclose()
+        await off.state.db.dispose()
