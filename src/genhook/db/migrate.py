@@ -6,6 +6,9 @@ lock does, so several replicas may start at once against one database.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 from alembic import command
@@ -14,6 +17,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from genhook.files import private_sqlite
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 _PG_LOCK_ID = 0x6E686B  # arbitrary, fixed: "genhook migrations"
@@ -49,9 +54,7 @@ def upgrade(url: str) -> None:
             fcntl.flock(lock, fcntl.LOCK_EX)
             engine = create_engine(_sync_url(url))
             with engine.begin() as connection:
-                config = alembic_config(url)
-                config.attributes["connection"] = connection
-                command.upgrade(config, "head")
+                _upgrade_with_connection(connection, url)
             engine.dispose()
         return
     import asyncio
@@ -75,9 +78,31 @@ async def _upgrade_postgres(url: str) -> None:
 
 
 def _upgrade_with_connection(connection: object, url: str) -> None:
+    """Upgrade on ``connection``; one line says what changed, none when nothing did."""
+    from alembic.runtime.migration import MigrationContext
+
     config = alembic_config(url)
     config.attributes["connection"] = connection
-    command.upgrade(config, "head")
+    with _alembic_quiet():
+        before = MigrationContext.configure(connection).get_current_revision()  # type: ignore[arg-type]
+        command.upgrade(config, "head")
+        after = MigrationContext.configure(connection).get_current_revision()  # type: ignore[arg-type]
+    if after != before:
+        log.info("database schema upgraded from %s to %s", before or "empty", after)
+
+
+@contextlib.contextmanager
+def _alembic_quiet() -> Iterator[None]:
+    """Alembic logs its dialect and every step at INFO, several lines on every start even
+    when nothing changes; they are shown only when the service logs at DEBUG."""
+    logger = logging.getLogger("alembic")
+    level = logger.level
+    if not logger.isEnabledFor(logging.DEBUG):
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def upgrade_in_thread(url: str) -> None:
