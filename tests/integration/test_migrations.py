@@ -23,21 +23,13 @@ QUEUE_STORAGE: dict[str, str] = _queue_vacuum.QUEUE_STORAGE
 async def test_migrations_match_models(database_url: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     upgrade_in_thread(database_url)
-    # One line of ours says what changed; Alembic's own steps stay out of an INFO log.
+    # One line of ours says what changed (a start that changes nothing says nothing).
     assert [r.getMessage() for r in caplog.records if r.name.startswith("genhook.db")] == [
         f"database schema upgraded from empty to {_newest()}"
     ]
-    assert not [r for r in caplog.records if r.name.startswith("alembic")]
     caplog.clear()
-    upgrade_in_thread(database_url)  # a second run is a no-op, and says nothing
-    assert caplog.records == []
-    # At DEBUG, Alembic's lines are there for whoever looks into a migration.
-    logging.getLogger("alembic").setLevel(logging.DEBUG)
-    try:
-        upgrade_in_thread(database_url)
-    finally:
-        logging.getLogger("alembic").setLevel(logging.NOTSET)
-    assert [r for r in caplog.records if r.name.startswith("alembic")]
+    upgrade_in_thread(database_url)  # a second run is a no-op
+    assert not [r for r in caplog.records if r.name.startswith("genhook.db")]
     engine = create_async_engine(database_url)
 
     def diff(connection: Any) -> list[Any]:

@@ -111,3 +111,18 @@ def test_text_format_appends_the_ids(tmp_path: Path, monkeypatch: pytest.MonkeyP
     first, second = stream.getvalue().splitlines()
     assert first.endswith("genhook.test: hello [task_id=t3]")
     assert second.endswith("genhook.test: plain")
+
+
+def test_alembic_speaks_only_in_a_debug_log(
+    captured: io.StringIO, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logging.getLogger("alembic.runtime.migration").info("Context impl SQLiteImpl.")
+    logging.getLogger("alembic.runtime.migration").warning("a real problem")
+    assert [line["message"] for line in lines(captured)] == ["a real problem"]
+    monkeypatch.setattr("sys.stderr", captured)  # the handler of a new configuration
+    configure_logging(Settings(data_dir=tmp_path, log_format="json", log_level="DEBUG"))
+    try:
+        logging.getLogger("alembic.runtime.migration").info("Running upgrade 0009 -> 0010")
+    finally:
+        logging.getLogger("alembic").setLevel(logging.NOTSET)
+    assert lines(captured)[-1]["message"] == "Running upgrade 0009 -> 0010"

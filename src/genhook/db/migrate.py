@@ -6,9 +6,7 @@ lock does, so several replicas may start at once against one database.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 from alembic import command
@@ -83,26 +81,11 @@ def _upgrade_with_connection(connection: object, url: str) -> None:
 
     config = alembic_config(url)
     config.attributes["connection"] = connection
-    with _alembic_quiet():
-        before = MigrationContext.configure(connection).get_current_revision()  # type: ignore[arg-type]
-        command.upgrade(config, "head")
-        after = MigrationContext.configure(connection).get_current_revision()  # type: ignore[arg-type]
+    before = MigrationContext.configure(connection).get_current_revision()  # type: ignore[arg-type]
+    command.upgrade(config, "head")
+    after = MigrationContext.configure(connection).get_current_revision()  # type: ignore[arg-type]
     if after != before:
         log.info("database schema upgraded from %s to %s", before or "empty", after)
-
-
-@contextlib.contextmanager
-def _alembic_quiet() -> Iterator[None]:
-    """Alembic logs its dialect and every step at INFO, several lines on every start even
-    when nothing changes; they are shown only when the service logs at DEBUG."""
-    logger = logging.getLogger("alembic")
-    level = logger.level
-    if not logger.isEnabledFor(logging.DEBUG):
-        logger.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def upgrade_in_thread(url: str) -> None:
