@@ -15,7 +15,7 @@ from genhook.accounts import create_account
 from genhook.console.routes import build_body, form_fields, snippets
 from genhook.console.session import COOKIE, SessionSigner
 from genhook.engines.audio._requests import TextToSpeechRequest
-from genhook.engines.edit_request import EditRequest
+from genhook.engines.edit_request import ALLOWED_SIZES, EditRequest
 from genhook.sender.keys import ensure_signing_key, rotate_signing_key
 from tests.conftest import Harness, make_harness, make_settings
 from tests.support.images import data_url
@@ -121,6 +121,10 @@ def test_the_form_follows_the_request_schema() -> None:
     assert edit["images"]["control"] == "file" and edit["images"]["multiple"] is True
     assert edit["output_format"]["control"] == "select"
     assert edit["output_format"]["options"] == ["jpeg", "png"]
+    # The allowed sizes are choices, the default among them.
+    assert edit["size"]["control"] == "select"
+    assert edit["size"]["options"] == list(ALLOWED_SIZES)
+    assert edit["size"]["default"] == "2048*2048"
     assert edit["prompt"]["control"] == "textarea" and edit["prompt"]["required"]
     assert edit["enable_base64_output"]["control"] == "checkbox"
     assert "webhook_url" not in edit and "model" not in edit
