@@ -96,7 +96,9 @@ function previewInPlace() {
   form.addEventListener("submit", async (event) => {
     if (event.submitter?.value !== "preview") return;
     event.preventDefault();
-    const response = await fetch(form.action, { method: "POST", body: new FormData(form, event.submitter) });
+    // getAttribute: `form.action` is the button named "action", not the form's URL.
+    const url = form.getAttribute("action");
+    const response = await fetch(url, { method: "POST", body: new FormData(form, event.submitter) });
     const page = new DOMParser().parseFromString(await response.text(), "text/html");
     const shown = page.getElementById("request");
     if (!shown) return;
