@@ -37,24 +37,26 @@ def stt_pricing(settings: Settings, request: BaseModel) -> Charge:
     return Charge(tier="stt", output_pixels=0, input_images=1, lines=(line,))
 
 
+def _one_price(price: Decimal, per: str, unit: str, name: str) -> dict[str, Any]:
+    """A catalogue price list of a single price."""
+    return {"summary": f"{price} USD {per}", "unit": unit, "prices_usd": {name: str(price)}}
+
+
 def tts_price_list(settings: Settings) -> dict[str, Any]:
     """The rule of ``tts_pricing`` for the model catalogue."""
-    price = settings.price_tts_per_1k_chars_usd
-    return {
-        "summary": f"{price} USD per started 1,000 characters of prompt",
-        "unit": "1000 characters",
-        "prices_usd": {"per_1000_characters": str(price)},
-    }
+    return _one_price(
+        settings.price_tts_per_1k_chars_usd,
+        "per started 1,000 characters of prompt",
+        "1000 characters",
+        "per_1000_characters",
+    )
 
 
 def stt_price_list(settings: Settings) -> dict[str, Any]:
     """The rule of ``stt_pricing`` for the model catalogue."""
-    price = settings.price_stt_task_usd
-    return {
-        "summary": f"{price} USD per transcription, whatever its length",
-        "unit": "task",
-        "prices_usd": {"task": str(price)},
-    }
+    return _one_price(
+        settings.price_stt_task_usd, "per transcription, whatever its length", "task", "task"
+    )
 
 
 def _tts_engine(settings: Settings) -> Engine:
