@@ -1,6 +1,7 @@
 """The idle cost of ``genhook serve`` with two workers: CPU, memory and database writes.
 
     .venv/bin/python benchmarks/idle.py [--seconds 10] [--settle 5] [--skip-postgres]
+                                        [--after-tasks]
 
 Starts the service (SQLite, then PostgreSQL), waits ``--settle`` seconds for start-up work to
 end, then samples the CPU time of the whole process tree (supervisor, api, workers,
@@ -8,7 +9,8 @@ dispatcher) over ``--seconds`` and prints it as a share of one core, with the tr
 RSS and PSS, then each process's memory, CPU and wake-ups (context switches; ``serve`` is the
 supervisor). It also counts database writes in the window: SQLite's ``PRAGMA data_version``
 and WAL size, PostgreSQL's inserted, updated and deleted row counters. Targets: under 1% of
-one core, under 250 MB, no writes.
+one core, under 250 MB, no writes. With ``--after-tasks`` it samples again after one image
+edit and one text-to-speech task: idle still, but with the workers' models loaded.
 
 Last, it prints the floor under the tree's memory: for each role, a bare Python process that
 imports only the libraries the role is built on (SQLAlchemy, Pydantic, FastAPI and uvicorn,
@@ -95,26 +97,54 @@ def measure(
     name: str, url: str | None, tmp: Path, args: argparse.Namespace, writes: object
 ) -> None:
     data_dir = tmp / name
-    with running_service(str(data_dir), url, **SETTINGS):
+    with running_service(str(data_dir), url, **SETTINGS) as (base, key):
         time.sleep(args.settle)
-        tree = descendants(os.getpid())
-        tree = [pid for pid in tree if is_service(pid)]
         probe = writes if writes is not None else SQLiteWrites(data_dir / "genhook.db")
-        before = probe.sample()  # type: ignore[attr-defined]
-        own0 = [(cpu_seconds([pid]), wakeups(pid)) for pid in tree]
-        cpu0, t0 = cpu_seconds(tree), time.monotonic()
-        time.sleep(args.seconds)
-        cpu1, t1 = cpu_seconds(tree), time.monotonic()
-        own1 = [(cpu_seconds([pid]), wakeups(pid)) for pid in tree]
-        time.sleep(1.0)  # PostgreSQL publishes its counters at most once a second
-        after = probe.sample()  # type: ignore[attr-defined]
-        rss, pss = memory_bytes(tree)
-        per_process = [
-            (role_of(pid), *memory_bytes([pid]), c1 - c0, w1 - w0)
-            for pid, (c0, w0), (c1, w1) in zip(tree, own0, own1, strict=True)
-        ]
+        sample(name, probe, writes is None, args)
+        if args.after_tasks:
+            run_tasks(base, key)
+            time.sleep(args.settle)
+            sample(f"{name} after an edit and a speech task", probe, writes is None, args)
+
+
+def run_tasks(base: str, key: str) -> None:
+    """One image edit and one text-to-speech task, each waited for: the workers that ran
+    them keep their models loaded, which is what the second sample shows."""
+    import httpx
+    from tests.support.images import data_url
+
+    bodies = {
+        "generateImage": {
+            "model": "genhook/image-edit",
+            "prompt": "black and white",
+            "images": [data_url()],
+            "size": "1024*1024",
+        },
+        "generateAudio": {"model": "genhook/text-to-speech", "prompt": "Hello from genhook."},
+    }
+    headers = {"Authorization": f"Bearer {key}", "Prefer": "wait=60"}
+    for path, body in bodies.items():
+        answer = httpx.post(f"{base}/api/v1/model/{path}", json=body, headers=headers, timeout=90)
+        assert answer.json()["status"] == "completed", answer.text
+
+
+def sample(name: str, probe: object, sqlite: bool, args: argparse.Namespace) -> None:
+    tree = [pid for pid in descendants(os.getpid()) if is_service(pid)]
+    before = probe.sample()  # type: ignore[attr-defined]
+    own0 = [(cpu_seconds([pid]), wakeups(pid)) for pid in tree]
+    cpu0, t0 = cpu_seconds(tree), time.monotonic()
+    time.sleep(args.seconds)
+    cpu1, t1 = cpu_seconds(tree), time.monotonic()
+    own1 = [(cpu_seconds([pid]), wakeups(pid)) for pid in tree]
+    time.sleep(1.0)  # PostgreSQL publishes its counters at most once a second
+    after = probe.sample()  # type: ignore[attr-defined]
+    rss, pss = memory_bytes(tree)
+    per_process = [
+        (role_of(pid), *memory_bytes([pid]), c1 - c0, w1 - w0)
+        for pid, (c0, w0), (c1, w1) in zip(tree, own0, own1, strict=True)
+    ]
     share = (cpu1 - cpu0) / (t1 - t0)
-    if writes is None:
+    if sqlite:
         what = f"data_version {before[0]}->{after[0]}, WAL {before[1]}->{after[1]} bytes"
         wrote = after != before
     else:
@@ -195,6 +225,11 @@ def main() -> None:
     # PostgreSQL backends publish their row counters up to 10 s after going idle.
     parser.add_argument("--settle", type=float, default=12.0)
     parser.add_argument("--skip-postgres", action="store_true")
+    parser.add_argument(
+        "--after-tasks",
+        action="store_true",
+        help="Also sample again after one image edit and one text-to-speech task.",
+    )
     args = parser.parse_args()
     print(f"idle benchmark: genhook serve, 2 workers; load {os.getloadavg()[0]:.2f}")
     with ExitStack() as stack:

@@ -190,6 +190,11 @@ def configure_logging(settings: Settings, role: str = "serve") -> None:
     root.addHandler(handler)
     root.setLevel(settings.log_level.upper())
     logging.captureWarnings(True)  # a library's warning is a log line too
+    # Alembic logs its plugins, its dialect and every step at INFO: a dozen lines on every
+    # start even when nothing changes. ``genhook.db.migrate`` logs one line when the schema
+    # does change; Alembic's own are for a DEBUG log.
+    alembic = logging.WARNING if root.getEffectiveLevel() > logging.DEBUG else logging.NOTSET
+    logging.getLogger("alembic").setLevel(alembic)
     # uvicorn installs handlers of its own unless started with ``log_config=None``; either
     # way its records reach this one.
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):

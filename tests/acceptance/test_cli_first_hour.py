@@ -29,7 +29,7 @@ def run_cli(
         cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
     )
 
 
@@ -99,13 +99,25 @@ def test_tables_keep_ids_whole_in_a_narrow_terminal(live_service: LiveService) -
     assert any(created["key_id"] in line for line in listed.stdout.splitlines()), listed.stdout
 
 
+@pytest.mark.timeout(300)  # two services, one after the other
 def test_serve_dev_accepts_local_webhooks_and_prints_listen(tmp_path: Path) -> None:
     env = {"GENHOOK_WEBHOOK_ALLOW_PRIVATE_TARGETS": "false"}
     (tmp_path / "dev").mkdir()
     (tmp_path / "plain").mkdir()
-    live = start_service(tmp_path / "dev", args=("--dev",), **env)
+    # A shell whose PATH has no genhook: the virtualenv is not active.
+    live = start_service(tmp_path / "dev", args=("--dev",), PATH="/usr/bin:/bin", **env)
     try:
-        assert f"genhook listen --base-url {live.base_url} --port 4242" in live.log()
+        script = Path(sys.executable).parent / "genhook"
+        printed = f"  {script} listen --base-url {live.base_url} --port 4242\n"
+        assert printed in live.log(), live.log()
+        # The printed command runs as printed.
+        shown = subprocess.run(
+            [str(script), "listen", "--help"], env=live.env, capture_output=True, timeout=60
+        )
+        assert shown.returncode == 0 and b"--forward-to" in shown.stdout
+        # The start's log says the schema was made, in one line and without Alembic's own.
+        assert live.log().count("genhook.db.migrate: database schema upgraded from empty") == 1
+        assert "alembic" not in live.log()
         response = httpx.post(
             f"{live.base_url}/api/v1/model/generateImage",
             json={
@@ -137,5 +149,76 @@ def test_serve_dev_accepts_local_webhooks_and_prints_listen(tmp_path: Path) -> N
         assert response.status_code == 400
         assert "must use https" in response.json()["message"]
         assert "not a routable public address" in response.json()["message"]
+        assert "genhook serve --dev" in response.json()["message"]
     finally:
         stop_service(plain)
+
+
+def saved_paths(stdout: str) -> list[Path]:
+    return [
+        Path(line.removeprefix("saved "))
+        for line in stdout.splitlines()
+        if line.startswith("saved ")
+    ]
+
+
+@pytest.mark.timeout(360)  # the real speech models, through a dozen CLI runs
+def test_submit_finds_the_path_takes_files_and_saves_outputs(
+    live_service: LiveService, tmp_path: Path
+) -> None:
+    env = {**bare_env(live_service), "GENHOOK_API_KEY": live_service.api_key, "COLUMNS": "200"}
+    # Text to speech without --kind: the catalogue says generateAudio. -o saves the speech.
+    spoken = run_cli(
+        env,
+        "submit",
+        "-m",
+        "genhook/text-to-speech",
+        "-p",
+        "Hello from the command line.",
+        "--wait",
+        "-o",
+        str(tmp_path / "tts"),
+    )
+    assert spoken.returncode == 0, spoken.stdout + spoken.stderr
+    [speech] = saved_paths(spoken.stdout)
+    assert speech.parent == tmp_path / "tts" and speech.suffix == ".mp3"
+    assert speech.read_bytes()[:3] == b"ID3" or speech.read_bytes()[0] == 0xFF
+
+    # Speech to text from that local file, with no prompt: -f audio=FILE sends the file.
+    created = run_cli(
+        env, "submit", "-m", "genhook/speech-to-text", "-f", f"audio={speech}", "--json"
+    )
+    assert created.returncode == 0, created.stdout + created.stderr
+    task_id = json.loads(created.stdout)["id"]
+    # `wait -o` saves the transcript once it ends, then `result -o` saves it again.
+    waited = run_cli(env, "wait", task_id, "-o", str(tmp_path / "stt"))
+    assert waited.returncode == 0, waited.stdout + waited.stderr
+    saved = saved_paths(waited.stdout)
+    assert saved and all(p.parent == tmp_path / "stt" and p.name.startswith(task_id) for p in saved)
+    transcript = next(p for p in saved if p.suffix == ".json")
+    assert "hello" in json.loads(transcript.read_text())["text"].lower()
+    again = run_cli(env, "result", task_id, "-o", str(tmp_path / "again"), "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["id"] == task_id  # stdout stays the JSON answer
+    assert [p.name for p in saved_paths(again.stderr)] == [p.name for p in saved]
+
+    # --audio FILE is the same request; a missing file is refused before anything is sent.
+    direct = run_cli(env, "submit", "-m", "genhook/speech-to-text", "--audio", str(speech))
+    assert direct.returncode == 0, direct.stdout + direct.stderr
+    missing = run_cli(env, "submit", "-m", "genhook/speech-to-text", "--audio", "nope.mp3")
+    assert missing.returncode == 2 and "cannot read nope.mp3" in missing.stderr
+
+    # --kind still overrides, and the service's refusal is printed once.
+    wrong = run_cli(env, "submit", "-m", "genhook/text-to-speech", "-p", "hi", "--kind", "image")
+    assert wrong.returncode == 3
+    assert wrong.stderr.count("not accepted on") == 1, wrong.stderr
+    # -o without --wait would have nothing to save yet.
+    early = run_cli(env, "submit", "-p", "x", "-i", str(speech), "-o", str(tmp_path / "x"))
+    assert early.returncode == 2 and "--output-dir needs --wait" in early.stderr
+
+
+def test_tasks_help_names_every_status(live_service: LiveService) -> None:
+    shown = run_cli({**live_service.env, "COLUMNS": "200"}, "tasks", "--help")
+    assert shown.returncode == 0
+    for status in ("created", "processing", "completed", "failed", "canceled"):
+        assert status in shown.stdout, status

@@ -189,6 +189,13 @@ def test_playground_operator_view_and_sign_out(
     context: BrowserContext, service: LiveService, shots: Path, workdir: Path
 ) -> None:
     page = context.new_page()
+    # The service's bare address leads to the console, which says where a key is found.
+    page.goto("/")
+    page.wait_for_url("**/console/login")
+    where = page.locator("#where-key").inner_text()
+    assert "genhook-data/credentials.json" in where and "genhook keys create" in where
+    icon = page.request.get(page.locator("link[rel=icon]").get_attribute("href") or "")
+    assert icon.ok and icon.headers["content-type"] == "image/vnd.microsoft.icon"
     sign_in(page, service.api_key)
     snap(page, shots, "models")
 
@@ -197,12 +204,24 @@ def test_playground_operator_view_and_sign_out(
     picture = workdir / "upload.png"
     picture.write_bytes(png(64, 48))
     page.set_input_files("#f-images", str(picture))
-    page.locator("#f-prompt").fill("black and white")
-    page.locator("#f-size").fill("1024*1024")
+    page.locator("#f-prompt").fill("black and white, then teach it to dance")
+    # The allowed sizes are a list to choose from.
+    sizes = page.locator("#f-size option").all_inner_texts()
+    assert "1024*1024" in sizes and "2048*2048" in sizes and len(sizes) == 14
+    page.locator("#f-size").select_option("1024*1024")
     snap(page, shots, "play-image-edit")
+    # The request shows beside the form, and the chosen file stays chosen for the submit.
+    page.get_by_role("button", name="Show the request").click()
+    page.locator("#code-curl").wait_for()
+    assert "data:image/png;base64," in page.locator("#code-curl").inner_text()
+    assert page.locator("#f-images").evaluate("input => input.files.length") == 1
+    assert page.locator("#f-size").input_value() == "1024*1024"
     page.get_by_role("button", name="Submit").click()
     page.wait_for_url("**/console/tasks/*")
     wait_status(page, "completed")
+    # Ended: the bar is full, not busy; the part of the prompt left out is named.
+    assert page.locator("#task-progress").evaluate("bar => bar.position") == 1
+    assert page.locator("#ignored li").all_inner_texts() == ["teach it to dance"]
     image = page.locator("img.output").first
     image.wait_for()
     page.wait_for_function("() => document.querySelector('img.output').complete")
@@ -256,12 +275,13 @@ def test_playground_operator_view_and_sign_out(
     page.goto("/console/play/test/fake-edit")
     page.set_input_files("#f-images", str(picture))
     page.locator("#f-prompt").fill("wait=60")
-    page.locator("#f-size").fill("1024*1024")
+    page.locator("#f-size").select_option("1024*1024")
     page.get_by_role("button", name="Submit").click()
     page.wait_for_url("**/console/tasks/*")
     wait_status(page, "processing")
     page.get_by_role("button", name="Cancel task").click()
     wait_status(page, "canceled")
+    assert page.locator("#task-progress").count() == 0  # no bar left busy
     snap(page, shots, "task-canceled")
 
     # A webhook that fails, then a redelivery from the deliveries page.
@@ -270,7 +290,7 @@ def test_playground_operator_view_and_sign_out(
         page.goto("/console/play/test/fake-edit")
         page.set_input_files("#f-images", str(picture))
         page.locator("#f-prompt").fill("edit")
-        page.locator("#f-size").fill("1024*1024")
+        page.locator("#f-size").select_option("1024*1024")
         page.get_by_label("Webhook URL (optional)").fill(receiver.url)
         page.get_by_role("button", name="Submit").click()
         page.wait_for_url("**/console/tasks/*")

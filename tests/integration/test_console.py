@@ -15,7 +15,7 @@ from genhook.accounts import create_account, create_key, revoke_key
 from genhook.console.routes import build_body, form_fields, snippets
 from genhook.console.session import COOKIE
 from genhook.engines.audio._requests import TextToSpeechRequest
-from genhook.engines.edit_request import EditRequest
+from genhook.engines.edit_request import ALLOWED_SIZES, EditRequest
 from genhook.sender.keys import ensure_signing_key, rotate_signing_key
 from tests.conftest import Harness, make_harness, make_settings
 from tests.support.images import data_url
@@ -123,6 +123,10 @@ def test_the_form_follows_the_request_schema() -> None:
     assert edit["images"]["control"] == "file" and edit["images"]["multiple"] is True
     assert edit["output_format"]["control"] == "select"
     assert edit["output_format"]["options"] == ["jpeg", "png"]
+    # The allowed sizes are choices, the default among them.
+    assert edit["size"]["control"] == "select"
+    assert edit["size"]["options"] == list(ALLOWED_SIZES)
+    assert edit["size"]["default"] == "2048*2048"
     assert edit["prompt"]["control"] == "textarea" and edit["prompt"]["required"]
     assert edit["enable_base64_output"]["control"] == "checkbox"
     assert "webhook_url" not in edit and "model" not in edit
@@ -341,3 +345,28 @@ async def test_sign_in_is_throttled_per_client_and_per_account(harness: Harness)
         assert response.status_code == 303, response.text
     refused = await from_address("10.0.0.99").post("/console/login", data=key)
     assert refused.status_code == 429
+
+
+async def test_the_root_leads_to_the_console_and_the_site_has_an_icon(
+    harness: Harness, tmp_path: Path
+) -> None:
+    response = await harness.client.get("/")
+    assert response.status_code == 307 and response.headers["location"] == "/console"
+    icon = await harness.client.get("/favicon.ico")
+    assert icon.status_code == 200
+    assert icon.headers["content-type"] == "image/vnd.microsoft.icon"
+    # An ICO directory of one 32x32 image, a PNG inside.
+    assert icon.content[:6] == b"\x00\x00\x01\x00\x01\x00" and icon.content[6:8] == b"\x20\x20"
+    assert icon.content[22:30] == b"\x89PNG\r\n\x1a\n"
+    # With the console off, the root leads to the API reference instead.
+    settings = make_settings(
+        tmp_path / "off", f"sqlite+aiosqlite:///{tmp_path / 'off.db'}", console_enabled=False
+    )
+    off = await make_harness(settings)
+    try:
+        response = await off.client.get("/")
+        assert response.status_code == 307 and response.headers["location"] == "/docs"
+        assert (await off.client.get(response.headers["location"])).status_code == 200
+    finally:
+        await off.client.aclose()
+        await off.state.db.dispose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from genhook.db.migrate import upgrade_in_thread
+from genhook.db.migrate import alembic_config, upgrade_in_thread
 from genhook.db.models import Base
 
 _queue_vacuum = importlib.import_module("genhook.db.migrations.versions.0010_queue_vacuum")
@@ -19,9 +20,16 @@ QUEUE_TABLES: tuple[str, ...] = _queue_vacuum.QUEUE_TABLES
 QUEUE_STORAGE: dict[str, str] = _queue_vacuum.QUEUE_STORAGE
 
 
-async def test_migrations_match_models(database_url: str) -> None:
+async def test_migrations_match_models(database_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
     upgrade_in_thread(database_url)
+    # One line of ours says what changed (a start that changes nothing says nothing).
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("genhook.db")] == [
+        f"database schema upgraded from empty to {_newest()}"
+    ]
+    caplog.clear()
     upgrade_in_thread(database_url)  # a second run is a no-op
+    assert not [r for r in caplog.records if r.name.startswith("genhook.db")]
     engine = create_async_engine(database_url)
 
     def diff(connection: Any) -> list[Any]:
@@ -32,6 +40,14 @@ async def test_migrations_match_models(database_url: str) -> None:
         differences = await connection.run_sync(diff)
     await engine.dispose()
     assert differences == []
+
+
+def _newest() -> str:
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    assert head is not None
+    return head
 
 
 @pytest.mark.postgres

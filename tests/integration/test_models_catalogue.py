@@ -37,6 +37,15 @@ async def test_catalogue_lists_every_registered_model(harness: Harness) -> None:
     assert edit["pricing"]["prices_usd"]["2K"] == "0.030"
     assert "size" in edit["request_schema"]["properties"]
 
+    # The audio models' prices are numbers in the catalogue, as the settings give them.
+    tts, stt = models["genhook/text-to-speech"], models["genhook/speech-to-text"]
+    assert tts["pricing"]["unit"] == "1000 characters"
+    assert tts["pricing"]["prices_usd"] == {"per_1000_characters": "0.015"}
+    assert "0.015 USD per started 1,000 characters" in tts["pricing"]["summary"]
+    assert stt["pricing"]["unit"] == "task"
+    assert stt["pricing"]["prices_usd"] == {"task": "0.006"}
+    assert "0.006 USD per transcription" in stt["pricing"]["summary"]
+
     fake = models["test/fake-edit"]
     assert fake["pricing"]["summary"] and fake["pricing"]["prices_usd"] == {}
 

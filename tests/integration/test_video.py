@@ -363,3 +363,16 @@ async def test_base64_output_is_the_mp4_itself(harness: Harness) -> None:
     data = base64.b64decode(result["outputs"][0], validate=True)
     facts, frames = decode(data)
     assert facts["codec"] == "h264" and len(frames) == result["info"]["frames"] == 24
+
+
+async def test_the_engine_reports_each_second_of_video_it_encodes(harness: Harness) -> None:
+    result = await run_video(harness, duration=2)
+    assert result["status"] == "completed", result
+    response = await harness.client.get(
+        f"/api/v1/model/result/{result['id']}", params={"logs": "1"}, headers=harness.headers
+    )
+    lines = [line["message"] for line in response.json()["logs"]]
+    size = result["info"]["size"]
+    assert lines[0] == f"prepared 1 still(s) for {size}"
+    assert lines[1:3] == ["encoded 24 of 48 frames", "encoded 48 of 48 frames"]
+    assert lines[3].startswith("encoded the MP4, ")

@@ -241,3 +241,31 @@ def test_language_codes_are_whispers() -> None:
     from genhook.engines.audio._requests import WHISPER_LANGUAGES
 
     assert frozenset(_LANGUAGE_CODES) == WHISPER_LANGUAGES
+
+
+def test_both_engines_report_their_progress(
+    tts: TextToSpeechEngine, stt: SpeechToTextEngine
+) -> None:
+    reports: list[tuple[float | None, str | None]] = []
+
+    def report(progress: float | None = None, log: str | None = None) -> None:
+        reports.append((progress, log))
+
+    values = {"prompt": SHORT, "output_format": "wav", "sample_rate": 16000}
+    spoken = tts.run(EngineJob("t", "genhook/text-to-speech", values, [], report=report))
+    assert [log for _, log in reports] == [
+        f"spoke {len(SHORT)} characters ({spoken.info['duration_seconds']:.1f} s)",
+        f"encoded wav, {len(spoken.outputs[0].data)} bytes",
+    ]
+    assert [progress for progress, _ in reports] == [0.7, 1.0]
+
+    reports.clear()
+    stt.run(EngineJob("t", "genhook/speech-to-text", {}, [spoken.outputs[0].data], report=report))
+    duration = f"{spoken.info['duration_seconds']:.1f}"
+    assert reports[0] == (0.05, f"decoded {duration} s of audio")
+    # One line per transcribed segment, the seconds growing to the whole recording.
+    progress = [p for p, _ in reports]
+    assert len(reports) >= 2 and progress == sorted(progress)
+    assert all(log and log.startswith("transcribed ") for _, log in reports[1:])
+    assert str(reports[-1][1]).endswith(f" of {duration} s")
+    assert 0.5 < progress[-1] <= 1.0  # the speech ends before the recording's last silence

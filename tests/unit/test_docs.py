@@ -18,6 +18,34 @@ def test_every_error_code_is_documented() -> None:
         assert code in ERROR_CODE_DESCRIPTIONS
 
 
+def _tables(markdown: str) -> list[list[str]]:
+    """Each run of consecutive table lines, as it renders: a blank line ends a table."""
+    tables: list[list[str]] = []
+    current: list[str] = []
+    for line in [*markdown.splitlines(), ""]:
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            tables.append(current)
+            current = []
+    return tables
+
+
+def test_the_error_tables_of_api_md_are_whole_and_in_order() -> None:
+    api = (DOCS / "api.md").read_text()
+    errors = api[api.index("## Errors") : api.index("## Webhook events")]
+    tables = _tables(errors)
+    # One status table and one error_code table, each with its header row, no fragments.
+    assert [table[0] for table in tables] == [
+        "| Status | When |",
+        "| `error_code` | Name | Meaning |",
+    ]
+    for table in tables:
+        keys = [int(row.split("|")[1]) for row in table[2:]]
+        assert keys == sorted(set(keys)), keys
+    assert len(tables[1]) - 2 == len(ErrorCode)
+
+
 def test_every_setting_is_documented() -> None:
     configuration = (DOCS / "configuration.md").read_text()
     for name in Settings.model_fields:

@@ -170,3 +170,18 @@ def test_a_failing_readiness_probe_is_folded(captured: io.StringIO) -> None:
     for free in range(100):  # probed ten times a second, the reason changing a little
         log.warning("readiness check failed: %s", f"{free} MB free", extra=FOLD)
     assert [line["message"] for line in lines(captured)] == ["readiness check failed: 0 MB free"]
+
+
+def test_alembic_speaks_only_in_a_debug_log(
+    captured: io.StringIO, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logging.getLogger("alembic.runtime.migration").info("Context impl SQLiteImpl.")
+    logging.getLogger("alembic.runtime.migration").warning("a real problem")
+    assert [line["message"] for line in lines(captured)] == ["a real problem"]
+    monkeypatch.setattr("sys.stderr", captured)  # the handler of a new configuration
+    configure_logging(Settings(data_dir=tmp_path, log_format="json", log_level="DEBUG"))
+    try:
+        logging.getLogger("alembic.runtime.migration").info("Running upgrade 0009 -> 0010")
+    finally:
+        logging.getLogger("alembic").setLevel(logging.NOTSET)
+    assert lines(captured)[-1]["message"] == "Running upgrade 0009 -> 0010"

@@ -19,6 +19,9 @@ from genhook.net import (
     Reach,
     classify,
 )
+from genhook.net._policy import (
+    DEV_MODE_HINT,
+)
 
 PUBLIC_V4 = "93.184.216.34"
 PUBLIC_V6 = "2606:4700:4700::1111"
@@ -196,7 +199,7 @@ def test_corpus_is_large() -> None:
 async def test_not_public_refused(policy: AddressPolicy, url: str) -> None:
     with pytest.raises(InvalidRequest) as info:
         await policy.check_webhook_url(url)
-    assert info.value.message == MSG_NOT_PUBLIC
+    assert info.value.message.removesuffix(DEV_MODE_HINT) == MSG_NOT_PUBLIC
     assert [(e.field, e.message) for e in info.value.errors] == [("webhook_url", MSG_NOT_PUBLIC)]
     assert info.value.status_code == 400
 
@@ -207,14 +210,18 @@ async def test_plain_http_refused(policy: AddressPolicy, url: str) -> None:
         await policy.check_webhook_url(url)
     assert info.value.message in {MSG_NOT_HTTPS, MSG_INVALID}
     if url.lower().startswith("http:"):
-        assert info.value.message == MSG_NOT_HTTPS
+        assert info.value.message.removesuffix(DEV_MODE_HINT) == MSG_NOT_HTTPS
 
 
 @pytest.mark.parametrize("url", INVALID)
 async def test_malformed_refused(policy: AddressPolicy, url: str) -> None:
     with pytest.raises(InvalidRequest) as info:
         await policy.check_webhook_url(url)
-    assert info.value.message in {MSG_INVALID, MSG_NOT_PUBLIC, MSG_NOT_HTTPS}
+    assert info.value.message.removesuffix(DEV_MODE_HINT) in {
+        MSG_INVALID,
+        MSG_NOT_PUBLIC,
+        MSG_NOT_HTTPS,
+    }
 
 
 @pytest.mark.parametrize(
@@ -224,11 +231,38 @@ async def test_malformed_refused(policy: AddressPolicy, url: str) -> None:
 async def test_refusal_names_every_reason(policy: AddressPolicy, url: str) -> None:
     with pytest.raises(InvalidRequest) as info:
         await policy.check_webhook_url(url)
-    assert info.value.message == f"{MSG_NOT_HTTPS}; {MSG_NOT_PUBLIC}"
+    hint = DEV_MODE_HINT if "[" in url or "127.0.0.1" in url else ""
+    assert info.value.message == f"{MSG_NOT_HTTPS}; {MSG_NOT_PUBLIC}{hint}"
     assert [(e.field, e.message) for e in info.value.errors] == [
         ("webhook_url", MSG_NOT_HTTPS),
         ("webhook_url", MSG_NOT_PUBLIC),
     ]
+
+
+@pytest.mark.parametrize(
+    ("url", "hinted"),
+    [
+        ("http://127.0.0.1:4242/hook", True),
+        ("http://mixed.test/", False),
+        ("https://192.168.0.1/", True),
+        ("http://[::1]:4242/", True),
+        # Names are not resolved a second time for the hint.
+        ("http://private.test/", False),
+        # What serve --dev refuses too: no hint that would not help.
+        ("http://public.test/", False),
+        ("https://169.254.169.254/latest/meta-data/", False),
+        ("http://metadata.test/", False),
+        ("http://unknown.test/", False),
+    ],
+)
+async def test_refusal_points_at_serve_dev_only_when_it_would_accept(
+    policy: AddressPolicy, url: str, hinted: bool
+) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        await policy.check_webhook_url(url)
+    assert info.value.message.endswith(DEV_MODE_HINT) is hinted
+    assert "genhook serve --dev" in DEV_MODE_HINT
+    assert all("--dev" not in e.message for e in info.value.errors)
 
 
 async def test_length_limit(policy: AddressPolicy) -> None:

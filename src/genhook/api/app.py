@@ -25,6 +25,7 @@ from genhook.api.routes_docs import install_docs
 from genhook.api.routes_keys import router as keys_router
 from genhook.api.routes_metrics import router as metrics_router
 from genhook.api.routes_models import install_models
+from genhook.api.routes_root import router as root_router
 from genhook.api.routes_signing_keys import router as signing_keys_router
 from genhook.api.routes_tasks import router as tasks_router
 from genhook.api.routes_timeline import router as timeline_router
@@ -89,6 +90,7 @@ def create_app(state: AppState) -> FastAPI:
     app.include_router(timeline_router)
     app.include_router(signing_keys_router)
     app.include_router(metrics_router)
+    app.include_router(root_router)
     if state.settings.console_enabled:
         install_console(app, state)
     if state.settings.api_docs:

@@ -25,7 +25,9 @@ router = APIRouter()
 
 class ModelPricing(BaseModel):
     summary: str = Field(description="The price in words.")
-    unit: str | None = Field(default=None, description="What one price is for: task, second.")
+    unit: str | None = Field(
+        default=None, description="What one price is for: task, second, 1000 characters."
+    )
     currency: str = "USD"
     prices_usd: dict[str, str] = Field(
         default_factory=dict, description="The numbers, as decimal strings by tier or item."

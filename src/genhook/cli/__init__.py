@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shlex
+import shutil
+import sys
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
@@ -84,13 +89,27 @@ def serve(
     run_server(settings)
 
 
+def genhook_command() -> str:
+    """How another terminal runs this installation's ``genhook``: plain ``genhook`` when the
+    shell's PATH finds this one, else the script beside this interpreter (``.venv/bin/genhook``
+    from a checkout whose virtualenv is not active), else ``python -m genhook.cli``."""
+    script = Path(sys.executable).parent / "genhook"
+    if not script.is_file():
+        return f"{shlex.quote(sys.executable)} -m genhook.cli"
+    found = shutil.which("genhook")
+    if found and Path(found).resolve() == script.resolve():
+        return "genhook"
+    relative = os.path.relpath(script)
+    return shlex.quote(relative if not relative.startswith("..") else str(script))
+
+
 def _print_dev_hint(settings: Any) -> None:
     """How to receive this service's webhooks on this machine (``serve --dev``)."""
     base = settings.resolved_public_base_url
     print(
         "Development mode: webhook_url may be a loopback or private address, over plain http.\n"
         "Receive and verify the callbacks in another terminal with:\n"
-        f"  genhook listen --base-url {base} --port 4242\n"
+        f"  {genhook_command()} listen --base-url {base} --port 4242\n"
         'and submit with "webhook_url": "http://127.0.0.1:4242/hook".',
         flush=True,
     )

@@ -6,15 +6,17 @@ The root app registers them with ``register(app)``.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
+import mimetypes
 import os
 import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import httpx
 import typer
@@ -32,8 +34,9 @@ from genhook.client import (
     WebhookVerifier,
 )
 from genhook.client._client import Kind
-from genhook.client._images import image_items
+from genhook.client._images import file_item, image_items, is_url
 from genhook.client._listen import Delivery, Listener
+from genhook.media import CONTENT_TYPES, sniff_image_format
 from genhook.task_states import UNSUCCESSFUL
 
 console = Console(highlight=False)
@@ -49,6 +52,16 @@ API_KEY = typer.Option(
     help="API key (default: the local service's credentials.json).",
 )
 AS_JSON = typer.Option(False, "--json", help="Print the raw JSON answer.")
+OUTPUT_DIR = typer.Option(
+    None,
+    "--output-dir",
+    "-o",
+    help="Save every output of the finished task in this directory and print the paths.",
+    file_okay=False,
+)
+KINDS: tuple[Kind, ...] = ("image", "video", "audio")
+# Request fields that take a media file: a local path given for one is sent as a data URL.
+MEDIA_WORDS = ("image", "audio")
 
 # Exit codes of submit --wait / wait: scripts can tell a failed task from an unfinished one.
 EXIT_TASK_FAILED = 1
@@ -121,6 +134,8 @@ def _fail_request(exc: GenhookError) -> typer.Exit:
     status = f"HTTP {exc.status_code}: " if exc.status_code else ""
     err_console.print(f"[red]error:[/red] {status}{escape(exc.message)}")
     for item in exc.errors:
+        if item.message == exc.message:
+            continue  # the one field error the message already is
         err_console.print(f"  [yellow]{escape(item.field)}[/yellow]: {escape(item.message)}")
     return typer.Exit(EXIT_REQUEST_ERROR)
 
@@ -166,13 +181,94 @@ def print_prediction(prediction: Prediction, as_json: bool) -> None:
 
 
 def _parse_field(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE``, the value parsed as JSON if it can be; a media field (``audio``,
+    ``image``) given a local file's path gets that file as a data URL."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise typer.BadParameter(f"expected KEY=VALUE, got {text!r}")
+    if any(word in key for word in MEDIA_WORDS) and not is_url(value):
+        path = Path(value).expanduser()
+        if path.is_file():
+            return key, _read_file(path)
     try:
         return key, json.loads(value)
     except ValueError:
         return key, value
+
+
+def _read_file(value: str | Path) -> str:
+    try:
+        return file_item(value)
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot read {value}: {exc.strerror or exc}") from None
+
+
+def _submit_kind(client: Client, model: str, kind: str | None) -> Kind:
+    """The submit path the model's catalogue entry names first, unless ``--kind`` is given."""
+    if kind is not None:
+        if kind not in KINDS:
+            raise typer.BadParameter("kind must be image, video or audio")
+        return kind
+    info = client.model(model)
+    for path in info.submit_paths:
+        for each in KINDS:
+            if path.lower().endswith("generate" + each):
+                return each
+    raise typer.BadParameter(f"the catalogue names no submit path for {model}; give --kind")
+
+
+def _output_name(task_id: str, index: int, url: str, content_type: str | None) -> str:
+    """``<task id>-<n><ext>``: the extension from the URL, else from the content type."""
+    suffix = Path(httpx.URL(url).path).suffix if "://" in url else ""
+    if not suffix and content_type:
+        suffix = mimetypes.guess_extension(content_type.split(";")[0].strip()) or ""
+    return f"{task_id}-{index}{suffix or '.bin'}"
+
+
+def save_outputs(prediction: Prediction, directory: Path) -> list[Path]:
+    """Write every output of ``prediction`` into ``directory``: URLs are downloaded (the URL
+    is the credential, no key is sent), data URLs and raw base64 strings decoded."""
+    directory.mkdir(parents=True, exist_ok=True)
+    saved: list[Path] = []
+    for index, url in enumerate(prediction.outputs):
+        if url.startswith(("http://", "https://")):
+            with httpx.stream("GET", url, timeout=60, follow_redirects=True) as response:
+                if response.status_code != 200:
+                    raise ValueError(f"output {index} answered HTTP {response.status_code}: {url}")
+                content_type = response.headers.get("content-type")
+                path = directory / _output_name(prediction.id, index, url, content_type)
+                with path.open("wb") as file:
+                    for chunk in response.iter_bytes():
+                        file.write(chunk)
+        else:
+            header, _, encoded = url.rpartition(",")
+            data = base64.b64decode(encoded)
+            mime = header[5:].split(";")[0] if header.startswith("data:") else None
+            fmt = sniff_image_format(data)
+            path = directory / _output_name(
+                prediction.id, index, "", mime or (CONTENT_TYPES[fmt] if fmt else None)
+            )
+            path.write_bytes(data)
+        saved.append(path)
+    return saved
+
+
+def _print_saved(paths: list[Path], as_json: bool) -> None:
+    for path in paths:
+        # With --json stdout holds only the JSON answer; the paths go to stderr.
+        (err_console if as_json else console).print(f"saved {escape(str(path))}", soft_wrap=True)
+
+
+def _finish(prediction: Prediction, output_dir: Path | None, as_json: bool) -> None:
+    """Print a task, save its outputs when asked, and exit 1 if it did not succeed."""
+    print_prediction(prediction, as_json)
+    if output_dir is not None and prediction.status == "completed":
+        try:
+            _print_saved(save_outputs(prediction, output_dir), as_json)
+        except (httpx.HTTPError, OSError, ValueError) as exc:
+            err_console.print(f"[red]error:[/red] saving the outputs: {escape(str(exc))}")
+            raise typer.Exit(EXIT_REQUEST_ERROR) from None
+    _exit_for(prediction)
 
 
 def _wait_with_progress(client: Client, task_id: str, timeout: float, as_json: bool) -> Prediction:
@@ -197,17 +293,35 @@ def _exit_for(prediction: Prediction) -> None:
 
 
 def submit(
-    prompt: str = typer.Option(..., "--prompt", "-p", help="What to do with the images."),
+    prompt: str | None = typer.Option(
+        None,
+        "--prompt",
+        "-p",
+        help="The prompt: the edit, the text to speak; models without one take none.",
+    ),
     image: list[str] = typer.Option(
         [], "--image", "-i", help="Image file, URL or data URL; repeat for several (1..10)."
     ),
+    audio: str | None = typer.Option(
+        None, "--audio", help="Audio (or video) file, URL or data URL to transcribe."
+    ),
     model: str = typer.Option(EDIT_MODEL, "--model", "-m"),
-    kind: str = typer.Option("image", "--kind", help="image, video or audio submit path."),
+    kind: str | None = typer.Option(
+        None,
+        "--kind",
+        help="image, video or audio submit path (default: the model's own, from the catalogue).",
+    ),
     size: str | None = typer.Option(None, "--size", help="WIDTH*HEIGHT, e.g. 2048*2048."),
-    output_format: str | None = typer.Option(None, "--output-format", help="jpeg or png."),
+    output_format: str | None = typer.Option(
+        None, "--output-format", help="The model's format, e.g. jpeg, png, mp3, wav."
+    ),
     webhook_url: str | None = typer.Option(None, "--webhook-url", help="https callback URL."),
     field: list[str] = typer.Option(
-        [], "--field", "-f", help="Extra body field KEY=VALUE (VALUE parsed as JSON if it can)."
+        [],
+        "--field",
+        "-f",
+        help="Extra body field KEY=VALUE (VALUE parsed as JSON if it can; a file path for "
+        "an audio or image field is sent as that file).",
     ),
     idempotency_key: str | None = typer.Option(
         None, "--idempotency-key", help="Makes a resubmit return the first task (24 h)."
@@ -217,19 +331,24 @@ def submit(
     ),
     wait_for_it: bool = typer.Option(False, "--wait", help="Wait for the terminal state."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds --wait waits at most."),
+    output_dir: Path | None = OUTPUT_DIR,
     base_url: str | None = BASE_URL,
     api_key: str | None = API_KEY,
     as_json: bool = AS_JSON,
 ) -> None:
     """Submit a task (an image edit by default) and print it; --wait follows it to the end."""
-    if kind not in ("image", "video", "audio"):
-        raise typer.BadParameter("kind must be image, video or audio")
-    fields: dict[str, Any] = {"prompt": prompt}
+    if output_dir is not None and not wait_for_it:
+        raise typer.BadParameter("--output-dir needs --wait (or use: genhook wait ID -o DIR)")
+    fields: dict[str, Any] = {}
+    if prompt is not None:
+        fields["prompt"] = prompt
     if image:
         try:
             fields["images"] = image_items(image)
         except OSError as exc:
             raise typer.BadParameter(f"cannot read image: {exc}") from None
+    if audio is not None:
+        fields["audio"] = _read_file(audio)
     for name, value in (("size", size), ("output_format", output_format)):
         if value is not None:
             fields[name] = value
@@ -239,7 +358,7 @@ def submit(
     with open_client(api_key, base_url) as client:
         created = client.submit(
             model,
-            kind=cast(Kind, kind),
+            kind=_submit_kind(client, model, kind),
             idempotency_key=idempotency_key,
             start_deadline=start_deadline,
             **fields,
@@ -250,25 +369,33 @@ def submit(
         if not as_json:
             console.print(f"submitted [bold]{created.id}[/bold]")
         final = _wait_with_progress(client, created.id, timeout, as_json)
-    print_prediction(final, as_json)
-    _exit_for(final)
+    _finish(final, output_dir, as_json)
 
 
 def result(
     task_id: str = typer.Argument(..., help="The task id."),
+    output_dir: Path | None = OUTPUT_DIR,
     base_url: str | None = BASE_URL,
     api_key: str | None = API_KEY,
     as_json: bool = AS_JSON,
 ) -> None:
-    """Print a task's current state."""
+    """Print a task's current state; with -o, save the outputs of a completed one."""
     with open_client(api_key, base_url) as client:
         prediction = client.result(task_id)
-    print_prediction(prediction, as_json)
+    if output_dir is None:
+        print_prediction(prediction, as_json)
+        return
+    if not prediction.done:
+        print_prediction(prediction, as_json)
+        err_console.print("[yellow]the task has not ended: nothing to save yet[/yellow]")
+        raise typer.Exit(EXIT_WAIT_TIMEOUT)
+    _finish(prediction, output_dir, as_json)
 
 
 def wait(
     task_id: str = typer.Argument(..., help="The task id."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds to wait at most."),
+    output_dir: Path | None = OUTPUT_DIR,
     base_url: str | None = BASE_URL,
     api_key: str | None = API_KEY,
     as_json: bool = AS_JSON,
@@ -276,8 +403,7 @@ def wait(
     """Poll a task with backoff until it ends; exit 1 if it failed, 2 if still running."""
     with open_client(api_key, base_url) as client:
         prediction = _wait_with_progress(client, task_id, timeout, as_json)
-    print_prediction(prediction, as_json)
-    _exit_for(prediction)
+    _finish(prediction, output_dir, as_json)
 
 
 def models(

@@ -25,7 +25,7 @@ from genhook.cli.client_cmds import (
     print_prediction,
 )
 from genhook.client import LogLine, Prediction
-from genhook.task_states import FAILED, TIMEOUT
+from genhook.task_states import FAILED, POLLED_STATUSES, TIMEOUT
 
 
 def register(app: typer.Typer) -> None:
@@ -35,7 +35,10 @@ def register(app: typer.Typer) -> None:
 
 def tasks(
     status: list[str] = typer.Option(
-        [], "--status", "-s", help="created, processing, completed or failed; repeatable."
+        [],
+        "--status",
+        "-s",
+        help=f"{', '.join(POLLED_STATUSES)} (failed includes timeout); repeatable.",
     ),
     model: str | None = typer.Option(None, "--model", "-m", help="Only this model's tasks."),
     since: str | None = typer.Option(

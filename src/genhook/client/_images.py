@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import io
+import mimetypes
 import os
 import re
 from collections.abc import Iterable
@@ -34,11 +35,27 @@ ImageInput: TypeAlias = str | os.PathLike[str] | bytes | bytearray | memoryview 
 _URL_RE = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*://|data:)")
 
 
-def data_url(data: bytes) -> str:
-    """A base64 data URL whose MIME type is sniffed from ``data``."""
+def data_url(data: bytes, name: str | None = None) -> str:
+    """A base64 data URL whose MIME type is sniffed from ``data`` (an image), else guessed
+    from the file ``name`` (the service reads the bytes either way)."""
     fmt = sniff_image_format(data)
-    mime = CONTENT_TYPES[fmt] if fmt else "application/octet-stream"
+    guessed = mimetypes.guess_type(name)[0] if name else None
+    mime = CONTENT_TYPES[fmt] if fmt else guessed or "application/octet-stream"
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def is_url(value: str) -> bool:
+    """Whether ``value`` is URL-shaped (a scheme or a data URL) rather than a file path."""
+    return _URL_RE.match(value) is not None
+
+
+def file_item(value: str | os.PathLike[str]) -> str:
+    """A URL or data URL unchanged, else the file at that path as a data URL: any media,
+    an audio file to transcribe as well as an image."""
+    if isinstance(value, str) and is_url(value):
+        return value
+    path = Path(value).expanduser()
+    return data_url(path.read_bytes(), path.name)
 
 
 def image_item(value: ImageInput) -> str:

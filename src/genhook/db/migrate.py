@@ -6,6 +6,7 @@ lock does, so several replicas may start at once against one database.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from alembic import command
@@ -14,6 +15,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from genhook.files import private_sqlite
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 _PG_LOCK_ID = 0x6E686B  # arbitrary, fixed: "genhook migrations"
@@ -49,9 +52,7 @@ def upgrade(url: str) -> None:
             fcntl.flock(lock, fcntl.LOCK_EX)
             engine = create_engine(_sync_url(url))
             with engine.begin() as connection:
-                config = alembic_config(url)
-                config.attributes["connection"] = connection
-                command.upgrade(config, "head")
+                _upgrade_with_connection(connection, url)
             engine.dispose()
         return
     import asyncio
@@ -75,9 +76,16 @@ async def _upgrade_postgres(url: str) -> None:
 
 
 def _upgrade_with_connection(connection: object, url: str) -> None:
+    """Upgrade on ``connection``; one line says what changed, none when nothing did."""
+    from alembic.runtime.migration import MigrationContext
+
     config = alembic_config(url)
     config.attributes["connection"] = connection
+    before = MigrationContext.configure(connection).get_current_revision()  # type: ignore[arg-type]
     command.upgrade(config, "head")
+    after = MigrationContext.configure(connection).get_current_revision()  # type: ignore[arg-type]
+    if after != before:
+        log.info("database schema upgraded from %s to %s", before or "empty", after)
 
 
 def upgrade_in_thread(url: str) -> None:

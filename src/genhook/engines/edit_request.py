@@ -128,7 +128,9 @@ class EditRequest(BaseModel):
     model: StrictStr
     prompt: StrictStr = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     images: list[StrictStr] = Field(min_length=1, max_length=MAX_IMAGES)
-    size: StrictStr = "2048*2048"
+    # The schema lists the sizes (a form offers them as choices); the validator below
+    # still answers a wrong one with the reason and the whole list.
+    size: StrictStr = Field(default="2048*2048", json_schema_extra={"enum": list(ALLOWED_SIZES)})
     output_format: Literal["jpeg", "png"] = "jpeg"
     thinking: Literal["enabled", "disabled"] = "enabled"
     prompt_optimization_mode: Literal["standard", "fast"] = "standard"

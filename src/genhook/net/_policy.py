@@ -22,6 +22,12 @@ MSG_NOT_PUBLIC = "webhook_url is not a routable public address"
 MSG_NOT_HTTPS = "webhook_url must use https"
 MSG_TOO_LONG = f"webhook_url exceeds the {MAX_URL_LENGTH}-character limit"
 MSG_INVALID = "webhook_url is not a valid absolute URL"
+# Added to a refusal that development mode would accept: a receiver on the developer's
+# own machine or network is the usual first webhook_url.
+DEV_MODE_HINT = (
+    " (a receiver on this machine or a private network is accepted when the service runs "
+    "with `genhook serve --dev`, i.e. GENHOOK_WEBHOOK_ALLOW_PRIVATE_TARGETS=true)"
+)
 
 _MESSAGES = {
     Problem.TOO_LONG: MSG_TOO_LONG,
@@ -54,6 +60,13 @@ class SystemResolver:
         return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
+class _NoNames:
+    """A resolver that resolves nothing: only address literals pass a check made with it."""
+
+    async def resolve(self, host: str, port: int) -> list[str]:
+        return []
+
+
 class AddressRefused(OSError):
     """A connection the policy refuses; an ``OSError`` so HTTP clients treat it as one."""
 
@@ -65,10 +78,12 @@ class AddressRefused(OSError):
 
 
 class AddressPolicy:
-    def __init__(self, *, allow_private: bool = False, resolver: Resolver | None = None) -> None:
+    def __init__(
+        self, *, allow_private: bool = False, resolver: Resolver | None = None, warn: bool = True
+    ) -> None:
         self.allow_private = allow_private
         self.resolver: Resolver = resolver or SystemResolver()
-        if allow_private:
+        if allow_private and warn:
             log.warning(
                 "GENHOOK_WEBHOOK_ALLOW_PRIVATE_TARGETS is on: webhook and input-image URLs "
                 "may target loopback and private networks; never enable this in production"
@@ -115,9 +130,25 @@ class AddressPolicy:
             await self.webhook_target(url)
         except TargetRefused as exc:
             messages = [_MESSAGES[problem] for problem in exc.problems]
+            hint = DEV_MODE_HINT if await self._dev_mode_accepts(url) else ""
             raise InvalidRequest(
-                "; ".join(messages), [FieldError("webhook_url", m) for m in messages]
+                "; ".join(messages) + hint, [FieldError("webhook_url", m) for m in messages]
             ) from None
+
+    async def _dev_mode_accepts(self, url: str) -> bool:
+        """Whether the same URL passes with private targets allowed (``serve --dev``).
+
+        Judged for address literals only, without resolving a name again: a refusal costs
+        no second lookup, and a local receiver is nearly always ``127.0.0.1`` or ``[::1]``.
+        """
+        if self.allow_private:
+            return False
+        dev = AddressPolicy(allow_private=True, resolver=_NoNames(), warn=False)
+        try:
+            await dev.webhook_target(url)
+        except TargetRefused:
+            return False
+        return True
 
     async def webhook_target(self, url: str) -> Target:
         """Parse and check a webhook URL; raises ``TargetRefused``.

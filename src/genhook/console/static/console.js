@@ -20,6 +20,7 @@ function liveTask() {
       logs.append(item);
     }
     if (["completed", "failed", "canceled"].includes(task.status)) {
+      if (task.status === "completed") progress.value = 1;
       source.close();
       window.location.reload();
     }
@@ -86,8 +87,30 @@ function sliders() {
   }
 }
 
-function copyButtons() {
-  for (const button of document.querySelectorAll("[data-copy]")) {
+// "Show the request" asks the server for the snippets without leaving the page, so the
+// files already chosen stay chosen (a page load would empty every file input).
+function previewInPlace() {
+  const form = document.getElementById("play-form");
+  const place = document.getElementById("request");
+  if (!form || !place) return;
+  form.addEventListener("submit", async (event) => {
+    if (event.submitter?.value !== "preview") return;
+    event.preventDefault();
+    // getAttribute: `form.action` is the button named "action", not the form's URL.
+    const url = form.getAttribute("action");
+    const response = await fetch(url, { method: "POST", body: new FormData(form, event.submitter) });
+    const page = new DOMParser().parseFromString(await response.text(), "text/html");
+    const shown = page.getElementById("request");
+    if (!shown) return;
+    place.replaceChildren(...shown.childNodes);
+    place.hidden = false;
+    copyButtons(place);
+    place.scrollIntoView();
+  });
+}
+
+function copyButtons(root = document) {
+  for (const button of root.querySelectorAll("[data-copy]")) {
     button.addEventListener("click", async () => {
       const text = document.getElementById(button.dataset.copy).textContent;
       try {
@@ -184,5 +207,6 @@ showInputs();
 liveTask();
 dropZones();
 sliders();
+previewInPlace();
 copyButtons();
 transcript();

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -38,6 +39,28 @@ def stt_pricing(settings: Settings, request: BaseModel) -> Charge:
     return Charge(tier="stt", output_pixels=0, input_images=1, lines=(line,))
 
 
+def _one_price(price: Decimal, per: str, unit: str, name: str) -> dict[str, Any]:
+    """A catalogue price list of a single price."""
+    return {"summary": f"{price} USD {per}", "unit": unit, "prices_usd": {name: str(price)}}
+
+
+def tts_price_list(settings: Settings) -> dict[str, Any]:
+    """The rule of ``tts_pricing`` for the model catalogue."""
+    return _one_price(
+        settings.price_tts_per_1k_chars_usd,
+        "per started 1,000 characters of prompt",
+        "1000 characters",
+        "per_1000_characters",
+    )
+
+
+def stt_price_list(settings: Settings) -> dict[str, Any]:
+    """The rule of ``stt_pricing`` for the model catalogue."""
+    return _one_price(
+        settings.price_stt_task_usd, "per transcription, whatever its length", "task", "task"
+    )
+
+
 def _tts_engine(settings: Settings) -> Engine:
     from genhook.engines.audio._tts import TextToSpeechEngine
 
@@ -56,6 +79,7 @@ TTS_SPEC = ModelSpec(
     request_schema=TextToSpeechRequest,
     engine_factory=_tts_engine,
     pricing=tts_pricing,
+    price_list=tts_price_list,
     deadline_seconds=120.0,
     description="Speaks up to 5,000 characters of text on the CPU: English with a Piper neural "
     "voice by default, 100+ languages with eSpeak NG; MP3, WAV, Ogg Opus or FLAC.",
@@ -68,6 +92,7 @@ STT_SPEC = ModelSpec(
     request_schema=SpeechToTextRequest,
     engine_factory=_stt_engine,
     pricing=stt_pricing,
+    price_list=stt_price_list,
     deadline_seconds=900.0,
     description="Transcribes speech on the CPU (Whisper via faster-whisper) with word "
     "timestamps; the bundled model is English-only tiny.en.",

@@ -88,8 +88,17 @@ class SpeechToTextEngine:
             word_timestamps=words_wanted,
             initial_prompt=request.prompt,
         )
+        job.report(progress=0.05, log=f"decoded {audio.duration:.1f} s of audio")
+        found = []
+        for segment in segments:  # Whisper transcribes as the segments are read
+            found.append(segment)
+            done = min(float(segment.end), audio.duration)
+            job.report(
+                progress=0.05 + 0.95 * done / max(audio.duration, 1e-9),
+                log=f"transcribed {done:.1f} of {audio.duration:.1f} s",
+            )
         result = build_stt_result(
-            list(segments), info.language, info.language_probability, audio.duration, words_wanted
+            found, info.language, info.language_probability, audio.duration, words_wanted
         )
         return self._result(request, audio, result)
 

@@ -58,8 +58,10 @@ class TextToSpeechEngine:
             raise TaskFailure(ErrorCode.INSTRUCTION_INVALID, str(exc)) from None
         if len(samples) == 0:
             raise TaskFailure(ErrorCode.PROMPT_NOT_UNDERSTOOD, "the text holds nothing to speak")
-        data = encode(samples, source_rate, fmt, rate)
         duration = len(samples) / source_rate
+        job.report(progress=0.7, log=f"spoke {len(text)} characters ({duration:.1f} s)")
+        data = encode(samples, source_rate, fmt, rate)
+        job.report(progress=1.0, log=f"encoded {fmt}, {len(data)} bytes")
         return EngineResult(
             outputs=[EngineOutput(data=data, content_type=ENCODINGS[fmt][3])],
             info={

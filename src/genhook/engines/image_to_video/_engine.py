@@ -166,11 +166,11 @@ class ImageToVideoEngine(DetectorEngine):
         overlap = 0.0 if transition == "cut" else min(MAX_TRANSITION_SECONDS, 0.3 * segment)
         timeline = Timeline(len(stills), float(duration), transition, overlap)
 
+        job.report(progress=0.1, log=f"prepared {len(stills)} still(s) for {size[0]}*{size[1]}")
         started = time.perf_counter()
-        data, samples = self._encode(
-            stills, motion, timeline, decor, size, fps, duration, job.deadline
-        )
+        data, samples = self._encode(stills, motion, timeline, decor, size, fps, duration, job)
         elapsed = time.perf_counter() - started
+        job.report(progress=1.0, log=f"encoded the MP4, {len(data)} bytes")
         del stills
         nsfw_score = max(
             self.detector.detect(sample, NSFW_SAMPLE_RESOLUTION).nsfw_score for sample in samples
@@ -211,9 +211,11 @@ class ImageToVideoEngine(DetectorEngine):
         size: tuple[int, int],
         fps: int,
         duration: int,
-        deadline: float | None,
+        job: EngineJob,
     ) -> tuple[bytes, list[Image.Image]]:
-        """Make and encode the frames one at a time into an MP4 with the index up front."""
+        """Make and encode the frames one at a time into an MP4 with the index up front;
+        progress is reported after each second of video."""
+        deadline = job.deadline
         inner = decor.inner
         overlay = FrameDecor(decor)
         camera = Camera(motion, stills[0].size, timeline.segment + timeline.overlap)
@@ -274,6 +276,11 @@ class ImageToVideoEngine(DetectorEngine):
                     video_frame = av.VideoFrame.from_ndarray(frame.buf, format="yuv420p")
                     video_frame.pts = number
                     container.mux(stream.encode(video_frame))
+                    if (number + 1) % fps == 0:
+                        job.report(
+                            progress=0.1 + 0.85 * (number + 1) / frames,
+                            log=f"encoded {number + 1} of {frames} frames",
+                        )
                 container.mux(stream.encode(None))
             finally:
                 container.close()
