@@ -18,7 +18,7 @@ from aiohttp import web
 
 from genhook.config import Settings
 from genhook.db import Account, Base, Database, Task, now_ms
-from genhook.sender.fairness import Rooms
+from genhook.sender.fairness import Rooms, Stop
 from genhook.sender.feed import LocalFeed
 from genhook.sender.outbox import enqueue_delivery
 from genhook.sender.queue import UNLIMITED, Outcome, Ticked
@@ -205,9 +205,12 @@ class FeedWrapper:
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
         inline: bool = False,
+        stops: Sequence[Stop] = (),
     ) -> Ticked:
         self.before(outcomes)
-        ticked = await self.feed.exchange(outcomes, limit, rooms, returned, inline=inline)
+        ticked = await self.feed.exchange(
+            outcomes, limit, rooms, returned, inline=inline, stops=stops
+        )
         self.after(outcomes, limit, ticked)
         return ticked
 

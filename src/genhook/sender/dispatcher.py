@@ -150,6 +150,9 @@ class Dispatcher:
         self._stopping = False
         self._asked = 0  # attempts asked of the feed and not yet answered
         self._exchanges: set[asyncio.Task[None]] = set()
+        # Exchanges in flight that stop endpoints' deliveries (410 Gone): no other starts
+        # meanwhile, so no claim can take a delivery the stop is about to end.
+        self._stopping_endpoints = 0
         self._failed_at = -1.0
         self._https: aiohttp.ClientSession | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -245,7 +248,11 @@ class Dispatcher:
         stopping.add_done_callback(lambda _: self._nudge())
         try:
             while not stop.is_set():
-                if len(self._exchanges) < MAX_EXCHANGES and not self._backing_off():
+                if (
+                    len(self._exchanges) < MAX_EXCHANGES
+                    and not self._stopping_endpoints
+                    and not self._backing_off()
+                ):
                     want = self._want()
                     if want or self._record_due():
                         self._start_exchange(want)
@@ -357,6 +364,7 @@ class Dispatcher:
         returned = [(job.attempt.id, due) for job, due in fairness.returned]
         fairness.returned = []
         stops, fairness.stops = fairness.stops, []
+        self._stopping_endpoints += bool(stops)
         self._asked += want
         rooms = fairness.rooms() if want else UNLIMITED
         exchange = asyncio.create_task(self._exchange(outcomes, want, rooms, returned, stops))
@@ -412,6 +420,7 @@ class Dispatcher:
             attempts = []
         finally:
             self._asked -= want
+            self._stopping_endpoints -= bool(stops)
         if outcomes or returned:
             self._forget_next_due()  # a retry may now be scheduled: read when it falls due
         if want:
@@ -543,7 +552,7 @@ class Dispatcher:
             if now == "open" and was != "open":
                 notes.append(f"{name} circuit opened")
         if outcome.status_code == 410:
-            notes.append("endpoint gone: its pending deliveries stop")
+            notes.append("410 Gone: the endpoint's pending deliveries stop")
         if fairness.transitions:
             self._write_health()
         if notes:

@@ -516,9 +516,9 @@ class Fairness(Generic[J]):
             lane.failing = scope is not None
         self._health(route, scope, error, now_ms, retry_after if status_code else None)
         if status_code == 410:
-            self.stops.append(
-                Stop(route.account, route.endpoint, f"the endpoint answered 410 Gone at {now_ms}")
-            )
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now_ms / 1000))
+            reason = f"stopped unsent: the endpoint answered 410 Gone at {when}"
+            self.stops.append(Stop(route.account, route.endpoint, reason))
         lane = self._lane(route)
         if lane.limit == 0 or status_code == 410:
             while lane.waiting:
