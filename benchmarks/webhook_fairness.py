@@ -35,7 +35,7 @@ from sqlalchemy import func, insert, select
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from webhook_delivery import Sink, dispatcher_ready, make_task, payload, pct
+from webhook_delivery import Sink, make_task, payload, pct
 
 from genhook.config import Settings
 from genhook.db import (
@@ -119,6 +119,13 @@ class Hostile:
 
 
 # -- setup and measurement ----------------------------------------------------------------
+
+
+async def dispatcher_ready(service: WebhookService) -> None:
+    """Until the dispatcher's sessions and attempt feed are ready."""
+    while service.dispatcher is None:
+        await asyncio.sleep(0.01)
+    await service.dispatcher.started.wait()
 
 
 async def enqueue_hostile(db: Database, url: str, prefix: str, count: int, account: str) -> None:
@@ -277,6 +284,7 @@ async def main(args: argparse.Namespace) -> int:
                     now=now,
                 )
             committed[task.id] = time.time()
+        enqueued_in = time.perf_counter() - start
         async with aiohttp.ClientSession() as client:
             deadline = time.perf_counter() + 30
             received: dict[str, float] = {}
@@ -305,7 +313,11 @@ async def main(args: argparse.Namespace) -> int:
                 f"healthy receiver at {args.rate:g}/s (n={len(latencies)} of {total}): "
                 f"p50 {p50:.1f} ms  p99 {p99:.1f} ms  max {latencies[-1]:.1f} ms"
             )
+            print(
+                f"  (offered {total / enqueued_in:.0f}/s: the commits themselves keep pace or not)"
+            )
             results.update(
+                healthy_offered_per_s=round(total / enqueued_in, 1),
                 healthy_received=len(latencies),
                 healthy_sent=total,
                 healthy_p50_ms=round(p50, 1),

@@ -379,3 +379,21 @@ def test_410_gone_stops_the_endpoints_pending_deliveries(tmp_path: Path) -> None
     # Held ones go back at once, to be stopped with the rest in the next exchange.
     assert f.returned == [(jobs[2], 5_000), (jobs[3], 5_000)]
     assert f.state(lanes(jobs[0])) == ("closed", "closed")
+
+
+def test_an_endpoint_that_has_not_answered_yet_is_postponed_by_how_long_it_has_been_out(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    f = make(tmp_path, clock)
+    hung = [job(A, "acct_1", f"{n}/hung") for n in range(3)]
+    other = job(A, "acct_1", "0/other")
+    # Beside another path of its host, the hung path sends one attempt at a time.
+    assert [admit(f, j) for j in [other, *hung]] == [True, True, False, False]
+    lane_key = lanes(hung[0]).lane
+    assert f.rooms().postpone == {}
+    clock.now += 3
+    # Three seconds without an answer: its backlog moves three seconds ahead, once (as
+    # does the other path's, out as long without room for more).
+    assert f.rooms().postpone[lane_key] == 3000
+    assert f.rooms().postpone == {}

@@ -192,6 +192,8 @@ class Lane(Generic[J]):
     ewma_seconds: float | None = None
     # Whether its last attempt failed (an endpoint lane).
     failing: bool = False
+    # Monotonic time its first attempt went out, while it has not answered yet.
+    first_sent: float = 0.0
     waiting: deque[J] = field(default_factory=deque)
 
     @property
@@ -375,10 +377,10 @@ class Fairness(Generic[J]):
             room = max(0, cap - lane.held)
             if room != NEW_LANE_ROOM:
                 destinations[key] = room
-            if room == 0 and lane.limit and (lane.ewma_seconds or 0) >= POSTPONE_AFTER_SECONDS:
+            if room == 0 and lane.limit and self._answer_time(lane) >= POSTPONE_AFTER_SECONDS:
                 now = self.clock()
                 if now >= lane.postponed_until:
-                    shift = max(lane.ewma_seconds or 0, POSTPONE_AFTER_SECONDS)
+                    shift = max(self._answer_time(lane), POSTPONE_AFTER_SECONDS)
                     lane.postponed_until = now + shift
                     postpone[key] = int(shift * 1000)
             elif len(self.destinations) > MAX_LANES and not lane.held and key not in self.breakers:
@@ -388,6 +390,13 @@ class Fairness(Generic[J]):
             if len(self.hosts) > MAX_LANES and not share.held and key not in self.breakers:
                 del self.hosts[key]
         return Rooms(destinations, accounts, NEW_LANE_ROOM, account_default, postpone)
+
+    def _answer_time(self, lane: Lane[J]) -> float:
+        """How long the lane's attempts take: on average, or, before its first answer, at
+        least as long as its first attempt has been out."""
+        if lane.ewma_seconds is not None:
+            return lane.ewma_seconds
+        return self.clock() - lane.first_sent if lane.in_flight and lane.first_sent else 0.0
 
     def _probing(self, route: Route) -> bool:
         return any(
@@ -454,6 +463,8 @@ class Fairness(Generic[J]):
         return lane.limit == self.destination_limit and lane.trusted and borrowed < self.borrow_cap
 
     def _take(self, lane: Lane[J], account: Lane[J], host: Lane[J]) -> None:
+        if lane.ewma_seconds is None and not lane.in_flight:
+            lane.first_sent = self.clock()
         for i, one in enumerate((lane, account)):
             if one.in_flight >= one.limit:
                 one.over += 1
