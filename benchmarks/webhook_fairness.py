@@ -208,12 +208,17 @@ async def hostile_report(db: Database, url: str, elapsed: float) -> dict[str, An
                 .group_by(WebhookDelivery.status)
             )
         ).all()
-    health = {d.destination: d for d in (await list_destinations(db, account_id=None)).data}
-    view = health.get(destination)
+    endpoint = endpoint_of(url)
+    host, circuit = "closed", "closed"
+    for view in (await list_destinations(db, account_id=None)).data:
+        if view.destination == destination:
+            host = view.state
+            circuit = next((e.state for e in view.endpoints if e.endpoint == endpoint), circuit)
     return {
         "attempts_recorded": int(attempts or 0),
         "statuses": {status: int(n) for status, n in rows},
-        "circuit": view.state if view is not None else "closed",
+        "circuit": circuit,
+        "host_circuit": host,
         "seconds": round(elapsed, 1),
     }
 

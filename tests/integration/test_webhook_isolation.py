@@ -24,10 +24,10 @@ from tests.conftest import make_harness, make_settings
 from tests.integration.test_console import signed_in
 from tests.support.webhook_receiver import (
     Receiver,
-    add_account,
-    create_schema,
     enqueue,
     terminal_task,
+    two_accounts,
+    wait_until,
     webhook_settings,
 )
 
@@ -42,10 +42,7 @@ async def env(tmp_path: Path, database_url: str) -> AsyncIterator[tuple[Settings
         webhook_destination_max_in_flight=3,
         webhook_timeout_seconds=20.0,
     )
-    db = Database(database_url)
-    await create_schema(db)
-    await add_account(db, "acct_1")
-    await add_account(db, "acct_2")
+    db = await two_accounts(database_url)
     yield settings, db
     await db.dispose()
 
@@ -64,12 +61,6 @@ async def attempts_of(db: Database, ids: list[str]) -> list[WebhookAttempt]:
             .order_by(WebhookAttempt.id)
         )
         return list(rows)
-
-
-async def wait_until(check: Callable[[], Awaitable[bool]], timeout: float = 30.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await check():
-            await asyncio.sleep(0.02)
 
 
 def all_in(db: Database, ids: list[str], status: str) -> Callable[[], Awaitable[bool]]:
