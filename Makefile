@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: serve test install install-dev lint typecheck pytest bench clean
+.PHONY: serve test install install-dev lint typecheck pytest test-typescript bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,7 @@ $(VENV)/.installed-server: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[server,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[server,dev,otel]'
 	touch $@ $(VENV)/.installed-server
 
 # make serve ARGS=--dev: webhooks to a receiver on this machine (genhook serve --help)
@@ -44,7 +44,14 @@ PYTEST_WORKERS ?= 2
 pytest:
 	$(BIN)/python -m pytest -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile
 
-test: install-dev lint typecheck pytest
+# The TypeScript SDK (sdks/typescript): tsc --strict, then Node's test runner, whose tests
+# start this checkout's service with the venv's Python.
+test-typescript: install-dev
+	bash scripts/ensure-node.sh
+	cd sdks/typescript && npm ci --no-audit --no-fund --silent \
+		&& GENHOOK_PYTHON=$(abspath $(BIN)/python) npm test --silent
+
+test: install-dev lint typecheck pytest test-typescript
 
 bench: install-dev
 	$(BIN)/python benchmarks/submit.py

@@ -115,10 +115,10 @@ def median(values: list[float]) -> float:
 
 @contextlib.contextmanager
 def running_service(
-    data_dir: str, database_url: str | None, **settings: str
+    data_dir: str, database_url: str | None, *, ready_timeout: float = 60.0, **settings: str
 ) -> Iterator[tuple[str, str]]:
     """``genhook serve`` with the test suite's engines, as (base URL, API key); it is stopped,
-    children and all, on the way out."""
+    children and all, on the way out. ``ready_timeout``: a loaded machine starts slowly."""
     port = free_port()
     env = {
         **os.environ,
@@ -140,7 +140,7 @@ def running_service(
     )
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_ready(base + "/readyz")
+        wait_ready(base + "/readyz", ready_timeout)
         key = json.loads((Path(data_dir) / "credentials.json").read_text())["api_key"]
         yield base, key
     finally:

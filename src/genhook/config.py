@@ -13,8 +13,19 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ModelBatching(BaseModel):
+    """How one model's calls are batched and run at once (``GENHOOK_MODEL_BATCHING``); an
+    omitted field keeps the model's own value."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_batch_size: int | None = Field(default=None, ge=1, le=256)
+    max_wait_ms: int | None = Field(default=None, ge=0, le=60_000)
+    concurrency: int | None = Field(default=None, ge=1, le=4096)
 
 
 class Settings(BaseSettings):
@@ -136,6 +147,10 @@ class Settings(BaseSettings):
     video_crf: int = Field(default=23, ge=0, le=51)
     video_encoder_threads: int = Field(default=1, ge=0)
 
+    # Per model id: jobs per engine call, the wait for a batch to fill, and calls at once
+    # per worker process, over the model's own values (docs/engines.md#batching), e.g.
+    # ``{"genhook/speech-to-text": {"max_batch_size": 8, "max_wait_ms": 20}}``.
+    model_batching: dict[str, ModelBatching] = Field(default_factory=dict)
     # Extra engines to register, as ``module:function`` names called with the registry.
     extra_engines: list[str] = Field(default_factory=list)
 

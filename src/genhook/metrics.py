@@ -54,6 +54,8 @@ if os.environ.get(SETTING_DIR_VARIABLE) and not os.environ.get(_CLIENT_DIR_VARIA
 
 # Run times from a trivial engine's milliseconds to a long video's minutes.
 RUN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCH_WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60)
 LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 7200)
 
 TASKS_SUBMITTED = Counter(
@@ -72,6 +74,18 @@ TASK_RUN_SECONDS = Histogram(
     "From a task's last claim to its terminal state, for tasks that started.",
     ["model", "outcome"],
     buckets=RUN_BUCKETS,
+)
+BATCH_SIZE = Histogram(
+    "genhook_batch_size",
+    "Tasks per engine call of a batched model (a call of one counts too).",
+    ["model"],
+    buckets=BATCH_SIZE_BUCKETS,
+)
+BATCH_WAIT_SECONDS = Histogram(
+    "genhook_batch_wait_seconds",
+    "From a batch's first claim to its engine call: the wait for the batch to fill.",
+    ["model"],
+    buckets=BATCH_WAIT_BUCKETS,
 )
 LEASE_LOSSES = Counter(
     "genhook_task_lease_losses",
@@ -95,6 +109,8 @@ DEFINED = (
     TASKS_STARTED,
     TASKS_FINISHED,
     TASK_RUN_SECONDS,
+    BATCH_SIZE,
+    BATCH_WAIT_SECONDS,
     LEASE_LOSSES,
     WEBHOOK_ATTEMPTS,
     WEBHOOK_LAG_SECONDS,
@@ -143,6 +159,12 @@ def finished(model: str, status: str, started: int | None, ended: int | None) ->
 def tasks_finished(tasks: Iterable[Task]) -> None:
     for task in tasks:
         task_finished(task)
+
+
+def batch_called(model: str, size: int, waited_seconds: float) -> None:
+    """One engine call of a batched model: its tasks, and how long the batch waited to fill."""
+    _child(BATCH_SIZE, model).observe(size)
+    _child(BATCH_WAIT_SECONDS, model).observe(max(0.0, waited_seconds))
 
 
 def lease_lost(*, failed: bool) -> None:

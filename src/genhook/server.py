@@ -36,9 +36,13 @@ log = logging.getLogger("genhook")
 
 
 def configure_logging(settings: Settings, role: str = "serve") -> None:
+    """What every process configures first: its log lines and, when the ``OTEL_*``
+    variables ask for them, its traces (``genhook.tracing``; only api, worker, dispatcher)."""
+    from genhook import tracing
     from genhook.logs import configure_logging as configure
 
     configure(settings, role)
+    tracing.setup(role)
 
 
 async def bootstrap(settings: Settings) -> dict[str, str] | None:
@@ -154,7 +158,8 @@ async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
     state = open_services(settings, claims=True)
     worker = Worker.sharing(state, worker_id=worker_id_for(os.getpid(), index))
     if settings.worker_concurrency:
-        # Only engines that wait on I/O run several tasks at once; CPU engines keep one.
+        # Only models that allow several calls at once (I/O-bound engines, thread-safe
+        # synchronous ones) take it; the others keep one.
         worker.limits = {
             model: settings.worker_concurrency if limit > 1 else limit
             for model, limit in worker.limits.items()

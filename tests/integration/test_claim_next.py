@@ -112,13 +112,13 @@ async def test_a_stop_during_a_task_claims_no_successor(
     h = quiet
     first, *rest = [await submit(h) for _ in range(3)]
     worker, stop = h.worker, asyncio.Event()
-    store = worker._store_outputs
+    store = worker.store_outputs
 
     async def stop_then_store(*args: Any) -> list[str]:
         stop.set()  # a SIGTERM while the engine runs: this task finishes, nothing more
         return await store(*args)
 
-    monkeypatch.setattr(worker, "_store_outputs", stop_then_store)
+    monkeypatch.setattr(worker, "store_outputs", stop_then_store)
     with counting(h.state.db) as seen:
         await run_until(h, stop)
     # Its claim and its completion alone: no successor claimed (and then released).

@@ -6,11 +6,15 @@ for real: validation, storage, leases, outputs, billing, webhooks.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
+import threading
 import time
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, ClassVar
 
+import numpy as np
 from PIL import Image
 
 from genhook.config import Settings
@@ -35,6 +39,9 @@ class FakeEditEngine:
         FakeEditEngine.loads += 1
 
     def run(self, job: EngineJob) -> EngineResult:
+        return self.render(job)
+
+    def render(self, job: EngineJob) -> EngineResult:
         prompt = str(job.params["prompt"])
         words = dict(word.split("=", 1) for word in prompt.split() if "=" in word)
         steps = int(words.get("steps", "1"))
@@ -97,3 +104,121 @@ FAKE_AUDIO = ModelSpec(
 def register(registry: Registry) -> None:
     registry.register(FAKE_EDIT)
     registry.register(FAKE_AUDIO)
+
+
+class CountingBatchEngine(FakeEditEngine):
+    """``FakeEditEngine`` that takes batches: jobs of one output size share a call, and every
+    engine call is recorded as the task ids it was given (``calls``, in this process).
+
+    A ``fail`` prompt is a ``TaskFailure`` entry for its job alone; a ``crash`` prompt makes
+    the whole batch call raise (and, run alone, fails its own task).
+    """
+
+    calls: ClassVar[list[tuple[str, ...]]] = []
+    lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def batch_key(self, job: EngineJob) -> Hashable:
+        return str(job.params["size"])
+
+    def run(self, job: EngineJob) -> EngineResult:
+        with self.lock:
+            self.calls.append((job.task_id,))
+        return self.render(job)
+
+    def run_batch(self, jobs: Sequence[EngineJob]) -> list[EngineResult | TaskFailure]:
+        with self.lock:
+            self.calls.append(tuple(job.task_id for job in jobs))
+        if any("crash" in str(job.params["prompt"]).split() for job in jobs):
+            raise RuntimeError("one input of the batch breaks the whole call")
+        results: list[EngineResult | TaskFailure] = []
+        for job in jobs:
+            try:
+                results.append(self.render(job))
+            except TaskFailure as failure:
+                results.append(failure)
+        return results
+
+
+class PairedEngine(FakeEditEngine):
+    """Completes a job only while another runs at the same time (a barrier of two), so a
+    model of concurrency 2 passes and one that runs its calls one by one fails."""
+
+    barrier: ClassVar[threading.Barrier] = threading.Barrier(2, timeout=20)
+
+    def run(self, job: EngineJob) -> EngineResult:
+        try:
+            self.barrier.wait()
+        except threading.BrokenBarrierError:
+            raise TaskFailure(ErrorCode.ENGINE_ERROR, "ran alone") from None
+        return self.render(job)
+
+
+class MatmulEngine:
+    """A CPU stand-in for a model's forward pass: a stack of dense layers whose weights are
+    read once per call, whatever the batch, as a GPU pipeline's are. One job's input is a
+    vector hashed from its prompt; its output a small PNG from the last layer."""
+
+    LAYERS = int(os.environ.get("GENHOOK_TEST_MATMUL_LAYERS", "8"))
+    WIDTH = int(os.environ.get("GENHOOK_TEST_MATMUL_WIDTH", "2048"))
+
+    def load(self) -> None:
+        rng = np.random.default_rng(0)
+        scale = 1 / np.sqrt(self.WIDTH)
+        self.weights = [
+            (rng.standard_normal((self.WIDTH, self.WIDTH)) * scale).astype(np.float32)
+            for _ in range(self.LAYERS)
+        ]
+
+    def batch_key(self, job: EngineJob) -> Hashable:
+        return str(job.params["size"])
+
+    def run(self, job: EngineJob) -> EngineResult:
+        return self._forward([job])[0]
+
+    def run_batch(self, jobs: Sequence[EngineJob]) -> list[EngineResult | TaskFailure]:
+        return list(self._forward(jobs))
+
+    def _forward(self, jobs: Sequence[EngineJob]) -> list[EngineResult]:
+        rows = []
+        for job in jobs:
+            seed = hashlib.sha256(str(job.params["prompt"]).encode()).digest()
+            rows.append(np.random.default_rng(list(seed)).standard_normal(self.WIDTH))
+        x = np.asarray(rows, dtype=np.float32)
+        for weights in self.weights:
+            x = np.tanh(x @ weights)
+        results = []
+        for row in x:
+            pixels = ((row[:192].reshape(8, 8, 3) + 1) * 127.5).astype(np.uint8)
+            buffer = io.BytesIO()
+            Image.fromarray(pixels, "RGB").save(buffer, "PNG")
+            output = EngineOutput(data=buffer.getvalue(), content_type="image/png")
+            results.append(EngineResult(outputs=[output]))
+        return results
+
+
+BATCH_MODEL = "test/batch"
+PAIRED_MODEL = "test/paired"
+MATMUL_MODEL = "test/matmul"
+
+
+def register_batching(registry: Registry) -> None:
+    """The engines of the batching tests and benchmark (their sizes and waits are set per
+    test with ``GENHOOK_MODEL_BATCHING``)."""
+    # (model id, engine, max batch size, concurrency)
+    engines: list[tuple[str, Callable[[], Engine], int, int]] = [
+        (BATCH_MODEL, CountingBatchEngine, 4, 1),
+        (PAIRED_MODEL, PairedEngine, 1, 2),
+        (MATMUL_MODEL, MatmulEngine, 1, 1),
+    ]
+    for model_id, engine, size, concurrency in engines:
+        registry.register(
+            ModelSpec(
+                id=model_id,
+                kind=ModelKind.IMAGE,
+                request_schema=EditRequest,
+                engine_factory=lambda settings, engine=engine: engine(),  # type: ignore[misc]
+                pricing=edit_pricing,
+                max_batch_size=size,
+                concurrency=concurrency,
+            )
+        )

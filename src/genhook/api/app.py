@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from genhook import __version__
+from genhook import __version__, tracing
 from genhook.api.deps import AppState
 from genhook.api.errors import install_error_handlers
 from genhook.api.routes_admin import router as admin_router
@@ -67,10 +67,12 @@ def create_app(state: AppState) -> FastAPI:
         version=__version__,
         description="Asynchronous generation tasks with signed webhook callbacks.",
         lifespan=lifespan,
+        **tracing.fastapi_options(),
     )
     app.state.genhook = state
     install_error_handlers(app)
     app.add_middleware(LoadShedding, limit=state.settings.max_concurrent_requests)
+    tracing.instrument_app(app)
     app.include_router(tasks_router)
     app.include_router(cancel_router)
     app.include_router(webhooks_router)

@@ -92,6 +92,9 @@ class Task(Base):
     # Set at the terminal transition; the retention job deletes the outputs after it.
     outputs_expire_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     outputs_purged_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # The W3C traceparent of the submit request's span, when traced (genhook.tracing): how
+    # the worker and the dispatcher continue the task's trace in their own processes.
+    trace_context: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
     __table_args__ = (
         Index("ix_tasks_account_created", "account_id", "created_at"),

@@ -1,13 +1,16 @@
 """The engine port: one small Protocol every model backend implements.
 
 An engine is loaded once per worker process and runs one job at a time, synchronously, in
-a worker thread; it raises ``TaskFailure`` for every expected failure.
+a worker thread; it raises ``TaskFailure`` for every expected failure. An engine that does
+better on many inputs at once (one forward pass for a batch) also implements
+``BatchEngine.run_batch``; the worker then hands it up to its model's ``max_batch_size``
+jobs in one call (``tasks/batching.py``).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
@@ -113,6 +116,24 @@ class AsyncEngine(Engine, Protocol):
         """Run one job without blocking the loop; cancelled at the task's deadline."""
 
 
+@runtime_checkable
+class BatchEngine(Engine, Protocol):
+    """An engine that runs many jobs in one call (one forward pass for the batch).
+
+    ``run`` stays the path for a lone job, and for each job of a batch whose call raised,
+    so one poison input cannot fail its neighbours.
+    """
+
+    def batch_key(self, job: EngineJob) -> Hashable:
+        """Which jobs may share a call: jobs with different keys never do (e.g. the output
+        size, the step count, the language)."""
+
+    def run_batch(self, jobs: Sequence[EngineJob]) -> list[EngineResult | TaskFailure]:
+        """One entry per job, in order: its result, or the ``TaskFailure`` that fails it
+        alone. Raising fails the call, not the jobs: each is then run alone with ``run``.
+        A job whose ``stop`` is set may be left out of the work (its entry is discarded)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Charge:
     """What one completed task costs; lines are (description, USD amount)."""
@@ -142,8 +163,13 @@ class ModelSpec:
     description: str = ""
     # The catalogue's price list: ``{"summary": words, "unit": ..., "prices_usd": {...}}``.
     price_list: Callable[[Settings], dict[str, Any]] | None = None
-    # Jobs of this model one worker process runs at once; above 1 only for ``AsyncEngine``s.
+    # Calls of this model one worker process runs at once: an ``AsyncEngine``'s jobs on the
+    # loop, or a thread-safe synchronous engine's calls in threads (each a batch when batched).
     concurrency: int = 1
+    # Jobs one call of a ``BatchEngine`` takes at most, and how long a worker holding fewer
+    # waits for more to arrive before it runs what it has (``tasks/batching.py``).
+    max_batch_size: int = 1
+    max_wait_ms: int = 0
 
     def accepts(self, path_kind: ModelKind) -> bool:
         return path_kind == self.kind or path_kind in self.accepted_on

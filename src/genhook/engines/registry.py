@@ -6,6 +6,7 @@ The shipped registry holds only real engines; operators (and tests) add more thr
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Iterator
 from decimal import Decimal
@@ -36,6 +37,12 @@ class Registry:
     def register(self, spec: ModelSpec) -> None:
         if spec.id in self._specs:
             raise ValueError(f"model {spec.id!r} is already registered")
+        self._specs[spec.id] = spec
+
+    def replace(self, spec: ModelSpec) -> None:
+        """Put ``spec`` in place of the registered model of its id."""
+        if spec.id not in self._specs:
+            raise ValueError(f"model {spec.id!r} is not registered")
         self._specs[spec.id] = spec
 
     def get(self, model_id: str) -> ModelSpec | None:
@@ -120,4 +127,16 @@ def build_registry(settings: Settings) -> Registry:
         module_name, _, func_name = target.partition(":")
         module = importlib.import_module(module_name)
         getattr(module, func_name or "register")(registry)
+    apply_batching(registry, settings)
     return registry
+
+
+def apply_batching(registry: Registry, settings: Settings) -> None:
+    """Set the models' batch sizes, waits and concurrency from ``GENHOOK_MODEL_BATCHING``;
+    a model id that names no registered model fails the start, not silently."""
+    for model_id, tuning in settings.model_batching.items():
+        spec = registry.get(model_id)
+        if spec is None:
+            known = ", ".join(sorted(s.id for s in registry))
+            raise ValueError(f"GENHOOK_MODEL_BATCHING: unknown model {model_id!r} (known: {known})")
+        registry.replace(dataclasses.replace(spec, **tuning.model_dump(exclude_none=True)))

@@ -24,7 +24,7 @@ from functools import lru_cache
 import aiohttp
 from yarl import URL
 
-from genhook import metrics
+from genhook import metrics, tracing
 from genhook.config import Settings
 from genhook.db import Database, now_ms
 from genhook.logs import bind_delivery, unbind
@@ -607,11 +607,22 @@ class Dispatcher:
 
     async def send(self, attempt: Outgoing, url: URL, session: aiohttp.ClientSession) -> Outcome:
         """One POST of the exact body bytes; a 3xx is a failure (redirects are not followed)."""
+        if tracing.enabled():
+            return await tracing.webhook_attempt(self.db, attempt, url, session, self._post)
+        return await self._post(attempt, url, session)
+
+    async def _post(
+        self,
+        attempt: Outgoing,
+        url: URL,
+        session: aiohttp.ClientSession,
+        headers: dict[str, str] | None = None,
+    ) -> Outcome:
         started = now_ms()
         clock = time.perf_counter()
         try:
             async with session.post(
-                url, data=attempt.body, headers=attempt.headers, allow_redirects=False
+                url, data=attempt.body, headers=headers or attempt.headers, allow_redirects=False
             ) as response:
                 raw = await _read_up_to(response, self._excerpt_bytes)
                 status = response.status

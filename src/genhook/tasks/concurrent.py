@@ -1,10 +1,11 @@
-"""The worker loop for I/O-bound models: many tasks of one process in flight at once.
+"""The worker loop for models that run several calls at once in one process.
 
-Used when a model's ``ModelSpec.concurrency`` is above 1. CPU models (concurrency 1) still
-share one slot, so they run one at a time in a thread exactly as in ``Worker.run``. A
-model's free slots are claimed in one transaction, which also reads the batch's input
-images, so the database work per task stays small when hundreds of tasks a
-second go through one process.
+Used when a model's ``ModelSpec.concurrency`` is above 1: an I/O-bound ``AsyncEngine``'s
+tasks on the loop, or a thread-safe synchronous engine's calls in threads. Models of
+concurrency 1 still share one slot, so they run one at a time in a thread exactly as in
+``Worker.run``. A model's free slots are claimed in one transaction, which also reads the
+batch's input images, so the database work per task stays small when hundreds of tasks a
+second go through one process. A batched model's slot holds a whole batch (one call).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from genhook.wakeups import Wake
 
 if TYPE_CHECKING:
+    from genhook.db import Task
     from genhook.tasks.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -52,19 +54,17 @@ async def run_concurrent(worker: Worker, stop: asyncio.Event) -> None:
                     idle_since[group] = loop.time()
                     continue  # after a wait, read first: an idle worker writes nothing
                 try:
-                    tasks = await worker.lifecycle.claim_many(
-                        worker.worker_id, models, free, inputs=worker.prefetched
-                    )
+                    batches = await _claim(worker, models, free)
                 except Exception:
                     log.exception("worker %s: claim failed; retrying", worker.worker_id)
-                    tasks = []
-                if len(tasks) < free:
+                    batches = []
+                if len(batches) < free:
                     idle_since[group] = loop.time()
                 else:
                     idle_since.pop(group, None)
-                for task in tasks:
-                    running[asyncio.ensure_future(worker.process(task, stop))] = task.model
-                claimed = claimed or bool(tasks)
+                for tasks in batches:
+                    running[asyncio.ensure_future(worker.run_claimed(tasks, stop))] = tasks[0].model
+                claimed = claimed or bool(batches)
             if claimed:
                 waited = False
                 continue
@@ -85,6 +85,34 @@ async def run_concurrent(worker: Worker, stop: asyncio.Event) -> None:
             await asyncio.wait(running)
     finally:
         stopping.cancel()
+
+
+async def _claim(worker: Worker, models: list[str], free: int) -> list[list[Task]]:
+    """Work for ``free`` slots of ``models``: a task each, or a batch each for a batched
+    model (its first task and up to its batch size less one more of its model)."""
+    lifecycle, owner, reserve = worker.lifecycle, worker.worker_id, worker.reserve_ms()
+    if len(models) == 1 and models[0] in worker.batch_sizes:
+        size = worker.batch_sizes[models[0]]
+        batches = []
+        for _ in range(free):
+            batch = await lifecycle.claim_more(
+                owner, models[0], size, reserve, inputs=worker.prefetched
+            )
+            if not batch:
+                break
+            batches.append(batch)
+        return batches
+    tasks = await lifecycle.claim_many(owner, models, free, inputs=worker.prefetched)
+    batches = []
+    for task in tasks:
+        size = worker.batch_sizes.get(task.model, 1)
+        company = []
+        if size > 1:
+            company = await lifecycle.claim_more(
+                owner, task.model, size - 1, reserve, inputs=worker.prefetched
+            )
+        batches.append([task, *company])
+    return batches
 
 
 async def _any_runnable(worker: Worker, models: list[str]) -> bool:

@@ -73,13 +73,13 @@ COMPLETE = (
 COMPLETE_WITH_STT = COMPLETE.values(stt_result=bindparam("stt_result"))
 
 
-def _keyed(count: int) -> Any:
+def _keyed(count: int, column: Any = _blobs.c.key, name: str = "key") -> Any:
     """``blobs.key IN (:key_0, ...)`` for ``count`` keys, or ``= :key_0`` for one: one
     statement per number of keys, each rendered once (an expanding IN is rendered anew at
     every execution, and the driver path renders a statement only once)."""
     if count == 1:
-        return _blobs.c.key == bindparam("key_0")
-    return _blobs.c.key.in_([bindparam(f"key_{index}") for index in range(count)])
+        return column == bindparam(f"{name}_0")
+    return column.in_([bindparam(f"{name}_{index}") for index in range(count)])
 
 
 @functools.lru_cache(maxsize=64)
@@ -92,8 +92,8 @@ def read_blobs(count: int) -> Executable:
     return select(_blobs.c.key, _blobs.c.data).where(_keyed(count))
 
 
-def keys_params(keys: Sequence[str]) -> dict[str, str]:
-    return {f"key_{index}": key for index, key in enumerate(keys)}
+def keys_params(keys: Sequence[str], name: str = "key") -> dict[str, str]:
+    return {f"{name}_{index}": key for index, key in enumerate(keys)}
 
 
 # A usage line's columns besides its generated id, as ``usage_row`` fills them.
@@ -201,6 +201,13 @@ def claim_candidates(models: tuple[str, ...]) -> Select[Any]:
 
 
 TAKE_IDS = _take(_tasks.c.id.in_(bindparam("ids", expanding=True)))
+
+
+@functools.lru_cache(maxsize=64)
+def take_ids(count: int) -> Update:
+    """``TAKE_IDS`` for exactly ``count`` ids (``:id_0`` ...; ``keys_params(ids, "id")``),
+    rendered once, for the driver path: a batch's claim (``Lifecycle.claim_more``)."""
+    return _take(_keyed(count, _tasks.c.id, "id"))
 
 
 @functools.lru_cache(maxsize=256)

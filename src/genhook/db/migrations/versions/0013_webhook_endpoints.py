@@ -6,8 +6,8 @@ Pending deliveries get their endpoint, so claims and workers agree on lanes. The
 table is rebuilt keyed by account and target: its rows are what workers last saw, relearned
 within an attempt or two, so the old per-host rows are not carried over.
 
-Revision ID: 0011
-Revises: 0010
+Revision ID: 0013
+Revises: 0012
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0011"
-down_revision = "0010"
+revision = "0013"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 

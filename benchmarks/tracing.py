@@ -1,0 +1,165 @@
+"""The CPU cost of OpenTelemetry traces per task: ``genhook serve`` with tracing off against
+on, in one run.
+
+    .venv/bin/python benchmarks/tracing.py [--tasks 300] [--rounds 2] [--concurrency 8]
+
+Each round starts the service twice on SQLite, untraced and then traced (OTLP over HTTP to a
+receiver on loopback in this process that decodes every export, so the exporter does its whole
+job), and sends ``--tasks`` tasks of the ``bench/noop`` model (``benchmarks/noop_engine.py``:
+the engine does nothing, so what is measured is the service's own work, the worst case for a
+relative overhead), each with a ``webhook_url`` on a loopback receiver. A round's figure is the
+CPU time of the service's process tree from the first submit until the last webhook arrived,
+per task. Rounds alternate so background load skews both sides alike; the best round of each
+side counts. Exits non-zero when traced costs more than 10% over untraced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._harness import role_of, running_service  # noqa: E402
+from benchmarks._proc import cpu_seconds, descendants  # noqa: E402
+from benchmarks.noop_engine import PNG  # noqa: E402
+from tests.support.otlp import OtlpHttpCollector  # noqa: E402
+
+TARGET = 1.10
+
+
+@contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+async def one_round(base: str, key: str, tasks: int, concurrency: int) -> dict[str, float]:
+    """CPU seconds per task of each role of the service tree, submit to the last webhook."""
+    arrived = asyncio.Event()
+    seen: set[str] = set()
+
+    async def hook(request: web.Request) -> web.Response:
+        seen.add((await request.json())["session_id"])
+        if len(seen) >= tasks:
+            arrived.set()
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    image = "data:image/png;base64," + base64.b64encode(PNG).decode()
+    body = {
+        "model": "bench/noop",
+        "prompt": "noop",
+        "images": [image],
+        "size": "1024*1024",
+        "webhook_url": f"http://127.0.0.1:{port}/hook",
+    }
+    tree = descendants(os.getpid())
+    before = {pid: cpu_seconds([pid]) for pid in tree}
+    try:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:
+            queue = iter(range(tasks))
+
+            async def submitter() -> None:
+                for _ in queue:
+                    async with http.post(f"{base}/api/v1/model/generateImage", json=body) as r:
+                        assert r.status == 200, await r.text()
+
+            await asyncio.gather(*(submitter() for _ in range(concurrency)))
+            await asyncio.wait_for(arrived.wait(), 120)
+        by_role: dict[str, float] = {}
+        for pid, start in before.items():
+            role = role_of(pid)
+            by_role[role] = by_role.get(role, 0.0) + (cpu_seconds([pid]) - start) / tasks
+        return by_role
+    finally:
+        await runner.cleanup()
+
+
+def measure(
+    traced: bool, collector: OtlpHttpCollector, args: argparse.Namespace
+) -> dict[str, float]:
+    otel = {
+        "OTEL_TRACES_EXPORTER": "otlp" if traced else "none",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint,
+    }
+    with (
+        tempfile.TemporaryDirectory() as data,
+        environment(otel),
+        running_service(
+            data,
+            None,
+            extra_engines='["benchmarks.noop_engine:register"]',
+            ready_timeout=300,
+            webhook_allow_private_targets="true",
+        ) as (base, key),
+    ):
+        # Warm the processes (imports, first statements, connections) before measuring.
+        asyncio.run(one_round(base, key, 20, args.concurrency))
+        return asyncio.run(one_round(base, key, args.tasks, args.concurrency))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tasks", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args()
+    collector = OtlpHttpCollector()
+    results: dict[bool, list[float]] = {False: [], True: []}
+    try:
+        for round_ in range(args.rounds):
+            for traced in (False, True):
+                spans = len(collector.spans())
+                roles = measure(traced, collector, args)
+                cost = sum(roles.values())
+                results[traced].append(cost)
+                parts = ", ".join(f"{role} {ms * 1000:.2f}" for role, ms in sorted(roles.items()))
+                print(
+                    f"round {round_ + 1} {'traced  ' if traced else 'untraced'}: "
+                    f"{cost * 1000:.2f} ms CPU per task ({parts})"
+                    + (f", {len(collector.spans()) - spans} spans exported" if traced else ""),
+                    flush=True,
+                )
+    finally:
+        collector.close()
+    off, on = min(results[False]), min(results[True])
+    ratio = on / off
+    load = os.getloadavg()[0]
+    print(
+        f"best: untraced {off * 1000:.2f} ms, traced {on * 1000:.2f} ms CPU per task: "
+        f"{(ratio - 1) * 100:+.1f}% (target <= {(TARGET - 1) * 100:.0f}%); load {load:.1f} "
+        f"at {time.strftime('%Y-%m-%d %H:%M')}"
+    )
+    sys.exit(0 if ratio <= TARGET else 1)
+
+
+if __name__ == "__main__":
+    main()

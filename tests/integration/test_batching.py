@@ -1,0 +1,276 @@
+"""Dynamic batching, on SQLite and PostgreSQL: tasks of a batched model share engine calls
+(a counting engine records each call's tasks), and each task still ends on its own: its
+outputs, usage line, webhook and error; cancels, failures and a raising call stay with
+their task; two workers competing for one queue each take whole batches, never a task
+twice. Also a synchronous engine running two calls at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from genhook.db import Task, UsageLine, WebhookDelivery
+from genhook.errors import ErrorCode
+from genhook.tasks.worker import Worker
+from tests.conftest import Harness, make_harness, make_settings
+from tests.integration.test_hot_path import submit as submit_edit
+from tests.support.engines import BATCH_MODEL, PAIRED_MODEL, CountingBatchEngine
+from tests.support.images import data_url
+
+HOOK = "http://127.0.0.1:9/hook"
+
+
+@contextlib.asynccontextmanager
+async def batching(
+    tmp_path: Path,
+    database_url: str,
+    size: int = 4,
+    wait_ms: int = 0,
+    calls: int = 1,
+    **overrides: Any,
+) -> AsyncIterator[Harness]:
+    """A harness whose ``test/batch`` model takes ``size`` tasks a call after a wait of up
+    to ``wait_ms``, ``calls`` calls at once; the engine's recorded calls start empty."""
+    tuning = {"max_batch_size": size, "max_wait_ms": wait_ms, "concurrency": calls}
+    settings = make_settings(
+        tmp_path,
+        database_url,
+        extra_engines=["tests.support.engines:register_batching"],
+        model_batching={BATCH_MODEL: tuning},
+        **overrides,
+    )
+    harness = await make_harness(settings)
+    CountingBatchEngine.calls.clear()
+    try:
+        yield harness
+    finally:
+        await harness.client.aclose()
+        await harness.state.db.dispose()
+
+
+@pytest.fixture
+async def h(tmp_path: Path, database_url: str) -> AsyncIterator[Harness]:
+    async with batching(tmp_path, database_url) as harness:
+        yield harness
+
+
+async def submit(h: Harness, prompt: str = "edit", **fields: Any) -> str:
+    return await submit_edit(h, prompt, **({"model": BATCH_MODEL} | fields))
+
+
+async def rows(h: Harness, ids: Sequence[str]) -> dict[str, Task]:
+    async with h.state.db.read() as session:
+        found = await session.scalars(select(Task).where(Task.id.in_(ids)))
+        return {task.id: task for task in found}
+
+
+async def usage_of(h: Harness, ids: Sequence[str]) -> int:
+    async with h.state.db.read() as session:
+        count = await session.scalar(select(func.count()).where(UsageLine.task_id.in_(ids)))
+        return int(count or 0)
+
+
+async def callbacks(h: Harness) -> dict[str, list[dict[str, Any]]]:
+    """Terminal callback bodies by task."""
+    async with h.state.db.read() as session:
+        found = await session.execute(
+            select(WebhookDelivery.task_id, WebhookDelivery.body).where(
+                WebhookDelivery.event_type.not_like("%.task.processing")
+            )
+        )
+        bodies: dict[str, list[dict[str, Any]]] = {}
+        for task_id, body in found:
+            bodies.setdefault(task_id, []).append(json.loads(body))
+        return bodies
+
+
+def outputs_of(body: dict[str, Any]) -> list[str]:
+    outputs: list[str] = body["payload"]["outputs"]
+    return outputs
+
+
+async def until_processing(h: Harness, ids: Sequence[str]) -> None:
+    async with asyncio.timeout(30):
+        while {task.status for task in (await rows(h, ids)).values()} != {"processing"}:
+            await asyncio.sleep(0.01)
+
+
+async def test_tasks_submitted_together_share_calls_each_ending_alone(h: Harness) -> None:
+    ids = [await submit(h, webhook_url=HOOK) for _ in range(10)]
+    assert await h.run_all() == math.ceil(10 / 4)
+    # Oldest first, four to a call: ceil(10 / 4) calls.
+    assert CountingBatchEngine.calls == [tuple(ids[0:4]), tuple(ids[4:8]), tuple(ids[8:10])]
+    tasks = await rows(h, ids)
+    assert {task.status for task in tasks.values()} == {"completed"}
+    for index, task_id in enumerate(ids):
+        assert tasks[task_id].info["batch_size"] == (2 if index >= 8 else 4)
+        assert len(tasks[task_id].outputs) == 1
+    assert len({key for task in tasks.values() for key in task.outputs}) == 10
+    assert await usage_of(h, ids) == 10
+    bodies = await callbacks(h)
+    for task_id in ids:
+        (body,) = bodies[task_id]  # one callback each, with only its own output
+        assert body["session_id"] == task_id and body["payload"]["info"]["batch_size"] == 4 - 2 * (
+            task_id in ids[8:]
+        )
+        (url,) = outputs_of(body)
+        assert url.endswith(tasks[task_id].outputs[0])
+        result = await h.result(task_id)
+        assert result["status"] == "completed" and result["info"]["batch_size"] in (2, 4)
+
+
+async def test_tasks_of_different_batch_keys_never_share_a_call(h: Harness) -> None:
+    sizes = ["1024*1024", "1536*1536", "1024*1024", "1536*1536"]
+    ids = [await submit(h, size=size) for size in sizes]
+    await h.run_all()
+    # One claim took all four; one call per output size, the oldest task's key first.
+    assert CountingBatchEngine.calls == [(ids[0], ids[2]), (ids[1], ids[3])]
+    tasks = await rows(h, ids)
+    assert {task.status for task in tasks.values()} == {"completed"}
+    assert {task.info["batch_size"] for task in tasks.values()} == {2}
+
+
+async def test_a_failing_entry_fails_its_task_alone(h: Harness) -> None:
+    ids = [await submit(h), await submit(h, "fail", webhook_url=HOOK), await submit(h)]
+    await h.run_all()
+    assert CountingBatchEngine.calls == [tuple(ids)]
+    tasks = await rows(h, ids)
+    assert [tasks[i].status for i in ids] == ["completed", "failed", "completed"]
+    assert tasks[ids[1]].error_code == int(ErrorCode.INSTRUCTION_INVALID)
+    assert tasks[ids[1]].outputs == []
+    assert await usage_of(h, ids) == 2
+    (body,) = (await callbacks(h))[ids[1]]
+    assert body["payload"]["status"] == "failed" and body["session_id"] == ids[1]
+
+
+async def test_a_raising_call_runs_each_task_alone(h: Harness) -> None:
+    ids = [await submit(h), await submit(h, "crash"), await submit(h)]
+    await h.run_all()
+    # The batch call raised; then each task once alone.
+    assert CountingBatchEngine.calls == [tuple(ids), (ids[0],), (ids[1],), (ids[2],)]
+    tasks = await rows(h, ids)
+    assert [tasks[i].status for i in ids] == ["completed", "failed", "completed"]
+    assert tasks[ids[1]].error_code == int(ErrorCode.ENGINE_ERROR)
+    assert await usage_of(h, ids) == 2
+
+
+async def test_a_lone_task_runs_after_the_wait(tmp_path: Path, database_url: str) -> None:
+    async with batching(tmp_path, database_url, wait_ms=300) as h:
+        task_id = await submit(h)
+        async with asyncio.timeout(30):  # the wait ends by itself: no other task comes
+            assert await h.worker.run_once()
+        assert CountingBatchEngine.calls == [(task_id,)]
+        assert (await rows(h, [task_id]))[task_id].info["batch_size"] == 1
+
+
+async def cancel(h: Harness, task_id: str) -> None:
+    answer = await h.client.post(f"/api/v1/model/result/{task_id}/cancel", headers=h.headers)
+    assert answer.status_code == 200, answer.text
+
+
+async def test_a_task_canceled_while_its_batch_forms_leaves_it(
+    tmp_path: Path, database_url: str
+) -> None:
+    async with batching(tmp_path, database_url, wait_ms=1500) as h:
+        kept, canceled = await submit(h), await submit(h)
+        running = asyncio.create_task(h.worker.run_once())
+        await until_processing(h, [kept, canceled])  # both claimed; the batch waits for more
+        await cancel(h, canceled)
+        async with asyncio.timeout(30):
+            assert await running
+        assert CountingBatchEngine.calls == [(kept,)]
+        tasks = await rows(h, [kept, canceled])
+        assert tasks[kept].status == "completed" and tasks[kept].info["batch_size"] == 1
+        assert tasks[canceled].status == "canceled" and tasks[canceled].outputs == []
+        assert await usage_of(h, [kept, canceled]) == 1
+
+
+async def test_a_task_canceled_in_a_running_batch_is_discarded_alone(
+    tmp_path: Path, database_url: str
+) -> None:
+    async with batching(tmp_path, database_url, cancel_check_seconds=0.05) as h:
+        # The second job waits until it is given up; the others finish normally.
+        ids = [await submit(h), await submit(h, "wait=20"), await submit(h)]
+        running = asyncio.create_task(h.worker.run_once())
+        async with asyncio.timeout(30):
+            while not CountingBatchEngine.calls:
+                await asyncio.sleep(0.01)
+        await cancel(h, ids[1])
+        async with asyncio.timeout(30):
+            assert await running
+        assert CountingBatchEngine.calls == [tuple(ids)]
+        tasks = await rows(h, ids)
+        assert [tasks[i].status for i in ids] == ["completed", "canceled", "completed"]
+        assert tasks[ids[1]].outputs == []
+        assert {tasks[ids[0]].info["batch_size"], tasks[ids[2]].info["batch_size"]} == {3}
+        assert await usage_of(h, ids) == 2
+        assert not h.worker.tainted  # the engine call ended; the worker claims on
+
+
+@contextlib.asynccontextmanager
+async def working(*workers: Worker) -> AsyncIterator[None]:
+    """The workers' loops running until the block ends."""
+    stop = asyncio.Event()
+    running = [asyncio.create_task(worker.run(stop)) for worker in workers]
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.gather(*running)
+
+
+async def until_ended(h: Harness, ids: Sequence[str]) -> dict[str, Task]:
+    async with asyncio.timeout(60):
+        while True:
+            tasks = await rows(h, ids)
+            if all(task.finished_at is not None for task in tasks.values()):
+                return tasks
+            await asyncio.sleep(0.02)
+
+
+async def test_two_workers_competing_take_each_task_once(tmp_path: Path, database_url: str) -> None:
+    async with batching(tmp_path, database_url, wait_ms=20) as h:
+        workers = [Worker.sharing(h.state, worker_id=f"w-{name}") for name in "ab"]
+        async with working(*workers):
+            ids = [await submit(h, webhook_url=HOOK) for _ in range(14)]
+            tasks = await until_ended(h, ids)
+        assert {task.status for task in tasks.values()} == {"completed"}
+        ran = [task_id for call in CountingBatchEngine.calls for task_id in call]
+        assert sorted(ran) == sorted(ids)  # every task in exactly one call
+        assert all(1 <= len(call) <= 4 for call in CountingBatchEngine.calls)
+        assert len(CountingBatchEngine.calls) >= math.ceil(14 / 4)
+        assert await usage_of(h, ids) == 14
+        bodies = await callbacks(h)
+        assert all(len(bodies[task_id]) == 1 for task_id in ids)
+
+
+async def test_a_synchronous_engine_runs_two_calls_at_once(
+    tmp_path: Path, database_url: str
+) -> None:
+    async with batching(tmp_path, database_url) as h, working(h.worker):
+        body = {"model": PAIRED_MODEL, "prompt": "p", "images": [data_url()], "size": "1024*1024"}
+        ids = [(await h.submit(body)).json()["id"] for _ in range(2)]
+        tasks = await until_ended(h, ids)
+        # Each run waits for the other at a barrier: they ran at the same time.
+        assert {task.status for task in tasks.values()} == {"completed"}
+
+
+async def test_a_batched_model_runs_two_batches_at_once(tmp_path: Path, database_url: str) -> None:
+    async with batching(tmp_path, database_url, size=2, calls=2) as h:
+        ids = [await submit(h, webhook_url=HOOK) for _ in range(6)]
+        async with working(h.worker):
+            tasks = await until_ended(h, ids)
+        assert {task.status for task in tasks.values()} == {"completed"}
+        ran = [task_id for call in CountingBatchEngine.calls for task_id in call]
+        assert sorted(ran) == sorted(ids)
+        assert [len(call) for call in CountingBatchEngine.calls] == [2, 2, 2]
+        assert {task.info["batch_size"] for task in tasks.values()} == {2}
+        assert await usage_of(h, ids) == 6
