@@ -12,9 +12,10 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 
 from genhook.db import Account, ApiKey, Database, now_ms
+from genhook.db.models import ConsoleSession
 from genhook.errors import NotFound, Unauthorized
 
 KEY_PREFIX = "ghk_"
@@ -127,12 +128,14 @@ async def list_keys(db: Database, account: str | None = None) -> list[ApiKey]:
 
 
 async def revoke_key(db: Database, key_id: str) -> None:
+    """Revoke a key, and end every console session signed in with it."""
     async with db.write() as session:
         result = await session.execute(
             update(ApiKey)
             .where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None))
             .values(revoked_at=now_ms())
         )
+        await session.execute(delete(ConsoleSession).where(ConsoleSession.key_id == key_id))
         if result.rowcount == 0:  # type: ignore[attr-defined]
             exists = await session.get(ApiKey, key_id)
             if exists is None:

@@ -62,6 +62,8 @@ class Settings(BaseSettings):
     input_max_bytes: int = Field(default=25 * 1024 * 1024, gt=0)
     input_fetch_timeout_seconds: float = Field(default=20.0, gt=0)
     max_input_pixels: int = Field(default=40_000_000, gt=0)
+    # Pixels all input images of one task may declare together (docs/security.md).
+    max_task_input_pixels: int = Field(default=100_000_000, gt=0)
 
     # Storage of inputs and outputs.
     storage: Literal["file", "database"] = "file"
@@ -186,11 +188,18 @@ class Settings(BaseSettings):
     # deadline (or its model's recent run time, when longer).
     fault_retry_seconds: float = Field(default=10.0, ge=0)
     task_start_margin_seconds: float = Field(default=0.5, ge=0)
+    # Submits are refused (503) while the data directory's disk has less free than this, so
+    # tasks in flight keep room to store their outputs; the sweeper holds off meanwhile.
+    min_free_disk_mb: int = Field(default=256, ge=0)
     # A request waits this long for a database connection, then gets 503.
     db_pool_timeout_seconds: float = Field(default=2.0, gt=0)
     db_connect_timeout_seconds: float = Field(default=5.0, gt=0)
     # API requests in progress at once in one process; more are refused with 503.
     max_concurrent_requests: int = Field(default=512, ge=1)
+    # Of those, event streams and ``Prefer: wait`` requests open at once per account and per
+    # API key; more are refused with 429 (docs/security.md).
+    max_held_requests_per_account: int = Field(default=64, ge=1)
+    max_held_requests_per_key: int = Field(default=32, ge=1)
     # History kept: webhook attempts, and finished tasks (None keeps them).
     webhook_attempt_retention_days: float = Field(default=30.0, gt=0)
     task_retention_days: float | None = Field(default=None, gt=0)
@@ -220,10 +229,10 @@ class Settings(BaseSettings):
     metrics_token: str | None = None
     metrics_database_timeout_seconds: float = Field(default=2.0, gt=0)
 
-    # Web console (/console): signs its session cookies; unset, a per-process secret (set it
-    # when several API processes serve the console, so a session works on all of them).
-    console_secret: str | None = None
+    # Web console (/console); its sessions are kept in the database (docs/console.md).
     console_enabled: bool = True
+    # /docs and /redoc, from assets in the package (docs/security.md).
+    api_docs: bool = True
     # Accounts whose keys see every account's tasks and deliveries (/api/v1/admin/...).
     admin_accounts: list[str] = Field(default_factory=list)
 

@@ -69,7 +69,15 @@ class Gone(GenhookError):
 
 
 class ServiceUnavailable(GenhookError):
+    """The service cannot take the request now (its message says why); retry later."""
+
     status_code = 503
+
+    def __init__(
+        self, message: str, errors: list[FieldError] | None = None, retry_after: int = 1
+    ) -> None:
+        super().__init__(message, errors)
+        self.retry_after = max(1, retry_after)
 
 
 class ErrorCode(IntEnum):
@@ -164,3 +172,20 @@ class TaskFailure(Exception):
         super().__init__(f"{int(code)}: {message}")
         self.code = code
         self.message = message
+
+
+# The largest integer a column holds (BIGINT): larger numbers on the wire are refused as
+# invalid rather than reaching the database or the interpreter's digit limit.
+MAX_WIRE_INTEGER = 2**63 - 1
+
+
+def whole_number(text: str, field: str, *, low: int = 0, high: int = MAX_WIRE_INTEGER) -> int:
+    """``text`` as an integer from ``low`` to ``high``, or ``InvalidRequest`` naming ``field``;
+    for numbers outside the body (query parameters, cursors, headers)."""
+    digits = text.strip()
+    if digits.isascii() and digits.isdigit() and len(digits) <= len(str(high)):
+        value = int(digits)
+        if low <= value <= high:
+            return value
+    message = f"{field} must be a whole number from {low} to {high}"
+    raise InvalidRequest(message, [FieldError(field, message)])

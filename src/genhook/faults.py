@@ -9,6 +9,7 @@ lease), and a request that meets one is answered 503 with ``Retry-After`` (never
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -48,6 +49,39 @@ def is_infrastructure_error(error: BaseException) -> bool:
         nested = orig if isinstance(orig, BaseException) else None
         current = nested or current.__cause__
     return False
+
+
+def describe(error: BaseException) -> str:
+    """One line naming the root cause of an infrastructure error (the driver's or the
+    system's error, not SQLAlchemy's wrapper), for a log line or an answer."""
+    seen: set[int] = set()
+    current: BaseException = error
+    while len(seen) < 8:
+        seen.add(id(current))
+        orig = getattr(current, "orig", None)
+        nested = orig if isinstance(orig, BaseException) else current.__cause__
+        if nested is None or id(nested) in seen:
+            break
+        current = nested
+    text = str(current).strip().splitlines()
+    return f"{type(current).__name__}: {text[0]}" if text else type(current).__name__
+
+
+def fault_cause(error: BaseException) -> str:
+    """What kind of infrastructure fault ``error`` is, in words a client may read (never
+    the driver's text, which can name hosts and paths)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen and len(seen) < 8:
+        seen.add(id(current))
+        full = isinstance(current, OSError) and current.errno == errno.ENOSPC
+        if full or "disk is full" in str(current).lower():
+            return "the disk is full"
+        if isinstance(current, StorageUnavailable):
+            return "the blob store is unavailable"
+        orig = getattr(current, "orig", None)
+        current = orig if isinstance(orig, BaseException) else current.__cause__
+    return "the database or the storage is unavailable"
 
 
 def _is_transient(error: BaseException) -> bool:

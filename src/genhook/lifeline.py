@@ -8,7 +8,9 @@ A child must never outlive its supervisor, whatever the moment the supervisor di
 very first thing this module does, before importing anything slow, is ask the kernel to
 signal it when its parent dies (``PR_SET_PDEATHSIG``); then it checks that the parent is
 still the one that started it, which closes the window before that request took effect.
-Only then does a child read its settings (JSON on standard input) and import the service.
+Only then does a child read its settings (one line of JSON on standard input) and import the
+service; a dispatcher goes on reading its standard input for what to give back when a
+sibling dies (``genhook.supervisor.RELEASE``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ def main() -> None:
     parent = int(sys.argv[1])
     die_with_parent(parent)
     role = sys.argv[2]
-    payload = sys.stdin.buffer.read()
+    # One line, read unbuffered: what follows it on a dispatcher's input is read by the role.
+    with os.fdopen(0, "rb", buffering=0, closefd=False) as stdin:
+        payload = stdin.readline()
     from genhook import server
     from genhook.config import Settings
 

@@ -6,6 +6,11 @@ task and a dispatcher's sender while it sends an attempt (context variables, so 
 logged meanwhile, in any module, carries them), and ``extra=`` fields are added as they
 are. A traceback is one field, so a log collector never splits an event across lines.
 uvicorn's loggers go through the same handler.
+
+A fault of the service's own infrastructure (a full disk, a database restart) is expected
+and retried: a warning or error about one is logged as one line naming the cause, without
+a traceback, and repeats of it are folded, one line per cause every ``FOLD_SECONDS`` with a
+count of those left out (``FaultFolding``), so an outage cannot flood the disk it is on.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -31,7 +37,7 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(processName)s %(name)s: %(message)s%(
 # Attributes every LogRecord has; anything else on a record came from ``extra=``.
 _STANDARD = frozenset(
     vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys()
-    | {"message", "asctime", "ids", "role", *_FIELDS}
+    | {"message", "asctime", "ids", "role", "fold", *_FIELDS}
 )
 
 
@@ -62,6 +68,67 @@ class _ContextFilter(logging.Filter):
         for name, value in zip(_FIELDS, ids or (None, None, None), strict=True):
             if getattr(record, name, None) is None:
                 setattr(record, name, value)
+        return True
+
+
+# Seconds between two lines about the same infrastructure fault.
+FOLD_SECONDS = 5.0
+# ``extra=`` of a warning repeated for as long as a condition lasts (a readiness probe that
+# keeps failing): folded like a fault's, whatever its arguments.
+FOLD = {"fold": True}
+
+
+def _fault_of(record: logging.LogRecord) -> BaseException | str | None:
+    """The infrastructure error a record is about (its exception, or one of its arguments),
+    or ``fold`` for a record logged with ``extra=FOLD``."""
+    if getattr(record, "fold", False):
+        return "fold"
+    candidates: list[Any] = []
+    if record.exc_info and record.exc_info[1] is not None:
+        candidates.append(record.exc_info[1])
+    args = record.args if isinstance(record.args, tuple) else ()
+    candidates += [arg for arg in args if isinstance(arg, BaseException)]
+    if not candidates:
+        return None
+    from genhook.faults import is_infrastructure_error  # not for the supervisor's own lines
+
+    return next((error for error in candidates if is_infrastructure_error(error)), None)
+
+
+class FaultFolding(logging.Filter):
+    """One line per infrastructure fault cause every ``interval`` seconds, without its
+    traceback; the next line says how many like it were left out meanwhile."""
+
+    def __init__(self, interval: float = FOLD_SECONDS) -> None:
+        super().__init__()
+        self.interval = interval
+        self._last: dict[tuple[str, str, str], float] = {}
+        self._folded: dict[tuple[str, str, str], int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        error = _fault_of(record)
+        if error is None:
+            return True
+        from genhook.faults import describe
+
+        cause = error if isinstance(error, str) else describe(error)
+        key = (record.name, str(record.msg), cause)
+        now = time.monotonic()
+        if now - self._last.get(key, -self.interval) < self.interval:
+            self._folded[key] = self._folded.get(key, 0) + 1
+            return False
+        self._last[key] = now
+        if record.exc_info:  # an expected fault: its cause, not its traceback
+            record.msg = f"{record.msg} ({cause})"
+            record.exc_info = None
+            record.exc_text = None
+        elif isinstance(record.args, tuple):  # the cause in one line, not SQLAlchemy's text
+            record.args = tuple(cause if arg is error else arg for arg in record.args)
+        folded = self._folded.pop(key, 0)
+        if folded:
+            record.msg = f"{record.msg} ({folded} more like this in the last {self.interval:g} s)"
         return True
 
 
@@ -115,6 +182,7 @@ def configure_logging(settings: Settings, role: str = "serve") -> None:
     json_lines = settings.log_format == "json"
     handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
     handler.addFilter(_ContextFilter(role))
+    handler.addFilter(FaultFolding())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -6,7 +6,9 @@ bytes decide.
 
 from __future__ import annotations
 
+import io
 import struct
+import threading
 from dataclasses import dataclass
 
 ACCEPTED_FORMATS: tuple[str, ...] = ("jpeg", "png", "webp", "bmp", "tiff", "gif", "heic", "heif")
@@ -97,3 +99,91 @@ def _png_chunks(data: bytes, stop: int) -> int:
             break
         pos += 12 + length
     return count
+
+
+PIL_FORMATS: dict[str, str] = {
+    "jpeg": "JPEG",
+    "png": "PNG",
+    "webp": "WEBP",
+    "bmp": "BMP",
+    "tiff": "TIFF",
+    "gif": "GIF",
+    "heic": "HEIF",
+    "heif": "HEIF",
+}
+# Bytes of an image read for its declared size; each accepted format states it near the start.
+HEADER_PROBE_BYTES = 256 * 1024
+# What a header too large for Pillow to open at all counts as: more than any budget.
+UNOPENABLE_PIXELS = 2**62
+_heif_lock = threading.Lock()
+_heif_ready = False
+
+
+def register_heif() -> None:
+    """Teach Pillow HEIC/HEIF once per process (pillow-heif ships libheif in its wheel)."""
+    global _heif_ready
+    with _heif_lock:
+        if not _heif_ready:
+            import pillow_heif
+
+            pillow_heif.register_heif_opener()
+            _heif_ready = True
+
+
+def declared_pixels(data: bytes | memoryview) -> int | None:
+    """Width times height as the image's header declares them, read without decoding a
+    pixel; None when the header cannot be read (the decoder reports that later)."""
+    fmt = sniff_image_format(data)
+    if fmt is None:
+        return None
+    if fmt == "webp":
+        # Pillow's WebP plugin builds a decoder before it reports a size; the header is
+        # enough, and libwebp reads it the same way.
+        size = _webp_size(bytes(data[:30]))
+        return None if size is None else size[0] * size[1]
+    from PIL import Image
+
+    if fmt in ("heic", "heif"):
+        register_heif()
+    try:
+        with Image.open(
+            io.BytesIO(bytes(data[:HEADER_PROBE_BYTES])), formats=[PIL_FORMATS[fmt]]
+        ) as image:
+            width, height = image.size
+    except Image.DecompressionBombError:
+        return UNOPENABLE_PIXELS
+    except Exception:  # any decoder's idea of a bad header: the full decode names it
+        return None
+    return max(0, width) * max(0, height)
+
+
+def _webp_size(head: bytes) -> tuple[int, int] | None:
+    """Canvas size from a WebP's first chunk: VP8X, VP8L or VP8 (RFC 9649)."""
+    if len(head) < 30:
+        return None
+    kind = head[12:16]
+    if kind == b"VP8X":
+        return 1 + int.from_bytes(head[24:27], "little"), 1 + int.from_bytes(head[27:30], "little")
+    if kind == b"VP8L" and head[20] == 0x2F:
+        bits = int.from_bytes(head[21:25], "little")
+        return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
+    if kind == b"VP8 " and head[23:26] == b"\x9d\x01\x2a":
+        return (
+            int.from_bytes(head[26:28], "little") & 0x3FFF,
+            int.from_bytes(head[28:30], "little") & 0x3FFF,
+        )
+    return None
+
+
+def pixel_budget_problem(images: list[bytes | memoryview], budget: int) -> str | None:
+    """Why the images of one task would decode to more than ``budget`` pixels together, from
+    their headers alone, or None. Each input is decoded whole before any is released, so
+    a task's memory follows the sum, not the largest."""
+    total = sum(declared_pixels(image) or 0 for image in images)
+    if total <= budget:
+        return None
+    shown = "more pixels than can be opened" if total >= UNOPENABLE_PIXELS else f"{total:,} pixels"
+    return (
+        f"the input images declare {shown} together; the limit per task is {budget:,} "
+        "(GENHOOK_MAX_TASK_INPUT_PIXELS)"
+    )

@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from genhook.config import Settings
+from genhook.faults import is_infrastructure_error
+from genhook.logs import FOLD
 from genhook.services import Services
 from genhook.tasks.lifecycle import Lifecycle
 
@@ -76,7 +78,7 @@ class HealthPort:
             problems = [f"{type(exc).__name__}: {exc}"]
         if problems:
             message = "; ".join(problems)
-            log.warning("readiness check failed: %s", message)
+            log.warning("readiness check failed: %s", message, extra=FOLD)
             return web.json_response({"code": 503, "message": message, "errors": []}, status=503)
         return web.json_response({"status": "ready"})
 
@@ -109,8 +111,11 @@ async def sweep_forever(lifecycle: Lifecycle, interval: float, stop: asyncio.Eve
     while not stop.is_set():
         try:
             await lifecycle.sweep()
-        except Exception:
-            log.exception("sweep failed; retrying")
+        except Exception as error:
+            if not is_infrastructure_error(error):
+                log.exception("sweep failed; retrying")
+            else:  # planned: one line with the cause, folded while it lasts (genhook.logs)
+                log.warning("sweep failed; retrying (%s)", error)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)
 

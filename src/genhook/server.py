@@ -26,10 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from genhook.config import Settings
-from genhook.files import private_dir
+from genhook.files import private_dir, tighten_data
 from genhook.supervisor import dispatcher_owner_for, exec_supervisor, worker_id_for
 
 if TYPE_CHECKING:
+    from genhook.db import Database
+    from genhook.services import Services
+    from genhook.storage import BlobStore
     from genhook.tasks.worker import Worker
 
 log = logging.getLogger("genhook")
@@ -86,10 +89,18 @@ EXIT_TAINTED = 3
 EXIT_REFUSED = 2
 
 
-def _name_process(role: str, index: int) -> None:
+def process_name(role: str, index: int, parent: int | None) -> str:
+    """How a role process names itself in the logs: ``worker-1`` under a supervisor (one
+    machine), ``worker@HOST:PID`` on its own, where many machines log as worker 0."""
+    if parent is not None:
+        return f"{role}-{index}"
+    return f"{role}@{socket.gethostname()}:{os.getpid()}"
+
+
+def _name_process(role: str, index: int, parent: int | None) -> None:
     import multiprocessing
 
-    multiprocessing.current_process().name = f"{role}-{index}"  # named so in the logs
+    multiprocessing.current_process().name = process_name(role, index, parent)
 
 
 def require_migrated(settings: Settings) -> None:
@@ -131,19 +142,26 @@ def _prepare_role(settings: Settings, role: str) -> None:
     configure_logging(settings, role)
     os.umask(0o077)
     private_dir(settings.data_dir)
+    tighten_data(settings)
     require_migrated(settings)
 
 
 def worker_main(settings: Settings, index: int, parent: int | None = None) -> None:
     """Entry point of one worker process; ``parent`` is its supervisor's pid, if any."""
-    _name_process("worker", index)
+    _name_process("worker", index, parent)
     configure_logging(settings, "worker")
-    with asyncio.Runner(loop_factory=_fast_loop()) as runner:
+    runner = asyncio.Runner(loop_factory=_fast_loop())
+    try:
         tainted = runner.run(_worker(settings, index, parent))
+    except BaseException:
+        runner.close()
+        raise
     if tainted:
-        # An abandoned engine thread is still computing; leave without waiting for it.
+        # An abandoned engine thread is still computing; leave without waiting for it (closing
+        # the loop would: it joins the executor's threads).
         logging.shutdown()
         os._exit(EXIT_TAINTED)
+    runner.close()
 
 
 async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
@@ -151,12 +169,18 @@ async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
     from genhook.roles import health_port
     from genhook.services import open_services, ready_problems
     from genhook.storage.blobs import close_blob_store
+    from genhook.tasks.liveness import LIVE_SUFFIX, hold_liveness
     from genhook.tasks.worker import Worker
 
     stop = asyncio.Event()
     _stop_on_signals(stop.set)
     state = open_services(settings, claims=True)
-    worker = Worker.sharing(state, worker_id=worker_id_for(os.getpid(), index))
+    worker_id = worker_id_for(os.getpid(), index)
+    # On its own on PostgreSQL, the worker's database session tells the sweeper it is alive.
+    liveness = parent is None and state.db.is_postgres
+    if liveness:
+        worker_id += LIVE_SUFFIX
+    worker = Worker.sharing(state, worker_id=worker_id)
     if settings.worker_concurrency:
         # Only models that allow several calls at once (I/O-bound engines, thread-safe
         # synchronous ones) take it; the others keep one.
@@ -168,7 +192,12 @@ async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
     _watch_parent(parent, orphaned.set)
     orphan_watch = asyncio.create_task(_leave_when_orphaned(worker, orphaned))
     try:
-        async with health_port(settings, lambda: ready_problems(state)):
+        async with contextlib.AsyncExitStack() as stack:
+            if liveness:
+                await stack.enter_async_context(
+                    hold_liveness(settings.resolved_database_url, worker_id)
+                )
+            await stack.enter_async_context(health_port(settings, lambda: ready_problems(state)))
             await worker.run(stop)
     finally:
         orphan_watch.cancel()
@@ -201,7 +230,7 @@ def run_worker(settings: Settings) -> None:
 def dispatcher_main(settings: Settings, index: int, parent: int | None = None) -> None:
     """Entry point of one dispatcher process: webhook delivery, reconciliation, retention
     and the task sweeper."""
-    _name_process("dispatcher", index)
+    _name_process("dispatcher", index, parent)
     configure_logging(settings, "dispatcher")
     with asyncio.Runner(loop_factory=_fast_loop()) as runner:
         runner.run(_dispatcher(settings, index, parent))
@@ -238,11 +267,42 @@ async def _dispatcher(settings: Settings, index: int, parent: int | None) -> Non
             problems.append("the webhook dispatcher has not started")
         return problems
 
+    requests = asyncio.create_task(_release_requests(state)) if parent is not None else None
     try:
         async with health_port(settings, ready):
             await role.run(stop)
     finally:
+        if requests is not None:
+            requests.cancel()
+            await asyncio.gather(requests, return_exceptions=True)
         await state.db.dispose()
+
+
+async def _release_requests(state: Services) -> None:
+    """Give back what a dead sibling held as soon as the supervisor asks, on standard input
+    (``genhook.supervisor.RELEASE`` lines): this process is running and connected, where a
+    fresh release process would take seconds to start."""
+    from genhook.supervisor import RELEASE
+
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    pipe = os.fdopen(0, "rb", buffering=0, closefd=False)
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    try:
+        while line := await reader.readline():
+            words = line.decode(errors="replace").split()
+            if len(words) != 4 or words[0] != RELEASE:
+                log.warning("ignored a request from the supervisor: %r", line[:200])
+                continue
+            _, what, owner, how = words
+            try:
+                await release_held(
+                    state.settings, state.db, state.storage, what, owner, lost=how == "lost"
+                )
+            except Exception as exc:
+                log.error("could not give back what %s held (%s); its leases will", owner, exc)
+    finally:
+        transport.close()
 
 
 def run_dispatcher(settings: Settings) -> None:
@@ -305,7 +365,7 @@ def connection_limits(settings: Settings) -> dict[str, Any]:
 
 def api_main(settings: Settings, parent: int | None = None, fd: int | None = None) -> None:
     """Entry point of the API process; ``fd`` is a listening socket its supervisor opened."""
-    _name_process("api", 0)
+    _name_process("api", 0, parent)
     configure_logging(settings, "api")
     with asyncio.Runner(loop_factory=_fast_loop()) as runner:
         runner.run(_api(settings, parent, fd))
@@ -391,6 +451,7 @@ def serve(settings: Settings) -> None:
     # Everything the service creates (database, WAL, blobs, key file) is its user's alone.
     os.umask(0o077)
     private_dir(settings.data_dir)
+    tighten_data(settings)
     from genhook import metrics
 
     metrics.use_directory(*metrics.serve_directory(settings))  # every child counts there too
@@ -429,18 +490,24 @@ def release_main(settings: Settings, what: str, owner: str, *, lost: bool) -> No
 
 async def _release(settings: Settings, what: str, owner: str, *, lost: bool) -> None:
     from genhook.db import Database
+    from genhook.storage import open_blob_store
 
     db = Database(settings.resolved_database_url, pool_size=1)
     try:
-        if what == "tasks":
-            from genhook.storage import open_blob_store
-            from genhook.tasks.lifecycle import Lifecycle
-
-            lifecycle = Lifecycle(settings, db, open_blob_store(settings, db))
-            await lifecycle.release_owner(owner, lost=lost)
-        else:
-            from genhook.sender.queue import release_deliveries
-
-            await release_deliveries(db, owner)
+        await release_held(settings, db, open_blob_store(settings, db), what, owner, lost=lost)
     finally:
         await db.dispose()
+
+
+async def release_held(
+    settings: Settings, db: Database, storage: BlobStore, what: str, owner: str, *, lost: bool
+) -> None:
+    """Give back the tasks (``what`` = tasks) or the deliveries ``owner`` held."""
+    if what == "tasks":
+        from genhook.tasks.lifecycle import Lifecycle
+
+        await Lifecycle(settings, db, storage).release_owner(owner, lost=lost)
+    else:
+        from genhook.sender.queue import release_deliveries
+
+        await release_deliveries(db, owner)

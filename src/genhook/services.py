@@ -17,6 +17,7 @@ from typing import Any, Self
 from genhook.config import Settings
 from genhook.db import Database
 from genhook.engines.registry import Registry, build_registry
+from genhook.files import disk_problem
 from genhook.net import AddressPolicy, Resolver
 from genhook.storage import BlobStore, open_blob_store
 
@@ -74,6 +75,9 @@ async def ready_problems(state: Services) -> list[str]:
         await asyncio.to_thread(_probe_directory, state.settings.data_dir)
     except OSError as exc:
         problems.append(f"the data directory cannot be written ({exc.strerror or exc})")
+    disk = disk_problem(state.settings, state.db)
+    if disk is not None:
+        problems.append(disk)
     return problems
 
 

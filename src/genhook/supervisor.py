@@ -7,8 +7,16 @@ long as the service holds about 22 MB instead of 100. ``FD`` is an open file hol
 supervisor's configuration as JSON (see ``exec_supervisor``).
 
 What a dead child held in the database (a worker's tasks, a dispatcher's deliveries) is given
-back by a short-lived ``genhook.lifeline`` process of role ``release``: the supervisor itself
-has no database handle, and a child dies rarely enough for that start-up to be cheap.
+back by a living dispatcher, which has a database handle and reads such requests on its
+standard input (``RELEASE`` lines), so a killed worker's task runs again within a fraction of
+a second. With no dispatcher alive, a short-lived ``genhook.lifeline`` process of role
+``release`` does it: the supervisor itself has no database handle.
+
+Stopping is bounded: workers and the api get ``grace`` seconds and ``STOP_MARGIN`` more to
+finish or give back their tasks, then the dispatchers get ``DISPATCHER_GRACE`` of their own
+to send the last callbacks and let go of their leases, and whatever a killed child held is
+given back within ``RELEASE_AT_STOP``: the whole stop takes at most ``grace`` plus
+``STOP_MARGIN + DISPATCHER_GRACE + RELEASE_AT_STOP`` seconds (and the kill's reaping).
 """
 
 from __future__ import annotations
@@ -34,6 +42,15 @@ log = logging.getLogger("genhook")
 
 # How long a release process may take before its leases are left to do the job.
 RELEASE_TIMEOUT = 60.0
+# Past the grace, how long a worker has to give back its task and leave before it is killed.
+STOP_MARGIN = 1.0
+# The dispatchers' own grace, once the workers are gone: the last tasks' callbacks go out.
+DISPATCHER_GRACE = 5.0
+# How long a stopping supervisor waits for what killed children held to be given back.
+RELEASE_AT_STOP = 2.0
+# The first word of a line a dispatcher reads on its standard input: give back what a dead
+# sibling held (``RELEASE tasks|deliveries OWNER lost|stopped``).
+RELEASE = "release"
 
 
 def worker_id_for(pid: int, index: int) -> str:
@@ -86,13 +103,19 @@ class Supervisor:
         self._releases: set[asyncio.Task[None]] = set()
         self._exited = asyncio.Event()
 
-    def _spawn(self, args: list[str], fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, args: list[str], fds: tuple[int, ...] = (), *, keep_stdin: bool = False
+    ) -> subprocess.Popen[bytes]:
+        """Start a child; its settings go first on its standard input, one line. A
+        dispatcher's stays open for ``RELEASE`` requests."""
         argv = [sys.executable, "-m", "genhook.lifeline", str(os.getpid()), *args]
         process = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=fds)
         assert process.stdin is not None
         try:
-            process.stdin.write(self.payload)
-            process.stdin.close()
+            process.stdin.write(self.payload + b"\n")
+            process.stdin.flush()
+            if not keep_stdin:
+                process.stdin.close()
         except BrokenPipeError:
             pass
         return process
@@ -103,7 +126,7 @@ class Supervisor:
         if child.role == "api" and self.listen_fd is not None:
             args.append(str(self.listen_fd))
             fds = (self.listen_fd,)
-        child.process = self._spawn(args, fds)
+        child.process = self._spawn(args, fds, keep_stdin=child.role == "dispatcher")
         child.started_at = time.monotonic()
 
     def start(self) -> None:
@@ -146,23 +169,42 @@ class Supervisor:
         task.add_done_callback(self._releases.discard)
 
     async def _give_back(self, child: Child, pid: int, *, lost: bool) -> None:
-        """Give back what the dead ``child`` (pid ``pid``) held, in a release process."""
+        """Give back what the dead ``child`` (pid ``pid``) held: through a living dispatcher
+        when there is one, else in a release process."""
         if child.role not in ("worker", "dispatcher"):
             return
         if child.role == "worker":
-            args = ["release", "tasks", worker_id_for(pid, child.index)]
+            args = ["tasks", worker_id_for(pid, child.index)]
         else:
-            args = ["release", "deliveries", dispatcher_owner_for(pid, child.index)]
+            args = ["deliveries", dispatcher_owner_for(pid, child.index)]
         args.append("lost" if lost else "stopped")
-        process = self._spawn(args)
+        if self._ask_dispatcher(" ".join([RELEASE, *args])):
+            return
+        process = self._spawn(["release", *args])
         try:
             code = await asyncio.to_thread(process.wait, RELEASE_TIMEOUT)
-        except subprocess.TimeoutExpired:
+        except (subprocess.TimeoutExpired, asyncio.CancelledError):
             process.kill()
             await asyncio.to_thread(process.wait)
             code = None
         if code != 0:
             log.error("could not give back what %s held; its leases will", child.name)
+
+    def _ask_dispatcher(self, line: str) -> bool:
+        """Hand ``line`` to a living dispatcher; False when none took it."""
+        for child in self.children:
+            process = child.process
+            if child.role != "dispatcher" or process is None or process.poll() is not None:
+                continue
+            if process.pid in self._signalled or process.stdin is None:
+                continue
+            try:
+                process.stdin.write(line.encode() + b"\n")
+                process.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                continue
+            return True
+        return False
 
     def _signal(self, roles: tuple[str, ...]) -> None:
         """SIGTERM once to each child of ``roles``: a second one means "now" to uvicorn."""
@@ -182,25 +224,37 @@ class Supervisor:
         self._signal(("api", "worker"))
 
     async def stop(self, grace: float) -> None:
+        """Workers and the api first, within ``grace`` (and ``STOP_MARGIN``); then the
+        dispatchers, within ``DISPATCHER_GRACE`` of their own; then what a killed child held
+        is given back, within ``RELEASE_AT_STOP``."""
         self.begin_stop()
+        await self._stop_roles(("worker", "api"), grace + STOP_MARGIN)
+        self._signal(("dispatcher",))
+        await self._stop_roles(("dispatcher",), DISPATCHER_GRACE)
+        if self._releases:
+            _, late = await asyncio.wait(self._releases, timeout=RELEASE_AT_STOP)
+            for task in late:  # the leases give those back
+                task.cancel()
+            if late:
+                await asyncio.wait(late)
+
+    async def _stop_roles(self, roles: tuple[str, ...], within: float) -> None:
+        """Wait up to ``within`` seconds for the signalled children of ``roles`` to exit, then
+        kill the rest, giving back what they held."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace + 2
-        for role in ("worker", "api", "dispatcher"):
-            self._signal((role,))
-            for child in self.children:
-                if child.role == role and child.process is not None:
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        remaining = max(0.0, deadline - loop.time())
-                        await asyncio.to_thread(child.process.wait, remaining)
+        deadline = loop.time() + within
+        for child in self.children:
+            if child.role in roles and child.process is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    remaining = max(0.0, deadline - loop.time())
+                    await asyncio.to_thread(child.process.wait, remaining)
         for child in self.children:
             process = child.process
-            if process is not None and process.poll() is None:
+            if child.role in roles and process is not None and process.poll() is None:
                 log.warning("%s did not stop in time; killing it", child.name)
                 process.kill()
                 await asyncio.to_thread(process.wait, 5)
                 self._release_later(child, process.pid, lost=False)
-        if self._releases:
-            await asyncio.gather(*self._releases, return_exceptions=True)
 
 
 def exec_supervisor(

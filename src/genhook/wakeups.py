@@ -64,7 +64,6 @@ import stat
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -73,8 +72,8 @@ from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
+from genhook.db.held_connection import hold_connection
 from genhook.files import private_dir
-from genhook.retry import backoff_delay
 
 log = logging.getLogger(__name__)
 
@@ -651,49 +650,37 @@ class _PostgresHub(_Hub):
                 self.deliver(channel, Wake.BROADCAST)
 
     async def _listen_forever(self) -> None:
-        import asyncpg
+        await hold_connection(
+            self.dsn,
+            self._opened,
+            on_lost=self._lost,
+            closed=self._closed,
+            check_seconds=PG_CHECK_SECONDS,
+            base=0.2,
+            cap=5.0,
+        )
 
-        failures = 0
-        while True:
-            lost = asyncio.Event()
-            connection: Any = None
-            try:
-                connection = await asyncpg.connect(self.dsn, timeout=10)
-                connection.add_termination_listener(partial(_set_when_closed, lost))
-                for name in PG_CHANNELS.values():
-                    await connection.add_listener(name, self._on_notify)
-                self._connection = connection
-                self.connections += 1
-                failures = 0
-                self.connected.set()
-                # Whatever was announced while no connection listened is claimable now.
-                for channel in CHANNELS:
-                    self.deliver(channel, Wake.RECONNECTED)
-                while not lost.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(lost.wait(), PG_CHECK_SECONDS)
-                    if not lost.is_set():
-                        await asyncio.wait_for(connection.fetchval("SELECT 1"), 10)
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:
-                log.warning("wake-up connection to PostgreSQL lost (%s); polling meanwhile", error)
-            finally:
-                self.connected.clear()
-                self._connection = None
-                if connection is not None:
-                    connection.terminate()
-            failures += 1
-            await asyncio.sleep(backoff_delay(failures, 0.2, 5.0))
+    async def _opened(self, connection: Any) -> None:
+        for name in PG_CHANNELS.values():
+            await connection.add_listener(name, self._on_notify)
+        self._connection = connection
+        self.connections += 1
+        self.connected.set()
+        # Whatever was announced while no connection listened is claimable now.
+        for channel in CHANNELS:
+            self.deliver(channel, Wake.RECONNECTED)
+
+    def _lost(self, error: Exception) -> None:
+        log.warning("wake-up connection to PostgreSQL lost (%s); polling meanwhile", error)
+
+    def _closed(self) -> None:
+        self.connected.clear()
+        self._connection = None
 
     def close(self) -> None:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-
-
-def _set_when_closed(lost: asyncio.Event, _connection: Any) -> None:
-    lost.set()
 
 
 _hubs: dict[tuple[str, int], _Hub] = {}

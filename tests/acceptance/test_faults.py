@@ -249,6 +249,8 @@ def test_killed_processes_lose_nothing(tmp_path: Path, db_url: str | None, hooks
         assert rerun.attempts == 2 and rerun.lease_losses == 1
         assert rerun.started_at is not None
         print(f"\n[faults] killed worker to re-run: {rerun.started_at / 1000 - killed:.2f} s")
+        # Given back by the running dispatcher, not by a release process started for it.
+        assert f"dispatcher-0 genhook.tasks.lifecycle: task {probe} lost its lease" in live.log()
         ids.append(probe)
         # The dispatcher, then the supervisor itself.
         dispatchers = [
@@ -419,3 +421,26 @@ def test_sigterm_with_tasks_in_flight(tmp_path: Path, db_url: str | None) -> Non
             await db.dispose()
 
     assert asyncio.run(billed()) == completed
+
+
+def test_shutdown_past_the_grace(tmp_path: Path, hooks: Hooks) -> None:
+    """A task that outlives the grace is given back; the dispatcher still stops on its own,
+    after the workers, and the whole shutdown ends a few seconds past the grace."""
+    mark = uuid.uuid4().hex
+    grace = 2.0
+    live = start(tmp_path, None, mark, GENHOOK_SHUTDOWN_GRACE_SECONDS=str(grace))
+    done = submit_ok(live, prompt="sleep=0.1", webhook_url=hooks.url)
+    wait_terminal(live, [done])
+    stuck = submit_ok(live, prompt="sleep=60", webhook_url=hooks.url)
+    worker_pid(live, None, stuck)
+    asked = time.monotonic()
+    live.process.send_signal(signal.SIGTERM)
+    assert live.process.wait(60) == 0
+    took = time.monotonic() - asked
+    print(f"\n[faults] SIGTERM with a task past the {grace:g} s grace: exited in {took:.2f} s")
+    assert_generation_gone(mark)
+    log = live.log()
+    assert "dispatcher-0 did not stop in time" not in log, log[-3000:]
+    rows = task_rows(live, None)
+    assert (rows[stuck].status, rows[stuck].lease_losses) == ("created", 0)
+    assert hooks.ids == {done: 1}

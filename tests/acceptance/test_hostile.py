@@ -289,6 +289,23 @@ def test_disconnect_mid_body_is_one_info_line(target: Target) -> None:
 
 
 @HTTP_ONLY
+def test_a_pooled_client_survives_early_answers(target: Target) -> None:
+    """An answer sent before the body is read (a wrong key here) closes the connection and
+    says so, so a pooled client opens a fresh one instead of reusing a half-read one."""
+    body = b'{"model": "test/fake-edit", "prompt": "' + b"x" * 900_000 + b'"}'
+    headers = {"Authorization": "Bearer wrong", "Content-Type": "application/json"}
+    url = f"{target.live.base_url}/api/v1/model/generateImage"
+    with httpx.Client(timeout=30) as client:
+        answers = []
+        for _ in range(6):
+            response = client.post(url, content=body, headers=headers)
+            answers.append((response.status_code, response.headers.get("connection")))
+        assert answers == [(401, "close")] * 6
+        # The pool still serves an ordinary request afterwards.
+        assert client.get(target.live.base_url + "/healthz").status_code == 200
+
+
+@HTTP_ONLY
 @pytest.mark.parametrize(
     ("method", "path", "allowed"),
     [

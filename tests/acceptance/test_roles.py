@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -107,6 +108,20 @@ def alive(pid: int) -> bool:
     return b"Z" not in state
 
 
+def create_key(env: dict[str, str]) -> str:
+    """An API key of a new account, made with the CLI."""
+    created = subprocess.run(
+        [sys.executable, "-m", "genhook.cli", "accounts", "create", "acme", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert created.returncode == 0, created.stderr
+    key: str = json.loads(created.stdout)["api_key"]
+    return key
+
+
 @pytest.fixture
 def migrated(tmp_path: Path, database_url: str) -> dict[str, str]:
     upgrade(database_url)
@@ -137,6 +152,8 @@ def test_role_answers_readiness_and_stops_on_sigterm(
     finally:
         code = stop_role(role)
     assert code == 0, role.log()
+    # Named by machine and process, not "worker-0" on every machine.
+    assert f" {name}@{socket.gethostname()}:{role.process.pid} " in role.log(), role.log()
     assert not [pid for pid in helpers if alive(pid)]
 
 
@@ -157,15 +174,7 @@ def test_role_refuses_an_unmigrated_database(tmp_path: Path, database_url: str, 
 def test_api_worker_and_dispatcher_processes_run_a_task_and_deliver_its_webhook(
     tmp_path: Path, migrated: dict[str, str], running: list[Role]
 ) -> None:
-    created = subprocess.run(
-        [sys.executable, "-m", "genhook.cli", "accounts", "create", "acme", "--json"],
-        env=migrated,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert created.returncode == 0, created.stderr
-    key = json.loads(created.stdout)["api_key"]
+    key = create_key(migrated)
     hooks = Hooks()
     try:
         api = start_role(tmp_path, migrated, "api")
@@ -199,3 +208,91 @@ def test_api_worker_and_dispatcher_processes_run_a_task_and_deliver_its_webhook(
         hooks.close()
     for role in running:
         assert stop_role(role) == 0, role.log()
+
+
+@pytest.mark.postgres
+def test_a_standalone_workers_task_runs_again_soon_after_it_dies(
+    tmp_path: Path, pg_url: str, running: list[Role]
+) -> None:
+    """On PostgreSQL a standalone worker's database session is its liveness: killed, its task
+    is requeued by the dispatcher's sweeper well before its 30 s lease runs out."""
+    upgrade(pg_url)
+    env = {**role_env(tmp_path, pg_url), "GENHOOK_LEASE_SECONDS": "30"}
+    headers = {"Authorization": f"Bearer {create_key(env)}"}
+    api = start_role(tmp_path, env, "api")
+    running.append(api)
+    running.append(start_role(tmp_path, env, "dispatcher"))
+    for i in range(2):
+        (tmp_path / f"w{i}").mkdir()
+    workers = [start_role(tmp_path / f"w{i}", env, "worker") for i in range(2)]
+    running.extend(workers)
+    body = {"model": "test/fake-edit", "prompt": "sleep=1", "images": [data_url()]}
+    submitted = httpx.post(
+        api.base_url + "/api/v1/model/generateImage", json=body, headers=headers, timeout=10
+    )
+    assert submitted.status_code == 200, submitted.text
+    task_id = submitted.json()["id"]
+
+    def task() -> dict[str, Any]:
+        return dict(
+            httpx.get(
+                f"{api.base_url}/api/v1/model/result/{task_id}", headers=headers, timeout=10
+            ).json()
+        )
+
+    deadline = time.monotonic() + 60
+    while task()["status"] != "processing":
+        assert time.monotonic() < deadline, "the task was never claimed"
+        time.sleep(0.02)
+    owner = _lease_owner(pg_url, task_id)
+    victim = next(w for w in workers if f":{w.process.pid}/" in owner)
+    killed = time.time()
+    victim.process.kill()
+    victim.process.wait()
+    deadline = time.monotonic() + 60
+    while task()["status"] != "completed":
+        assert time.monotonic() < deadline, [role.log()[-2000:] for role in running]
+        time.sleep(0.05)
+    started_at, losses = _run_of(pg_url, task_id)
+    print(f"\n[roles] standalone worker killed to its task's re-run: {started_at - killed:.2f} s")
+    assert losses == 1
+    # Requeued for its worker's death, not for a lease that ran out.
+    assert owner.endswith("+live")
+    assert started_at < killed + 30
+
+
+def _lease_owner(url: str, task_id: str) -> str:
+    import asyncio
+
+    from sqlalchemy import select
+
+    from genhook.db import Database, Task
+
+    async def read() -> str:
+        db = Database(url)
+        try:
+            async with db.read() as session:
+                owner = await session.scalar(select(Task.lease_owner).where(Task.id == task_id))
+                return str(owner)
+        finally:
+            await db.dispose()
+
+    return asyncio.run(read())
+
+
+def _run_of(url: str, task_id: str) -> tuple[float, int]:
+    import asyncio
+
+    from genhook.db import Database, Task
+
+    async def read() -> tuple[float, int]:
+        db = Database(url)
+        try:
+            async with db.read() as session:
+                row = await session.get(Task, task_id)
+                assert row is not None and row.started_at is not None
+                return row.started_at / 1000, row.lease_losses
+        finally:
+            await db.dispose()
+
+    return asyncio.run(read())

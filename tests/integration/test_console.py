@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 from starlette.datastructures import FormData
 
-from genhook.accounts import create_account
+from genhook.accounts import create_account, create_key, revoke_key
 from genhook.console.routes import build_body, form_fields, snippets
-from genhook.console.session import COOKIE, SessionSigner
+from genhook.console.session import COOKIE
 from genhook.engines.audio._requests import TextToSpeechRequest
 from genhook.engines.edit_request import EditRequest
 from genhook.sender.keys import ensure_signing_key, rotate_signing_key
@@ -47,8 +47,10 @@ async def test_a_wrong_key_is_refused_and_pages_ask_to_sign_in(harness: Harness)
         response = await client.get(path)
         assert response.status_code == 303
         assert response.headers["location"] == "/console/login"
-    # A cookie whose signature does not match is no session.
-    forged = SessionSigner("other").cookie_value(harness.account.api_key)
+    # A cookie the server never issued is no session, nor is the key itself as a cookie.
+    for forged in ("A" * 43, harness.account.api_key):
+        response = await client.get("/console/tasks", headers={"Cookie": f"{COOKIE}={forged}"})
+        assert response.headers["location"] == "/console/login"
     response = await client.get("/console/tasks", headers={"Cookie": f"{COOKIE}={forged}"})
     assert response.headers["location"] == "/console/login"
 
@@ -294,3 +296,48 @@ async def test_a_key_created_in_the_console_can_be_revoked_there(harness: Harnes
     assert (await harness.client.get("/api/v1/keys", headers=auth)).status_code == 401
     page = (await client.get("/console/keys")).text
     assert page.count("/revoke") == 1  # only the signed-in key is left to revoke
+
+
+async def test_sign_out_and_revocation_end_a_session_even_for_a_copied_cookie(
+    harness: Harness,
+) -> None:
+    client = await signed_in(harness, harness.account.api_key)
+    cookie = client.cookies[COOKIE]
+    assert harness.account.api_key not in cookie
+    copied = {"Cookie": f"{COOKIE}={cookie}"}
+    assert (await harness.client.get("/console/tasks", headers=copied)).status_code == 200
+    token = csrf_of((await client.get("/console/keys")).text)
+    assert (await client.post("/console/logout", data={"csrf": token})).status_code == 303
+    # The cookie copied before sign-out no longer signs anyone in.
+    after = await harness.client.get("/console/tasks", headers=copied)
+    assert after.status_code == 303 and after.headers["location"] == "/console/login"
+    # Revoking a key ends the sessions signed in with it, at once.
+    second = await create_key(harness.state.db, harness.account.account_id, "second")
+    other = await signed_in(harness, second.api_key)
+    assert (await other.get("/console/tasks")).status_code == 200
+    await revoke_key(harness.state.db, second.key_id)
+    revoked = await other.get("/console/tasks")
+    assert revoked.status_code == 303 and revoked.headers["location"] == "/console/login"
+
+
+async def test_sign_in_is_throttled_per_client_and_per_account(harness: Harness) -> None:
+    app = harness.client._transport.app  # type: ignore[attr-defined]
+
+    def from_address(address: str) -> httpx.AsyncClient:
+        transport = httpx.ASGITransport(app=app, client=(address, 40000))
+        return httpx.AsyncClient(transport=transport, base_url="http://testserver")
+
+    key = {"api_key": harness.account.api_key}
+    guesser = from_address("10.0.0.1")
+    for _ in range(10):
+        response = await guesser.post("/console/login", data={"api_key": "ghk_wrong"})
+        assert response.status_code == 401
+    refused = await guesser.post("/console/login", data=key)
+    assert refused.status_code == 429
+    assert 0 < int(refused.headers["retry-after"]) <= 300
+    # Other clients are not held back by that one; the account is, past 10 new sessions.
+    for number in range(2, 12):
+        response = await from_address(f"10.0.0.{number}").post("/console/login", data=key)
+        assert response.status_code == 303, response.text
+    refused = await from_address("10.0.0.99").post("/console/login", data=key)
+    assert refused.status_code == 429

@@ -93,7 +93,8 @@ class FullDisk(FileBlobStore):
 
 @pytest.fixture
 async def disk_harness(tmp_path: Path, database_url: str) -> AsyncIterator[tuple[Harness, bool]]:
-    settings = make_settings(tmp_path, database_url, fault_retry_seconds=0.3)
+    # A 2 MB disk is always under the free-space margin: off here, to see the disk fill up.
+    settings = make_settings(tmp_path, database_url, fault_retry_seconds=0.3, min_free_disk_mb=0)
     with small_disk(settings.data_dir) as mounted:
         h = await make_harness(settings)
         if not mounted:

@@ -45,6 +45,13 @@ def models(base_url: str) -> list[dict[str, Any]]:
             **common,
         },
         {
+            "id": "up/follow",
+            "adapter": "openai-images",
+            "follow_redirects": "same-origin",
+            "detect_nsfw": False,
+            **common,
+        },
+        {
             "id": "up/slow",
             "adapter": "openai-images",
             "deadline_seconds": 1.5,
@@ -452,6 +459,24 @@ async def test_queue_callback_is_received_once_and_ends_the_task(
         )
         assert not_json.status_code == 400
         assert not_json.json()["errors"][0]["field"] == "body"
+        # A guessed URL is refused on the token alone, whatever its body.
+        json_type = {"Content-Type": "application/json"}
+        big = b"[" * (9 * 1024 * 1024)
+        wrong = await h.client.post(path[:-4] + "AAAA", content=big, headers=json_type)
+        assert wrong.status_code == 404, wrong.text
+        unknown = await h.client.post(
+            "/api/v1/upstream/callback/task_nope/" + "A" * 43, content=big, headers=json_type
+        )
+        assert unknown.status_code == 404
+        # The right URL takes no more than a submit's JSON without image data ...
+        padded = {"id": "job-0", "status": "running", "pad": "x" * (300 * 1024)}
+        too_large = await h.client.post(path, json=padded)
+        assert too_large.status_code == 413, too_large.text
+        # ... nor more arrays and objects than a submit may hold.
+        many = {"id": "job-0", "status": "running", "items": [[] for _ in range(2000)]}
+        crowded = await h.client.post(path, json=many)
+        assert crowded.status_code == 400, crowded.text
+        assert crowded.json()["errors"][0]["field"] == "body"
         assert (await h.client.post(path, json=final)).status_code == 200
         assert (await h.client.post(path, json=final)).status_code == 404
         while (await h.result(task_id))["status"] in ("created", "processing"):
@@ -465,3 +490,31 @@ async def test_queue_callback_is_received_once_and_ends_the_task(
     assert upstream.jobs["job-0"]["polls"] == 0
     async with h.state.db.read() as session:
         assert (await session.scalars(select(UpstreamCallback))).all() == []
+
+
+async def test_redirects_are_refused_unless_allowed_and_never_leave_the_origin(
+    h: Harness, upstream: UpstreamServer
+) -> None:
+    refused = await run(h, "up/edit", "redirect")
+    assert refused["status"] == "failed"
+    assert refused["error_code"] == ErrorCode.UPSTREAM_BAD_RESPONSE
+    assert "redirect" in refused["error"]
+    assert upstream.redirected == []
+    followed = await run(h, "up/follow", "redirect")
+    assert followed["status"] == "completed", followed
+    assert upstream.redirected == [(f"127.0.0.1:{upstream.port}", f"Bearer {CREDENTIAL}")]
+    away = await run(h, "up/follow", "redirect away")
+    assert away["status"] == "failed"
+    assert away["error_code"] == ErrorCode.UPSTREAM_BAD_RESPONSE
+    assert "origin" in away["error"]
+    assert all(host.startswith("127.0.0.1:") for host, _ in upstream.redirected)
+
+
+async def test_an_upstream_job_id_stays_one_path_segment(
+    h: Harness, upstream: UpstreamServer
+) -> None:
+    result = await run(h, "up/queue", "sneaky-id")
+    assert result["status"] == "completed", result
+    assert result["info"]["upstream_id"] == "../../../steal?x="
+    assert "/steal" not in upstream.raw_paths
+    assert "/queue/jobs/..%2F..%2F..%2Fsteal%3Fx=" in upstream.raw_paths

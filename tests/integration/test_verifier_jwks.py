@@ -24,6 +24,7 @@ class JwksServer:
         self.document: dict[str, Any] = {"keys": []}
         self.status = 200
         self.hits = 0
+        self.cache_control: str | None = None
         self.gate: threading.Event | None = None
         outer = self
 
@@ -36,6 +37,8 @@ class JwksServer:
                 self.send_response(outer.status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
+                if outer.cache_control is not None:
+                    self.send_header("Cache-Control", outer.cache_control)
                 self.end_headers()
                 self.wfile.write(payload)
 
@@ -262,3 +265,34 @@ def test_one_verifier_serves_several_event_loops(jwks_server, clock):
             for r in results
         )
     assert asyncio.run(v.averify(*delivery(k1, "k1", int(clock.now)))).key_id == "k1"
+
+
+def test_the_key_set_is_kept_only_as_long_as_its_cache_control_says(jwks_server, clock):
+    k1, k2 = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    jwks_server.document = {"keys": [jwk(k1, "k1")]}
+    jwks_server.cache_control = "public, max-age=120"
+    v = make(jwks_server, clock)  # its own ceiling: an hour
+    v.verify(*delivery(k1, "k1", int(clock.now)))
+    jwks_server.document = {"keys": [jwk(k2, "k2")]}  # k1 retired
+    clock.now += 119
+    assert v.verify(*delivery(k1, "k1", int(clock.now))).key_id == "k1"
+    assert jwks_server.hits == 1
+    clock.now += 1
+    with pytest.raises(WebhookVerificationError) as exc:
+        v.verify(*delivery(k1, "k1", int(clock.now)))
+    assert exc.value.reason is VerificationFailure.UNKNOWN_KEY
+    assert jwks_server.hits == 2
+    # no-store: not kept; the next lookup past the refetch interval fetches again.
+    jwks_server.cache_control = "no-store"
+    clock.now += 120
+    v.verify(*delivery(k2, "k2", int(clock.now)))
+    clock.now += 30
+    v.verify(*delivery(k2, "k2", int(clock.now)))
+    assert jwks_server.hits == 4
+    # A max-age longer than the verifier's own ceiling is held to the ceiling.
+    jwks_server.cache_control = "max-age=99999"
+    short = make(jwks_server, clock, max_key_age=60)
+    short.verify(*delivery(k2, "k2", int(clock.now)))
+    clock.now += 60
+    short.verify(*delivery(k2, "k2", int(clock.now)))
+    assert jwks_server.hits == 6

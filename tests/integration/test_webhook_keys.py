@@ -132,3 +132,22 @@ async def test_cli_commands(
         assert account is not None and is_sealed(account.signing_secret)
         secret = open_secret(account.signing_secret, "acct_cli", load_encryption_key(settings))
         assert secret.startswith("whsec_") and secret != "whsec_old"
+
+
+async def test_jwks_cache_lifetime_ends_when_a_rotated_key_retires(
+    env: tuple[Settings, Database],
+) -> None:
+    from genhook.db import now_ms
+    from genhook.sender.keys import JWKS_MAX_AGE_SECONDS, jwks_max_age
+
+    settings, db = env
+    await ensure_signing_key(db, settings)
+    now = now_ms()
+    assert await jwks_max_age(db, now=now) == JWKS_MAX_AGE_SECONDS
+    overlap_ms = int(settings.webhook_key_overlap_days * DAY_MS)
+    # Rotated long enough ago that its overlap ends in 100 s: caches must not outlive it.
+    await rotate_signing_key(db, settings, now=now - overlap_ms + 100_000)
+    assert await jwks_max_age(db, now=now) == 100
+    assert len((await jwks(db, now=now))["keys"]) == 2
+    assert await jwks_max_age(db, now=now + 100_000) == JWKS_MAX_AGE_SECONDS
+    assert len((await jwks(db, now=now + 100_000))["keys"]) == 1

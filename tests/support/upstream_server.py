@@ -2,7 +2,8 @@
 
 It is the outside world of the upstream engine, so the tests may script it: prompt words
 steer each answer (``slow``, ``busy``, ``flaky``, ``down``, ``garbled``, ``reject``,
-``private-url``, ``loopback-url``, ``cost``, ``nsfw``, ``fail``).
+``private-url``, ``loopback-url``, ``cost``, ``nsfw``, ``fail``, ``redirect`` within the
+origin or ``redirect away`` to another one, ``sneaky-id`` for a job id that climbs paths).
 """
 
 from __future__ import annotations
@@ -45,18 +46,30 @@ class UpstreamServer:
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     release: asyncio.Event = field(default_factory=asyncio.Event)
+    # The raw path of every request, and (host, Authorization) of every redirected one.
+    raw_paths: list[str] = field(default_factory=list)
+    redirected: list[tuple[str, str | None]] = field(default_factory=list)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        @web.middleware
+        async def record(request: web.Request, handler: Any) -> web.StreamResponse:
+            self.raw_paths.append(request.raw_path)
+            if "moved" in request.query:
+                self.redirected.append((request.host, request.headers.get("Authorization")))
+            response: web.StreamResponse = await handler(request)
+            return response
+
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[record])
         app.router.add_post("/v1/images/edits", self.edits)
         app.router.add_post("/v1/images/generations", self.generations)
         app.router.add_post("/queue/submit", self.submit)
         app.router.add_get("/queue/jobs/{id}", self.status)
         app.router.add_get("/files/{name}", self.file)
+        app.router.add_get("/steal", self.file)
         return app
 
     async def edits(self, request: web.Request) -> web.StreamResponse:
@@ -85,6 +98,10 @@ class UpstreamServer:
             message = f"Incorrect API key provided: {auth}"
             return web.json_response({"error": {"message": message}}, status=401)
         words = str(fields.get("prompt", "")).split()
+        if "redirect" in words and "moved" not in request.query:
+            host = "localhost" if "away" in words else "127.0.0.1"
+            location = f"http://{host}:{self.port}{path}?moved=1"
+            return web.Response(status=307, headers={"Location": location})
         prompt = " ".join(words)
         count = self.attempts[prompt] = self.attempts.get(prompt, 0) + 1
         self.in_flight += 1
@@ -128,6 +145,8 @@ class UpstreamServer:
         self.requests.append(("/queue/submit", body))
         self.authorizations.append(request.headers.get("Authorization"))
         job_id = f"job-{next(self._ids)}"
+        if "sneaky-id" in str(body.get("input", {}).get("prompt", "")).split():
+            job_id = "../../../steal?x="
         self.jobs[job_id] = {"body": body, "polls": 0}
         return web.json_response({"id": job_id, "status": "starting"}, status=201)
 

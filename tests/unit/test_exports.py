@@ -154,6 +154,7 @@ EXPORTS: dict[str, list[str]] = {
         "apply_looks",
         "blocked_terms",
         "build_decor",
+        "check_pixel_budget",
         "check_prompt",
         "decode_image",
         "moderate_inputs",

@@ -111,3 +111,62 @@ def test_text_format_appends_the_ids(tmp_path: Path, monkeypatch: pytest.MonkeyP
     first, second = stream.getvalue().splitlines()
     assert first.endswith("genhook.test: hello [task_id=t3]")
     assert second.endswith("genhook.test: plain")
+
+
+def _restart_error() -> Exception:
+    """What SQLAlchemy raises while PostgreSQL restarts: the driver's error wrapped."""
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        raise ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 5432)")
+    except ConnectionRefusedError as cause:
+        return OperationalError("SELECT 1", {}, cause)
+
+
+def test_an_infrastructure_fault_is_one_line_per_cause_folded(
+    captured: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr("genhook.logs.time.monotonic", lambda: clock[0])
+    log = logging.getLogger("genhook.roles")
+    for _ in range(150):  # a second of a flood
+        try:
+            raise _restart_error()
+        except Exception:
+            log.exception("sweep failed; retrying")
+        log.warning("task %s: fault (%s); requeued", "t1", OSError(28, "No space left on device"))
+        clock[0] += 0.01
+    log.warning("an ordinary warning")
+    log.warning("an ordinary warning")
+    clock[0] += 5
+    try:
+        raise _restart_error()
+    except Exception:
+        log.exception("sweep failed; retrying")
+    sweeps = [line for line in lines(captured) if line["message"].startswith("sweep failed")]
+    assert len(sweeps) == 2
+    assert "exc" not in sweeps[0] and "Connect call failed" in sweeps[0]["message"]
+    assert "ConnectionRefusedError" in sweeps[0]["message"]
+    assert "(149 more like this in the last 5 s)" in sweeps[1]["message"]
+    disk = [line for line in lines(captured) if line["message"].startswith("task t1")]
+    assert len(disk) == 1 and "No space left on device" in disk[0]["message"]
+    log.warning("sweep failed; retrying (%s)", _restart_error())
+    assert lines(captured)[-1]["message"].endswith(
+        "(ConnectionRefusedError: [Errno 111] Connect call failed ('127.0.0.1', 5432))"
+    )
+    # Lines about anything else are never folded, and keep their traceback.
+    assert sum(line["message"] == "an ordinary warning" for line in lines(captured)) == 2
+    try:
+        raise ValueError("a bug")
+    except ValueError:
+        log.exception("sweep failed; retrying")
+    assert "Traceback" in lines(captured)[-1]["exc"]
+
+
+def test_a_failing_readiness_probe_is_folded(captured: io.StringIO) -> None:
+    from genhook.logs import FOLD
+
+    log = logging.getLogger("genhook.api.app")
+    for free in range(100):  # probed ten times a second, the reason changing a little
+        log.warning("readiness check failed: %s", f"{free} MB free", extra=FOLD)
+    assert [line["message"] for line in lines(captured)] == ["readiness check failed: 0 MB free"]

@@ -21,6 +21,7 @@ from genhook.api.errors import install_error_handlers
 from genhook.api.routes_admin import router as admin_router
 from genhook.api.routes_cancel import router as cancel_router
 from genhook.api.routes_delivery_message import router as delivery_message_router
+from genhook.api.routes_docs import install_docs
 from genhook.api.routes_keys import router as keys_router
 from genhook.api.routes_metrics import router as metrics_router
 from genhook.api.routes_models import install_models
@@ -36,6 +37,7 @@ from genhook.console import install_console
 from genhook.db import Database
 from genhook.engines.registry import Registry
 from genhook.faults import RETRY_AFTER_SECONDS
+from genhook.logs import FOLD
 from genhook.net import Resolver
 from genhook.services import open_services
 from genhook.storage.blobs import close_blob_store
@@ -67,6 +69,8 @@ def create_app(state: AppState) -> FastAPI:
         version=__version__,
         description="Asynchronous generation tasks with signed webhook callbacks.",
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
         **tracing.fastapi_options(),
     )
     app.state.genhook = state
@@ -87,6 +91,8 @@ def create_app(state: AppState) -> FastAPI:
     app.include_router(metrics_router)
     if state.settings.console_enabled:
         install_console(app, state)
+    if state.settings.api_docs:
+        install_docs(app)
 
     @app.get("/healthz", tags=["operations"], summary="Liveness: the process answers")
     async def healthz() -> dict[str, str]:
@@ -100,7 +106,7 @@ def create_app(state: AppState) -> FastAPI:
     async def readyz() -> Any:
         problems = await ready_problems(state)
         if problems:
-            log.warning("readiness check failed: %s", "; ".join(problems))
+            log.warning("readiness check failed: %s", "; ".join(problems), extra=FOLD)
             return JSONResponse(
                 {"code": 503, "message": "; ".join(problems), "errors": []},
                 status_code=503,

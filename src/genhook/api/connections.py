@@ -8,6 +8,12 @@ each request ``header_timeout`` seconds from the connection's first byte (or the
 response) to its complete headers, and ``body_timeout`` seconds more for its body, then
 closes the connection. Past ``max_connections`` open connections, a new one is answered 503
 at once and closed, before it costs more than its socket.
+
+A request answered before its body was read (a wrong key, a body over the limit) is answered
+with ``Connection: close``, and the rest of its body is read and dropped for a moment before
+the connection closes: a pooled client then opens a fresh connection for its next request
+rather than writing it onto a half-read one, and it reads the answer whole (closing a socket
+with unread data resets it, and the client would lose the answer).
 """
 
 from __future__ import annotations
@@ -99,6 +105,41 @@ class RepeatFilter(logging.Filter):
         return True
 
 
+class _Connection(h11.Connection):
+    """h11's server side, adding ``Connection: close`` to an answer that starts while the
+    client is still sending its request body."""
+
+    def send(self, event: Any) -> bytes | None:  # type: ignore[override]
+        if isinstance(event, h11.Response) and self.their_state is h11.SEND_BODY:
+            headers = [(name, value) for name, value in event.headers if name != b"connection"]
+            event = h11.Response(
+                status_code=event.status_code,
+                headers=[*headers, (b"connection", b"close")],
+                reason=event.reason,
+                http_version=event.http_version,
+            )
+        output: bytes | None = super().send(event)
+        return output
+
+
+class _LingeringTransport:
+    """The connection's transport as uvicorn sees it: a close while the client is still
+    sending its body becomes a lingering close (``GuardedH11Protocol.linger``)."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: GuardedH11Protocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self._protocol._lingering is not None or self._transport.is_closing()
+
+    def close(self) -> None:
+        self._protocol.linger()
+
+
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with read deadlines and a connection cap (``configure``)."""
 
@@ -108,6 +149,11 @@ class GuardedH11Protocol(H11Protocol):
 
     _deadline: asyncio.TimerHandle | None = None
     _awaiting: str = ""
+    _lingering: asyncio.TimerHandle | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.conn = _Connection(h11.SERVER, self.conn._max_incomplete_event_size)
 
     @classmethod
     def configure(
@@ -137,30 +183,45 @@ class GuardedH11Protocol(H11Protocol):
             self._refused = True
             return
         self._refused = False
-        super().connection_made(transport)
+        self._raw = transport
+        super().connection_made(_LingeringTransport(transport, self))  # type: ignore[arg-type]
         self._arm("headers")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._lingering is not None:
+            self._lingering.cancel()
         if getattr(self, "_refused", False):
             return
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if getattr(self, "_refused", False) or getattr(self, "_discarding", False):
+        if getattr(self, "_refused", False) or self._lingering is not None:
             return
         super().data_received(data)
         self._track()
 
-    def on_response_complete(self) -> None:
-        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
-            # Answered before the body was read (refused: too large, unauthorized, ...).
-            # Parsing the rest only to drop it would cost the event loop as much as the body;
-            # drop it unparsed for a moment, so the client can read the answer, then close.
-            self._discarding = True
-            self._disarm()
-            self.loop.call_later(LINGER_SECONDS, self.transport.close)
+    def eof_received(self) -> None:
+        if self._lingering is not None:
+            self._raw.close()  # the client sent everything and left: nothing to linger for
+
+    def linger(self) -> None:
+        """Close the connection; if the client is still sending its body (it was answered
+        before the body was read), drop the rest unparsed for ``LINGER_SECONDS`` first, so
+        it can read the answer. Parsing the rest only to drop it would cost the event loop
+        as much as the body."""
+        if self._lingering is not None:
             return
+        if self.conn.their_state is not h11.SEND_BODY or self._raw.is_closing():
+            self._raw.close()
+            return
+        self._disarm()
+        self._lingering = self.loop.call_later(LINGER_SECONDS, self._raw.close)
+        self._raw.resume_reading()  # reading may be paused for the body nobody reads now
+        if self._raw.can_write_eof():
+            self._raw.write_eof()
+
+    def on_response_complete(self) -> None:
         super().on_response_complete()
         self._track()
 
@@ -214,7 +275,7 @@ class GuardedH11Protocol(H11Protocol):
         if what == "headers" and self.conn.their_state is h11.IDLE and self.cycle is None:
             # Nothing was answered on this connection yet: tell the client why.
             self.transport.write(_TIMEOUT)
-        self.transport.close()
+        self._raw.close()  # at once, not lingering: the client is too slow to wait for
 
 
 def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:

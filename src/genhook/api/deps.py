@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from genhook.accounts import AuthCache, authenticate
+from genhook.api.held import HeldRequests
 from genhook.db import Account
 from genhook.services import Services
 from genhook.tasks import Submitter
@@ -20,6 +21,11 @@ class AppState(Services):
         self.submitter = Submitter.sharing(self)
         self.auth_cache = AuthCache(self.settings.auth_cache_seconds)
         self.watcher = TaskWatcher(self.db, self.settings.watch_poll_seconds)
+        self.held = HeldRequests(
+            self.settings.max_concurrent_requests,
+            self.settings.max_held_requests_per_account,
+            self.settings.max_held_requests_per_key,
+        )
 
 
 async def get_state(request: Request) -> AppState:

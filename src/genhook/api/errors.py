@@ -18,8 +18,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from genhook.api.bodies import ClientGone
-from genhook.errors import FieldError, GenhookError, TooManyRequests
-from genhook.faults import RETRY_AFTER_SECONDS, is_infrastructure_error
+from genhook.errors import FieldError, GenhookError, ServiceUnavailable, TooManyRequests
+from genhook.faults import RETRY_AFTER_SECONDS, fault_cause, is_infrastructure_error
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GenhookError)
     async def _genhook(_: Request, exc: GenhookError) -> JSONResponse:
         headers = None
-        if isinstance(exc, TooManyRequests):
+        if isinstance(exc, TooManyRequests | ServiceUnavailable):
             headers = {"Retry-After": str(exc.retry_after)}
+        elif exc.status_code == 503:
+            headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
         return error_response(exc.status_code, exc.message, exc.errors, headers)
 
     @app.exception_handler(RequestValidationError)
@@ -114,7 +116,8 @@ def install_error_handlers(app: FastAPI) -> None:
             return await _unexpected(request, exc)
         # The database or the disk, not the request: the client should simply retry.
         log.warning("%s %s: service unavailable: %s", request.method, request.url.path, exc)
-        response = error_response(503, "the service is temporarily unavailable; retry shortly")
+        message = f"the service is temporarily unavailable ({fault_cause(exc)}); retry shortly"
+        response = error_response(503, message)
         response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
         return response
 

@@ -13,7 +13,11 @@ from fastapi import Response
 
 from genhook.api.errors import error_body
 
-_RANGE_RE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
+# ASCII digits, at most 18 of them (no output is an exabyte): a longer number is a
+# malformed range, ignored, rather than work for the interpreter's digit limit.
+_RANGE_RE = re.compile(
+    r"^\s*bytes\s*=\s*([0-9]{0,18})\s*-\s*([0-9]{0,18})\s*$", re.IGNORECASE | re.ASCII
+)
 
 
 def byte_range(header: str | None, size: int) -> tuple[int, int] | bool | None:

@@ -83,11 +83,15 @@ def _submit_route(path_name: str, summary: str, doc: dict[str, Any] = _SUBMIT_DO
         wait = prefer_wait(request, state.settings.wait_max_seconds)
         key = parse_idempotency_key(request.headers.get(IDEMPOTENCY_HEADER))
         start = parse_start_deadline(request.headers.get(START_DEADLINE_HEADER))
-        async with large_body_slot(request):
-            task = await _read_and_submit(request, state, account.id, path_name, key, start)
-        if wait is not None:
-            return await result_response(state, task, request)
-        return JSONResponse(await prediction_view(task, state.settings, state.storage))
+        if wait is None:
+            async with large_body_slot(request):
+                task = await _read_and_submit(request, state, account.id, path_name, key, start)
+            return JSONResponse(await prediction_view(task, state.settings, state.storage))
+        # Held from before the submit, so a wait over the caps creates nothing.
+        with state.held.hold(account.id, request.headers.get("authorization")) as hold:
+            async with large_body_slot(request):
+                task = await _read_and_submit(request, state, account.id, path_name, key, start)
+            return await result_response(state, task, request, hold)
 
     endpoint.__name__ = f"submit_{path_name}"
     router.add_api_route(

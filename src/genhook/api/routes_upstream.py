@@ -2,6 +2,8 @@
 
 No API key: the URL carries a random per-task token that only the worker waiting on the task
 wrote down, and a callback is accepted once. The worker reads the body and ends the task.
+Anyone can post here, so the task and token are checked before a byte of the body is read,
+and the body gets the structure limits of a submit without its image data.
 """
 
 from __future__ import annotations
@@ -15,13 +17,10 @@ from fastapi.responses import JSONResponse
 from genhook.api.bodies import BodyLimits, read_json_body
 from genhook.api.deps import get_state
 from genhook.api.errors import ERROR_RESPONSES
-from genhook.engines.upstream import store_callback
+from genhook.engines.upstream import callback_waiting, store_callback
 from genhook.errors import FieldError, InvalidRequest, NotFound
 
 router = APIRouter(tags=["upstream"])
-
-# Queue callbacks are small JSON documents; outputs come as URLs or in later fetches.
-MAX_CALLBACK_BYTES = 8 * 1024 * 1024
 
 
 @router.post(
@@ -31,12 +30,16 @@ MAX_CALLBACK_BYTES = 8 * 1024 * 1024
 )
 async def upstream_callback(task_id: str, token: str, request: Request) -> Any:
     state = await get_state(request)
-    cap = min(MAX_CALLBACK_BYTES, state.settings.max_body_bytes)
+    if not await callback_waiting(state.db, task_id, token):
+        raise NotFound("no upstream job is waiting for this callback")
+    # Queue callbacks are small JSON documents (outputs come as URLs or in later fetches):
+    # the whole body is held to a submit's limits for its structure.
+    settings = state.settings
     limits = BodyLimits(
-        max_bytes=cap,
-        max_json_bytes=cap,
-        max_depth=state.settings.max_json_depth,
-        max_containers=10_000,
+        max_bytes=settings.max_json_bytes,
+        max_json_bytes=settings.max_json_bytes,
+        max_depth=settings.max_json_depth,
+        max_containers=settings.max_json_containers,
         allow_data_urls=False,
     )
     body = (await read_json_body(request, limits)).value

@@ -22,9 +22,10 @@ from starlette.datastructures import QueryParams
 
 from genhook.api.deps import AppState, current_account, get_state
 from genhook.api.errors import ERROR_RESPONSES
+from genhook.api.held import HeldStream, Hold
 from genhook.api.schemas import TaskListResponse
 from genhook.db import Account, Task
-from genhook.errors import FieldError, InvalidRequest, NotFound
+from genhook.errors import FieldError, InvalidRequest, NotFound, whole_number
 from genhook.task_states import POLLED_STATUSES, is_terminal, polled_status
 from genhook.tasks.reads import get_task, list_tasks, owned_task
 from genhook.tasks.views import prediction_view
@@ -34,6 +35,8 @@ router = APIRouter()
 
 # A comment line this often keeps proxies from closing an idle stream.
 KEEPALIVE_SECONDS = 15.0
+# Event numbers are ``task_events`` ids, an INTEGER column.
+MAX_EVENT_NUMBER = 2**31 - 1
 _WAIT = re.compile(r"^wait(?:\s*=\s*(.*))?$", re.IGNORECASE)
 
 
@@ -49,7 +52,7 @@ def prefer_wait(request: Request, max_seconds: float) -> float | None:
         value = (match.group(1) or "").strip().strip('"')
         if not value:
             return max_seconds
-        if not value.isdigit():
+        if not (value.isascii() and value.isdigit()):
             message = f"wait must be whole seconds (0 to {max_seconds:g}), got {value!r}"
             raise InvalidRequest(message, [FieldError("Prefer", message)])
         return min(float(value), max_seconds)
@@ -84,15 +87,21 @@ async def wait_until_done(state: AppState, task: Task, seconds: float) -> Task:
     return await get_task(state.db, task.id) or task
 
 
-async def result_response(state: AppState, task: Task, request: Request) -> JSONResponse:
-    """A result, after ``Prefer: wait`` when asked, with the live fields and logs."""
+async def result_response(
+    state: AppState, task: Task, request: Request, hold: Hold | None = None
+) -> JSONResponse:
+    """A result, after ``Prefer: wait`` when asked, with the live fields and logs; the wait
+    takes a held request's place unless the caller already has one (``hold``)."""
     wait = prefer_wait(request, state.settings.wait_max_seconds)
     logs = wants_logs(request)
     headers: dict[str, str] = {}
     if wait is not None:
         headers["Preference-Applied"] = f"wait={wait:g}"
         if not is_terminal(task.status):
-            task = await wait_until_done(state, task, wait)
+            if hold is None:
+                hold = state.held.hold(task.account_id, request.headers.get("authorization"))
+            with hold:
+                task = await wait_until_done(state, task, wait)
     view = await read_task_view(state.db, task, state.settings, state.storage, logs=logs)
     return JSONResponse(view, headers=headers)
 
@@ -112,7 +121,7 @@ def _parse_event_id(value: str | None) -> tuple[str, int] | None:
     if not sep or status not in POLLED_STATUSES or not number.isdigit():
         message = "Last-Event-ID must be an id this stream sent, such as 'processing:12'"
         raise InvalidRequest(message, [FieldError("Last-Event-ID", message)])
-    return status, int(number)
+    return status, whole_number(number, "Last-Event-ID", high=MAX_EVENT_NUMBER)
 
 
 def _sse(event_id: str, event: str, data: dict[str, Any]) -> bytes:
@@ -159,8 +168,17 @@ async def get_events(request_id: str, request: Request) -> StreamingResponse:
     account = await current_account(request, state)
     await _owned_task(state, account, request_id)
     last = _parse_event_id(request.headers.get("last-event-id"))
-    return StreamingResponse(
-        event_stream(state, request_id, last),
+    hold = state.held.hold(account.id, request.headers.get("authorization"))
+    return event_response(state, request_id, last, hold)
+
+
+def event_response(
+    state: AppState, task_id: str, last: tuple[str, int] | None, hold: Hold
+) -> StreamingResponse:
+    """The event stream as a response that holds ``hold`` until it ends."""
+    return HeldStream(
+        event_stream(state, task_id, last),
+        hold,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -177,8 +195,8 @@ def _decode_cursor(cursor: str) -> tuple[int, str]:
         created, _, task_id = raw.partition(".")
         if not task_id or len(task_id) > 64:
             raise ValueError(raw)
-        return int(created), task_id
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+        return whole_number(created, "cursor"), task_id
+    except (ValueError, binascii.Error, UnicodeDecodeError, InvalidRequest):
         message = "cursor must be the next_cursor of an earlier page"
         raise InvalidRequest(message, [FieldError("cursor", message)]) from None
 
@@ -186,7 +204,7 @@ def _decode_cursor(cursor: str) -> tuple[int, str]:
 def _since_ms(value: str) -> int:
     text = value.strip()
     if text.isdigit():
-        return int(text)
+        return whole_number(text, "since")
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
@@ -200,10 +218,7 @@ def _since_ms(value: str) -> int:
 def _limit(value: str | None) -> int:
     if value is None:
         return 20
-    if not value.isdigit() or not 1 <= int(value) <= 100:
-        message = f"limit must be a whole number from 1 to 100, got {value!r}"
-        raise InvalidRequest(message, [FieldError("limit", message)])
-    return int(value)
+    return whole_number(value, "limit", low=1, high=100)
 
 
 def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:

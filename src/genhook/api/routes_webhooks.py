@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from genhook.api.deps import AccountDep, StateDep
 from genhook.api.errors import ERROR_RESPONSES, ErrorResponse
+from genhook.db import now_ms
 from genhook.sender.deliveries import (
     MAX_PAGE,
     BulkRedelivery,
@@ -20,13 +21,9 @@ from genhook.sender.deliveries import (
     redeliver_many,
 )
 from genhook.sender.destinations import DestinationList, list_destinations
-from genhook.sender.keys import jwks
+from genhook.sender.keys import jwks, jwks_max_age
 
 router = APIRouter(tags=["webhooks"])
-
-# Receivers cache the key set and re-fetch on an unknown kid; a rotated
-# key stays published for days, so five minutes of caching never breaks verification.
-JWKS_CACHE_CONTROL = "public, max-age=300"
 
 
 class Jwk(BaseModel):
@@ -48,8 +45,12 @@ class JwkSet(BaseModel):
     summary="Public Ed25519 keys that verify webhook signatures (no authentication)",
 )
 async def get_jwks(state: StateDep, response: Response) -> JwkSet:
-    response.headers["Cache-Control"] = JWKS_CACHE_CONTROL
-    return JwkSet.model_validate(await jwks(state.db))
+    # Receivers cache the key set for max-age (and fetch it again on an unknown kid), so a
+    # retired key stops verifying within that time (docs/webhooks.md).
+    moment = now_ms()
+    max_age = await jwks_max_age(state.db, now=moment)
+    response.headers["Cache-Control"] = f"public, max-age={max_age}"
+    return JwkSet.model_validate(await jwks(state.db, now=moment))
 
 
 @router.get(

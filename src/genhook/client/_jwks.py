@@ -3,12 +3,15 @@
 A verifier sees the key id on every delivery. An unknown id usually means the service
 rotated its key, so the set is fetched again; but an attacker can send unknown ids at will,
 so fetches (of any cause) are at most one per ``min_refetch_interval`` and concurrent
-callers share one fetch.
+callers share one fetch. The set is kept as long as the service's ``Cache-Control: max-age``
+says (``no-store`` or ``no-cache``: not at all), never longer than ``max_age``: a key the
+service stops publishing (retired) stops verifying when that time is up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -21,6 +24,19 @@ from genhook.client._event import VerificationFailure, WebhookVerificationError
 from genhook.signature import b64url_decode
 
 Keys = dict[str, Ed25519PublicKey]
+_MAX_AGE = re.compile(r"(?:^|,)\s*max-age\s*=\s*\"?(\d{1,10})\"?\s*(?:,|$)", re.IGNORECASE)
+
+
+def cache_lifetime(cache_control: str | None, ceiling: float) -> float:
+    """Seconds a fetched key set may be used: the response's ``max-age`` (0 for
+    ``no-store``/``no-cache``), at most ``ceiling``; ``ceiling`` without a header."""
+    if cache_control is None:
+        return ceiling
+    directives = {part.strip().split("=")[0].lower() for part in cache_control.split(",")}
+    if directives & {"no-store", "no-cache"}:
+        return 0.0
+    match = _MAX_AGE.search(cache_control)
+    return ceiling if match is None else min(ceiling, float(match.group(1)))
 
 
 def parse_jwks(data: Mapping[str, Any]) -> Keys:
@@ -69,7 +85,8 @@ class StaticKeys:
 
 
 class RemoteKeys:
-    """A key set fetched from a JWKS URL and cached for ``max_age`` seconds."""
+    """A key set fetched from a JWKS URL, cached as its ``Cache-Control`` allows and for at
+    most ``max_age`` seconds."""
 
     def __init__(
         self,
@@ -91,6 +108,7 @@ class RemoteKeys:
         self._ahttp = async_http_client
         self._keys: Keys = {}
         self._fetched_at: float | None = None
+        self._lifetime = max_age
         self._attempted_at: float | None = None
         self._last_error: Exception | None = None
         self._lock = threading.Lock()
@@ -102,7 +120,7 @@ class RemoteKeys:
         key = self._keys.get(kid)
         if key is None or self._fetched_at is None:
             return None
-        if self._clock() - self._fetched_at > self.max_age:
+        if self._clock() - self._fetched_at >= self._lifetime:
             return None
         return key
 
@@ -119,6 +137,7 @@ class RemoteKeys:
             raise ValueError("the JWKS document is not a JSON object")
         self._keys = parse_jwks(data)
         self._fetched_at = self._clock()
+        self._lifetime = cache_lifetime(response.headers.get("cache-control"), self.max_age)
 
     def _settle(self, kid: str) -> Ed25519PublicKey:
         """After a fetch (or a refused one): the key, a stale cached key, or an error."""

@@ -93,9 +93,9 @@ class WebhookVerifier:
     ``webhook-signature``) verify too: ``v1a`` with the keys, ``v1`` with the secret.
     ``brand`` is the service's header brand (``X-<brand>-Webhook-*``). ``tolerance`` is the
     replay window in seconds; None turns the timestamp check off (only for replaying stored
-    deliveries in tests). A fetched key set is kept ``max_key_age`` seconds; fetches happen at
-    most once per ``min_refetch_interval``. ``clock`` (epoch seconds) drives both the window
-    and the cache.
+    deliveries in tests). A fetched key set is kept as long as its ``Cache-Control: max-age``
+    says, at most ``max_key_age`` seconds; fetches happen at most once per
+    ``min_refetch_interval``. ``clock`` (epoch seconds) drives both the window and the cache.
     """
 
     def __init__(

@@ -19,18 +19,23 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.datastructures import FormData, UploadFile
 
 from genhook.accounts import authenticate
 from genhook.api.deps import AppState
-from genhook.api.routes_watch import event_stream
+from genhook.api.routes_watch import event_response
 from genhook.console.session import (
     COOKIE,
-    SessionSigner,
+    SignInThrottle,
+    check_csrf,
     clear_session,
+    close_session,
+    csrf_token,
+    open_session,
     same_origin,
+    session_key,
     set_session,
 )
 from genhook.errors import NotFound
@@ -63,7 +68,7 @@ STATUSES = ["created", "processing", "completed", "failed", "canceled"]
 class Console:
     def __init__(self, state: AppState) -> None:
         self.state = state
-        self.signer = SessionSigner(state.settings.console_secret)
+        self.throttle = SignInThrottle()
 
 
 def _console(request: Request) -> Console:
@@ -71,8 +76,9 @@ def _console(request: Request) -> Console:
     return console
 
 
-def _key(request: Request) -> str | None:
-    return _console(request).signer.api_key(request.cookies.get(COOKIE))
+async def _key(request: Request) -> str | None:
+    """The signed-in session's API key, or None."""
+    return await session_key(_console(request).state.db, request.cookies.get(COOKIE))
 
 
 async def _api(
@@ -119,10 +125,9 @@ def _templates() -> Jinja2Templates:
 
 
 def _page(request: Request, name: str, key: str | None, status: int = 200, **ctx: Any) -> Response:
-    signer = _console(request).signer
     context = {
         "signed_in": key is not None,
-        "csrf": signer.csrf_token(key) if key else "",
+        "csrf": csrf_token(request.cookies.get(COOKIE, "")) if key else "",
         "path": request.url.path,
         **ctx,
     }
@@ -137,13 +142,13 @@ def _to_login() -> Response:
 
 async def _form(request: Request) -> tuple[str, FormData] | Response:
     """The signed-in key and the form of a state-changing post, after the CSRF checks."""
-    key = _key(request)
+    key = await _key(request)
     if key is None:
         return _to_login()
     form = await request.form()
     token = form.get("csrf")
-    if not same_origin(request) or not _console(request).signer.check_csrf(
-        key, token if isinstance(token, str) else None
+    if not same_origin(request) or not check_csrf(
+        request.cookies.get(COOKIE, ""), token if isinstance(token, str) else None
     ):
         return Response("cross-site request refused", status_code=403, headers=PAGE_HEADERS)
     return key, form
@@ -169,17 +174,43 @@ async def login_page(request: Request) -> Response:
 async def login(request: Request) -> Response:
     if not same_origin(request):
         return Response("cross-site request refused", status_code=403, headers=PAGE_HEADERS)
+    console = _console(request)
+    client = "client:" + (request.client.host if request.client else "")
+    wait = console.throttle.wait_seconds(client)
+    if wait:
+        return _too_many_sign_ins(request, wait)
     form = await request.form()
     key = str(form.get("api_key") or "").strip()
     if not key:
         return _page(request, "login.html", None, 422, error="Enter an API key.")
     response = await _api(request, "GET", "/api/v1/models", key)
     if response.status_code != 200:
+        console.throttle.count(client)
         message, _ = _error_text(response)
         return _page(request, "login.html", None, 401, error=message)
+    account = "account:" + (await authenticate(console.state.db, f"Bearer {key}")).id
+    wait = console.throttle.wait_seconds(account)
+    if wait:
+        return _too_many_sign_ins(request, wait)
+    token = await open_session(console.state.db, key)
+    if token is None:  # revoked between the two looks
+        return _page(request, "login.html", None, 401, error="invalid or revoked API key")
+    console.throttle.count(account)
     redirect = RedirectResponse("/console/play", status_code=303)
-    set_session(redirect, request, _console(request).signer.cookie_value(key))
+    set_session(redirect, request, token)
     return redirect
+
+
+def _too_many_sign_ins(request: Request, wait: int) -> Response:
+    response = _page(
+        request,
+        "login.html",
+        None,
+        429,
+        error=f"Too many sign-in attempts; try again in {wait} seconds.",
+    )
+    response.headers["Retry-After"] = str(wait)
+    return response
 
 
 @router.post("/logout")
@@ -187,6 +218,7 @@ async def logout(request: Request) -> Response:
     checked = await _form(request)
     if isinstance(checked, Response):
         return checked
+    await close_session(_console(request).state.db, request.cookies.get(COOKIE))
     redirect = RedirectResponse("/console/login", status_code=303)
     clear_session(redirect, request)
     return redirect
@@ -194,7 +226,7 @@ async def logout(request: Request) -> Response:
 
 @router.get("")
 async def home(request: Request) -> Response:
-    return RedirectResponse("/console/play" if _key(request) else "/console/login", 303)
+    return RedirectResponse("/console/play" if await _key(request) else "/console/login", 303)
 
 
 # Playground.
@@ -210,7 +242,7 @@ async def _models(request: Request, key: str) -> list[dict[str, Any]] | None:
 
 @router.get("/play")
 async def play_index(request: Request) -> Response:
-    key = _key(request)
+    key = await _key(request)
     if key is None:
         return _to_login()
     models = await _models(request, key)
@@ -362,7 +394,7 @@ async def _model(request: Request, key: str, model_id: str) -> dict[str, Any] | 
 
 @router.get("/play/{model_id:path}")
 async def play(request: Request, model_id: str) -> Response:
-    key = _key(request)
+    key = await _key(request)
     if key is None:
         return _to_login()
     model = await _model(request, key, model_id)
@@ -430,7 +462,7 @@ async def submit(request: Request, model_id: str) -> Response:
 
 @router.get("/tasks")
 async def tasks(request: Request) -> Response:
-    key = _key(request)
+    key = await _key(request)
     if key is None:
         return _to_login()
     query = request.query_params
@@ -464,7 +496,7 @@ async def tasks(request: Request) -> Response:
 
 @router.get("/tasks/{task_id}")
 async def task_page(request: Request, task_id: str) -> Response:
-    key = _key(request)
+    key = await _key(request)
     if key is None:
         return _to_login()
     response = await _api(
@@ -528,18 +560,14 @@ async def cancel(request: Request, task_id: str) -> Response:
 @router.get("/tasks/{task_id}/events")
 async def task_events(request: Request, task_id: str) -> Response:
     """The API's event stream for the session's key (an EventSource cannot send a header)."""
-    key = _key(request)
+    key = await _key(request)
     if key is None:
         return Response(status_code=401)
     state = _console(request).state
     account = await authenticate(state.db, f"Bearer {key}", state.auth_cache)
     if await owned_task(state.db, account.id, task_id) is None:
         raise NotFound(f"no task {task_id!r}")
-    return StreamingResponse(
-        event_stream(state, task_id, None),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    return event_response(state, task_id, None, state.held.hold(account.id, f"Bearer {key}"))
 
 
 # Deliveries.
@@ -547,7 +575,7 @@ async def task_events(request: Request, task_id: str) -> Response:
 
 @router.get("/deliveries")
 async def deliveries(request: Request) -> Response:
-    key = _key(request)
+    key = await _key(request)
     if key is None:
         return _to_login()
     every = request.query_params.get("scope") == "all"
@@ -683,7 +711,7 @@ async def redeliver_failed(request: Request) -> Response:
 
 @router.get("/keys")
 async def keys(request: Request) -> Response:
-    key = _key(request)
+    key = await _key(request)
     if key is None:
         return _to_login()
     listed = await _api(request, "GET", "/api/v1/keys", key)
@@ -752,7 +780,7 @@ async def revoke(request: Request, key_id: str) -> Response:
 
 @router.get("/usage")
 async def usage(request: Request) -> Response:
-    key = _key(request)
+    key = await _key(request)
     if key is None:
         return _to_login()
     items: list[dict[str, Any]] = []

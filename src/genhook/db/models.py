@@ -286,6 +286,22 @@ class UpstreamCallback(Base):
     received_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
+class ConsoleSession(Base):
+    """A signed-in console session. The cookie holds a random token; this row holds its
+    SHA-256 and the API key sealed with a key derived from the token, so neither a copied
+    row nor a copied cookie alone acts as the key, and deleting the row (sign-out, the
+    key's revocation) ends the session everywhere."""
+
+    __tablename__ = "console_sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key_id: Mapped[str] = mapped_column(String(40), index=True)
+    account_id: Mapped[str] = mapped_column(String(40))
+    sealed_key: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[int] = mapped_column(BigInteger)
+
+
 class WebhookReplay(Base):
     """A redelivery: attempts numbered from ``first_attempt`` on are replays."""
 

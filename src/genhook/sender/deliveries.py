@@ -18,7 +18,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.db import Database, WebhookAttempt, WebhookDelivery, WebhookReplay, now_ms
-from genhook.errors import Conflict, FieldError, InvalidRequest, NotFound
+from genhook.errors import Conflict, FieldError, InvalidRequest, NotFound, whole_number
 from genhook.sender.fairness import destination_of
 from genhook.sender.outbox import wake_dispatchers
 from genhook.sender.queue import rearm_deliveries, rearm_delivery
@@ -127,11 +127,13 @@ async def list_deliveries(
     if before:
         created, _, last_id = before.partition(":")
         if not created.isdigit() or not last_id or "\x00" in last_id:
-            raise InvalidRequest("before is not a cursor returned by this endpoint")
+            message = "before is not a cursor returned by this endpoint"
+            raise InvalidRequest(message, [FieldError("before", message)])
+        created_at = whole_number(created, "before")
         query = query.where(
             or_(
-                WebhookDelivery.created_at < int(created),
-                (WebhookDelivery.created_at == int(created)) & (WebhookDelivery.id < last_id),
+                WebhookDelivery.created_at < created_at,
+                (WebhookDelivery.created_at == created_at) & (WebhookDelivery.id < last_id),
             )
         )
     query = query.order_by(WebhookDelivery.created_at.desc(), WebhookDelivery.id.desc())

@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.serialization import (
     PrivateFormat,
     PublicFormat,
 )
-from sqlalchemy import or_, select, text, update
+from sqlalchemy import func, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.config import Settings
@@ -230,6 +230,26 @@ def _published(row: SigningKey, now: int) -> bool:
     if row.status == "active":
         return True
     return row.status == "rotated" and row.retire_at is not None and row.retire_at > now
+
+
+# How long a verifier may cache the key set: an early retirement (a compromised key) reaches
+# every verifier that honours ``Cache-Control`` within this time.
+JWKS_MAX_AGE_SECONDS = 300
+
+
+async def jwks_max_age(db: Database, *, now: int | None = None) -> int:
+    """Seconds the key set may be cached: ``JWKS_MAX_AGE_SECONDS``, or less when a rotated
+    key's overlap ends sooner, so that caches drop it when it stops being published."""
+    moment = now if now is not None else now_ms()
+    async with db.read() as session:
+        next_retirement = await session.scalar(
+            select(func.min(SigningKey.retire_at)).where(
+                SigningKey.status == "rotated", SigningKey.retire_at > moment
+            )
+        )
+    if next_retirement is None:
+        return JWKS_MAX_AGE_SECONDS
+    return min(JWKS_MAX_AGE_SECONDS, max(0, (int(next_retirement) - moment) // 1000))
 
 
 async def jwks(db: Database, *, now: int | None = None) -> dict[str, list[dict[str, str]]]:

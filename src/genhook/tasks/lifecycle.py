@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import delete, exists, or_, select, update
@@ -23,6 +23,8 @@ from genhook.config import Settings
 from genhook.db import Blob, Database, Task, now_ms
 from genhook.db.driver import SessionTx, Tx
 from genhook.errors import ErrorCode
+from genhook.faults import is_infrastructure_error
+from genhook.files import disk_problem
 from genhook.sender.events import enqueue_processing
 from genhook.sender.outbox import enqueue_delivery, event_type_for
 from genhook.storage import BlobStore
@@ -56,6 +58,7 @@ from genhook.tasks.hot_path import (
     take_ids,
     usage_row,
 )
+from genhook.tasks.liveness import LIVE_SUFFIX, DeathWatch
 from genhook.tasks.views import prediction_view
 
 log = logging.getLogger(__name__)
@@ -91,6 +94,10 @@ class Lifecycle:
     # Set by a worker that is leaving at once (its supervisor died): a claim that has not
     # yet written takes nothing, so what ``release_owner`` then gives back is all it held.
     closed: bool = False
+    # When the sweeper first met an outage still going on (epoch ms); None when there is none.
+    _outage_since: int | None = None
+    # Standalone workers on PostgreSQL whose database session is gone (``tasks/liveness.py``).
+    _deaths: DeathWatch = field(default_factory=DeathWatch)
 
     async def claim(
         self,
@@ -464,8 +471,76 @@ class Lifecycle:
 
         Safe to run in every process at once; each row changes under a conditional UPDATE.
         Returns the number of tasks changed.
+
+        An outage of the service's own (the disk under its margin, the database unreachable)
+        is not charged to the tasks: meanwhile nothing is timed out or requeued for a lost
+        lease, and once it is over the tasks get back the time it took (``_forgive``).
         """
         now = now_ms()
+        if disk_problem(self.settings, self.db) is not None:
+            self._outage_since = self._outage_since or now
+            return 0
+        try:
+            if self._outage_since is not None:
+                await self._forgive(self._outage_since, now)
+                self._outage_since = None
+            return await self._sweep(now)
+        except Exception as error:
+            if is_infrastructure_error(error):
+                self._outage_since = self._outage_since or now
+            raise
+
+    async def _forgive(self, since: int, now: int) -> None:
+        """After an outage that began at ``since``: a task whose deadline fell inside it gets
+        back the time it had left when it began, and a task whose lease ran out inside it is
+        requeued without counting a lost lease (its worker could not renew it either)."""
+        outage = now - since
+        active = [Task.status.in_(ACTIVE), Task.deadline_at >= since, Task.deadline_at < now]
+        expired = [
+            Task.status == PROCESSING,
+            Task.lease_expires_at >= since,
+            Task.lease_expires_at < now,
+        ]
+        async with self.db.write() as session:
+            extended = await session.execute(
+                update(Task)
+                .where(*active)
+                .values(deadline_at=Task.deadline_at + outage, updated_at=now)
+                .execution_options(synchronize_session=False)
+            )
+            await session.execute(
+                update(Task)
+                .where(
+                    Task.status == CREATED,
+                    Task.start_deadline_at >= since,
+                    Task.start_deadline_at < now,
+                )
+                .values(start_deadline_at=Task.start_deadline_at + outage)
+                .execution_options(synchronize_session=False)
+            )
+            requeued = await session.execute(
+                update(Task)
+                .where(*expired)
+                .values(
+                    status=CREATED,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    available_at=now,
+                    updated_at=now,
+                )
+                .execution_options(synchronize_session=False)
+            )
+            if requeued.rowcount:  # type: ignore[attr-defined]
+                await wakeups.notify(session, wakeups.TASKS)
+        counts = (extended.rowcount, requeued.rowcount)  # type: ignore[attr-defined]
+        log.log(
+            logging.WARNING if any(counts) else logging.INFO,
+            "an outage of %.1f s is over: %d deadline(s) extended, %d task(s) requeued uncharged",
+            outage / 1000,
+            *counts,
+        )
+
+    async def _sweep(self, now: int) -> int:
         if not await self._sweep_due(now):
             return 0
         changed = await self.expire_overdue(now)
@@ -479,6 +554,26 @@ class Lifecycle:
             ).all()
         for task_id, owner, losses in expired:
             changed += int(await self._lose_lease(task_id, owner, losses, now, expired=True))
+        if self.db.is_postgres:
+            changed += await self._requeue_dead_owners(now)
+        return changed
+
+    async def _requeue_dead_owners(self, now: int) -> int:
+        """Requeue the tasks of standalone workers whose database session is gone, without
+        waiting out their leases (``genhook.tasks.liveness``)."""
+        async with self.db.read() as session:
+            held = (
+                await session.execute(
+                    select(Task.id, Task.lease_owner, Task.lease_losses)
+                    .where(Task.status == PROCESSING, Task.lease_owner.endswith(LIVE_SUFFIX))
+                    .limit(500)
+                )
+            ).all()
+            dead = set(await self._deaths.dead_owners(session, [row[1] or "" for row in held]))
+        changed = 0
+        for task_id, owner, losses in held:
+            if owner in dead:
+                changed += int(await self._lose_lease(task_id, owner, losses, now))
         return changed
 
     async def _sweep_due(self, now: int) -> bool:
@@ -488,6 +583,10 @@ class Lifecycle:
             exists().where(Task.status == CREATED, Task.start_deadline_at <= now),
             exists().where(Task.status == PROCESSING, Task.lease_expires_at < now),
         ]
+        if self.db.is_postgres:  # a standalone worker's task: is its worker still there?
+            checks.append(
+                exists().where(Task.status == PROCESSING, Task.lease_owner.endswith(LIVE_SUFFIX))
+            )
         async with self.db.read() as session:
             return bool(await session.scalar(select(or_(*checks))))
 

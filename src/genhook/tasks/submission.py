@@ -22,8 +22,10 @@ from genhook.db.thread_writes import ThreadWriter, write_task_rows
 from genhook.engines.base import ModelKind
 from genhook.engines.edit_request import IMAGE_REFS, ImageItemsError, ImageRef, parse_image_ref
 from genhook.engines.registry import PATH_KINDS, submit_paths
-from genhook.errors import FieldError, InvalidRequest
-from genhook.media import CONTENT_TYPES
+from genhook.errors import FieldError, InvalidRequest, ServiceUnavailable
+from genhook.faults import RETRY_AFTER_SECONDS
+from genhook.files import disk_problem
+from genhook.media import CONTENT_TYPES, pixel_budget_problem
 from genhook.sender.events import take_webhook_events
 from genhook.services import Services
 from genhook.storage.inputs import discard_blobs, stage_inputs
@@ -140,6 +142,9 @@ class Submitter(Services):
         ``offload`` validates in a thread: a large body's image data takes real work.
         ``inline``: what the body's data URL placeholders stand for (``genhook.api.bodies``).
         """
+        disk = disk_problem(self.settings, self.db)
+        if disk is not None:  # refused before the disk is full, so tasks in flight finish
+            raise ServiceUnavailable(disk, retry_after=RETRY_AFTER_SECONDS)
         digest = ""
         if idempotency_key is not None:
             if offload:
@@ -165,6 +170,10 @@ class Submitter(Services):
         refs = context.get(IMAGE_REFS)
         if refs is None:
             refs = [parse_image_ref(item, inline) for item in getattr(request, "images", [])]
+        inline_images = [ref.data for ref in refs if ref.data is not None and ref.format]
+        problem = pixel_budget_problem(inline_images, self.settings.max_task_input_pixels)
+        if problem is not None:
+            raise InvalidRequest(problem, [FieldError("images", problem)])
         now = now_ms()
         inputs, blobs = input_rows(task_id, refs, now)
         deadline = self.settings.task_deadline_seconds or spec.deadline_seconds

@@ -3,7 +3,11 @@
 See ``docs/engines/image-edit.md`` for the vocabulary, the fit policy and the error codes.
 """
 
-from genhook.engines.image_edit._decode import DecodedImage, decode_image, register_heif
+from genhook.engines.image_edit._decode import (
+    DecodedImage,
+    check_pixel_budget,
+    decode_image,
+)
 from genhook.engines.image_edit._detector import Detector
 from genhook.engines.image_edit._engine import DetectorEngine, ImageEditEngine
 from genhook.engines.image_edit._frames import (
@@ -22,6 +26,7 @@ from genhook.engines.image_edit._moderation import (
 from genhook.engines.image_edit._ops import Context as EditContext
 from genhook.engines.image_edit._parser import parse_prompt
 from genhook.engines.image_edit._plan import OPERATIONS, EditPlan, FitPolicy, Step
+from genhook.media import register_heif
 
 __all__ = [
     "BUILTIN_BLOCKED_TERMS",
@@ -39,6 +44,7 @@ __all__ = [
     "apply_looks",
     "blocked_terms",
     "build_decor",
+    "check_pixel_budget",
     "check_prompt",
     "decode_image",
     "moderate_inputs",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import logging
 import struct
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,23 +18,16 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.media import (
     ACCEPTED_FORMATS,
+    PIL_FORMATS,
     DecodeLimits,
     decode_cost_problem,
+    pixel_budget_problem,
+    register_heif,
     sniff_image_format,
 )
 
 log = logging.getLogger(__name__)
 
-_PIL_FORMATS: dict[str, str] = {
-    "jpeg": "JPEG",
-    "png": "PNG",
-    "webp": "WEBP",
-    "bmp": "BMP",
-    "tiff": "TIFF",
-    "gif": "GIF",
-    "heic": "HEIF",
-    "heif": "HEIF",
-}
 _DECODER_ERRORS = (
     OSError,
     SyntaxError,
@@ -49,19 +41,6 @@ _DECODER_ERRORS = (
     RuntimeError,
     UnidentifiedImageError,
 )
-_heif_lock = threading.Lock()
-_heif_ready = False
-
-
-def register_heif() -> None:
-    """Teach Pillow HEIC/HEIF once per process (pillow-heif ships libheif in its wheel)."""
-    global _heif_ready
-    with _heif_lock:
-        if not _heif_ready:
-            import pillow_heif
-
-            pillow_heif.register_heif_opener()
-            _heif_ready = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +85,7 @@ def decode_image(
     if fmt in ("heic", "heif"):
         register_heif()
     try:
-        image = Image.open(io.BytesIO(data), formats=[_PIL_FORMATS[fmt]])
+        image = Image.open(io.BytesIO(data), formats=[PIL_FORMATS[fmt]])
     except Image.DecompressionBombError:
         raise _too_many(number, None, max_pixels) from None
     except _DECODER_ERRORS as exc:
@@ -145,6 +124,14 @@ def decode_image(
             f"image {number} ({fmt.upper()}) is truncated or corrupt: {_why(exc)}",
         ) from None
     return DecodedImage(normalized, fmt, width, height, animated)
+
+
+def check_pixel_budget(images: list[bytes], budget: int) -> None:
+    """Refuse a task whose inputs declare more than ``budget`` pixels together, before any
+    is decoded (images fetched from URLs are first seen here)."""
+    problem = pixel_budget_problem(list(images), budget)
+    if problem is not None:
+        raise TaskFailure(ErrorCode.INPUT_TOO_MANY_PIXELS, f"{problem} (refused before decoding)")
 
 
 def _why(exc: BaseException) -> str:

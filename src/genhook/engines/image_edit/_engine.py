@@ -18,13 +18,17 @@ from genhook.config import Settings
 from genhook.engines.base import EngineJob, EngineOutput, EngineResult
 from genhook.engines.edit_request import EditRequest
 from genhook.engines.image_edit import _compose, _ops, _output
-from genhook.engines.image_edit._decode import DecodedImage, decode_image, register_heif
+from genhook.engines.image_edit._decode import (
+    DecodedImage,
+    check_pixel_budget,
+    decode_image,
+)
 from genhook.engines.image_edit._detector import Detector
 from genhook.engines.image_edit._moderation import blocked_terms, check_prompt
 from genhook.engines.image_edit._parser import parse_prompt
 from genhook.engines.image_edit._plan import COMBINE_OPS, FINISHING_OPS, EditPlan, FitMode, Step
 from genhook.errors import ErrorCode, TaskFailure
-from genhook.media import DecodeLimits
+from genhook.media import DecodeLimits, register_heif
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +108,7 @@ class ImageEditEngine(DetectorEngine):
         job.report(progress=0.05, log=f"plan: {plan.summary()}")
 
         limit = max(out_size)
+        check_pixel_budget(job.images, self._settings.max_task_input_pixels)
         decoded = [
             decode_image(
                 data,

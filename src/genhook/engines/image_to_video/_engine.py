@@ -30,6 +30,7 @@ from genhook.engines.image_edit import (
     Looks,
     apply_looks,
     build_decor,
+    check_pixel_budget,
     check_prompt,
     decode_image,
     moderate_inputs,
@@ -99,6 +100,7 @@ class ImageToVideoEngine(DetectorEngine):
         motion = parse_motion(prompt)
         looks = read_looks(motion.rest, len(job.images))
 
+        check_pixel_budget(job.images, self._settings.max_task_input_pixels)
         # Decode no larger than the widest frame of this resolution needs, whatever the ratio.
         limit = math.ceil(max(frame_size(resolution, "16:9")) * HEADROOM)
 

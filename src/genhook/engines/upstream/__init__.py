@@ -6,7 +6,7 @@ imports this package for upstream callbacks whether or not any upstream model is
 
 from typing import TYPE_CHECKING
 
-from genhook.engines.upstream._callbacks import store_callback
+from genhook.engines.upstream._callbacks import callback_waiting, store_callback
 from genhook.engines.upstream._config import QueueProtocol, UpstreamModel, load_upstream_models
 from genhook.lazy import lazy_names as _lazy_names
 
@@ -32,6 +32,7 @@ __all__ = [
     "QueueProtocol",
     "UpstreamEngine",
     "UpstreamModel",
+    "callback_waiting",
     "load_upstream_models",
     "register_upstream_models",
     "store_callback",

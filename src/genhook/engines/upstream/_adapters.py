@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, Protocol
+from urllib.parse import quote
 
 from genhook.engines.base import EngineJob
 from genhook.engines.edit_request import EditRequest
@@ -57,6 +58,14 @@ def pointer(document: Any, path: str) -> Any:
         else:
             return None
     return current
+
+
+def job_path_segment(upstream_id: str) -> str:
+    """The upstream's job id as one escaped path segment: an id such as ``../x?y=`` must
+    not reach another path (or a query) on the upstream's host with the credential."""
+    if upstream_id.strip(".") == "":
+        raise bad_response(f"the upstream's job id {upstream_id[:20]!r} is not usable in a path")
+    return quote(upstream_id, safe="")
 
 
 def data_url(image: bytes) -> str:
@@ -238,7 +247,7 @@ class QueueAdapter:
         upstream_id = pointer(document, queue.id_pointer)
         if not isinstance(upstream_id, (str, int)) or isinstance(upstream_id, bool):
             raise bad_response(f"the upstream's submit answer has no job id at {queue.id_pointer}")
-        job_path = str(upstream_id)
+        job_path = job_path_segment(str(upstream_id))
         since = asyncio.get_running_loop().time()
         while True:
             status = pointer(document, queue.status_pointer)
@@ -266,5 +275,5 @@ class QueueAdapter:
             items=items,
             cost_usd=reported_cost(self.model, document),
             nsfw=reported_nsfw(self.model, document, len(items)),
-            info={"upstream_id": job_path[:200]},
+            info={"upstream_id": str(upstream_id)[:200]},
         )

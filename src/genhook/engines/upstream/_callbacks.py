@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from sqlalchemy import Delete, delete, insert, select, update
+from sqlalchemy import ColumnElement, Delete, and_, delete, insert, select, update
 
 from genhook.config import Settings
 from genhook.db import Database, now_ms
@@ -64,17 +64,31 @@ class CallbackBox:
             await self._db.dispose()
 
 
+def _waiting(task_id: str, token: str) -> ColumnElement[bool]:
+    return and_(
+        UpstreamCallback.task_id == task_id[:40],
+        UpstreamCallback.token == token[:64],
+        UpstreamCallback.received_at.is_(None),
+    )
+
+
+async def callback_waiting(db: Database, task_id: str, token: str) -> bool:
+    """Whether a task waits for a callback with this token: checked before the body is read,
+    so a guessed URL costs one indexed read, never the reading of a body."""
+    async with db.read() as session:
+        row = (
+            await session.execute(select(UpstreamCallback.task_id).where(_waiting(task_id, token)))
+        ).first()
+    return row is not None
+
+
 async def store_callback(db: Database, task_id: str, token: str, body: Any) -> bool:
     """Keep the first body posted to a waiting task's callback URL; False when no task
     waits for this token (unknown, a previous attempt's, or already answered)."""
     async with db.write() as session:
         result = await session.execute(
             update(UpstreamCallback)
-            .where(
-                UpstreamCallback.task_id == task_id[:40],
-                UpstreamCallback.token == token[:64],
-                UpstreamCallback.received_at.is_(None),
-            )
+            .where(_waiting(task_id, token))
             .values(body=body, received_at=now_ms())
             .execution_options(synchronize_session=False)
         )

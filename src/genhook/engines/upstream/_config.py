@@ -69,6 +69,9 @@ class UpstreamModel(BaseModel):
     credential_env: str | None = None
     auth_header: str = "Authorization"
     auth_scheme: str = "Bearer"
+    # Redirects from the upstream: refused ("none"), or followed within the base URL's own
+    # scheme, host and port ("same-origin"). Never to another origin.
+    follow_redirects: Literal["none", "same-origin"] = "none"
     # The upstream's own model name, sent as ``model`` by the OpenAI-style adapter.
     upstream_model: str | None = None
     response_format: Literal["b64_json", "url"] = "b64_json"

@@ -5,6 +5,10 @@
 the task's deadline allow; any other 4xx ends the task with the upstream's own message,
 trimmed, with the credential cut out of it. The base URL is the operator's own setting, so
 it is not subject to the target-address policy (self-hosted servers sit on private networks).
+That is also why a redirect is not followed by default: it could lead anywhere, the
+policy would not check it, and the credential would go along. An entry may allow
+redirects within the base URL's origin (``follow_redirects``); the credential goes only
+to that origin whatever happens.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
 from genhook.engines.upstream._config import UpstreamModel
 from genhook.errors import ErrorCode, TaskFailure
@@ -27,6 +32,8 @@ log = logging.getLogger(__name__)
 MESSAGE_LIMIT = 300
 REDACTED = "[redacted]"
 _RETRYABLE = frozenset({408, 425, 429})
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+MAX_REDIRECTS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +58,7 @@ class UpstreamHttp:
     def __init__(self, model: UpstreamModel, credential: str | None) -> None:
         self.model = model
         self._credential = credential
+        self._origin = URL(model.base_url).origin()
         self._headers: dict[str, str] = {}
         if credential:
             scheme = f"{model.auth_scheme} " if model.auth_scheme else ""
@@ -60,10 +68,13 @@ class UpstreamHttp:
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.model.concurrency),
-                headers=self._headers,
+                connector=aiohttp.TCPConnector(limit=self.model.concurrency)
             )
         return self._session
+
+    def headers_for(self, url: URL) -> dict[str, str]:
+        """The credential, for the base URL's own origin only."""
+        return self._headers if url.origin() == self._origin else {}
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -86,7 +97,7 @@ class UpstreamHttp:
         form: list[tuple[str, Any, str | None, str | None]] | None = None,
     ) -> Answer:
         """One logical request, retried; ``form`` items are (name, value, filename, type)."""
-        url = self.model.base_url + path
+        url = URL(self.model.base_url + path)
         attempt = 0
         while True:
             attempt += 1
@@ -130,26 +141,55 @@ class UpstreamHttp:
     async def _once(
         self,
         method: str,
-        url: str,
+        url: URL,
         timeout: float,
         json_body: Any,
         form: list[tuple[str, Any, str | None, str | None]] | None,
     ) -> tuple[Answer, float | None]:
-        data: aiohttp.FormData | None = None
-        if form is not None:
-            data = aiohttp.FormData()
-            for name, value, filename, content_type in form:
-                data.add_field(name, value, filename=filename, content_type=content_type)
-        async with self._client().request(
-            method,
-            url,
-            json=json_body if data is None else None,
-            data=data,
-            timeout=aiohttp.ClientTimeout(total=timeout),
-        ) as response:
-            body = await self._read_capped(response)
-            retry_after = parse_retry_after(response.headers.get("Retry-After"))
-            return Answer(response.status, body), retry_after
+        """One request and the redirects the model allows, within one ``timeout``."""
+        async with asyncio.timeout(timeout):
+            for _ in range(MAX_REDIRECTS + 1):
+                data: aiohttp.FormData | None = None
+                if form is not None:
+                    data = aiohttp.FormData()
+                    for name, value, filename, content_type in form:
+                        data.add_field(name, value, filename=filename, content_type=content_type)
+                async with self._client().request(
+                    method,
+                    url,
+                    json=json_body if data is None else None,
+                    data=data,
+                    headers=self.headers_for(url),
+                    allow_redirects=False,
+                ) as response:
+                    if response.status not in _REDIRECTS:
+                        body = await self._read_capped(response)
+                        retry_after = parse_retry_after(response.headers.get("Retry-After"))
+                        return Answer(response.status, body), retry_after
+                    url = self._redirect_target(url, response)
+                if response.status == 303 or (response.status in (301, 302) and method == "POST"):
+                    method, json_body, form = "GET", None, None
+        raise bad_response(f"the upstream redirected more than {MAX_REDIRECTS} times")
+
+    def _redirect_target(self, url: URL, response: aiohttp.ClientResponse) -> URL:
+        """Where a redirect may be followed to; raises for one the model does not allow."""
+        status = response.status
+        if self.model.follow_redirects == "none":
+            raise bad_response(
+                f"the upstream answered with a redirect (HTTP {status}), which this model "
+                "does not follow (follow_redirects)"
+            )
+        location = response.headers.get("Location", "")
+        try:
+            target = url.join(URL(location))
+        except ValueError:
+            target = None
+        if not location or target is None or target.origin() != self._origin:
+            raise bad_response(
+                f"the upstream redirected (HTTP {status}) away from its own origin, "
+                "which is never followed"
+            )
+        return target
 
     async def _read_capped(self, response: aiohttp.ClientResponse) -> bytes:
         """The answer's body, refused past twice the output cap (base64 grows by a third)."""
