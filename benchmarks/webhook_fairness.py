@@ -1,7 +1,7 @@
 """Webhook isolation benchmark: a healthy receiver's latency next to hostile receivers.
 
     .venv/bin/python benchmarks/webhook_fairness.py [--hostile 1000] [--rate 100]
-        [--seconds 10] [--database-url URL] [--one-account]
+        [--seconds 10] [--database-url URL] [--one-account] [--shared-host [--hung-paths 50]]
 
 ``--hostile`` deliveries are made due at once to a receiver that never answers and as many
 to one that answers after 5 s (both in a helper process on 127.0.0.1), with the default
@@ -11,6 +11,11 @@ failures). Then terminal transitions for a healthy receiver (the fast sink of
 terminal-to-receipt latency of each is measured. It prints the healthy side's percentiles
 and, for each hostile destination, the attempts it got, what is still pending, and its
 circuit state, so that both sides of the isolation can be read off.
+
+``--shared-host`` puts the hostile side on the healthy receiver's own host:port instead:
+``--hostile`` deliveries spread over ``--hung-paths`` paths of the sink that are never
+answered (each with its own query, as per-task URLs have), next to the healthy path. With
+``--one-account`` they are the healthy account's own; otherwise another account's.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from sqlalchemy import func, insert, select
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from webhook_delivery import Sink, dispatcher_ready, make_task, payload, pct
+from webhook_delivery import Sink, make_task, payload, pct
 
 from genhook.config import Settings
 from genhook.db import (
@@ -43,7 +48,7 @@ from genhook.db import (
     now_ms,
 )
 from genhook.sender.destinations import list_destinations
-from genhook.sender.fairness import destination_of
+from genhook.sender.fairness import destination_of, endpoint_of
 from genhook.sender.outbox import build_body, enqueue_delivery
 from genhook.sender.service import WebhookService
 
@@ -116,6 +121,13 @@ class Hostile:
 # -- setup and measurement ----------------------------------------------------------------
 
 
+async def dispatcher_ready(service: WebhookService) -> None:
+    """Until the dispatcher's sessions and attempt feed are ready."""
+    while service.dispatcher is None:
+        await asyncio.sleep(0.01)
+    await service.dispatcher.started.wait()
+
+
 async def enqueue_hostile(db: Database, url: str, prefix: str, count: int, account: str) -> None:
     if not count:
         return
@@ -133,6 +145,7 @@ async def enqueue_hostile(db: Database, url: str, prefix: str, count: int, accou
                 account_id=account,
                 url=url,
                 destination=destination_of(url),
+                endpoint=endpoint_of(url),
                 event_type="image.task.terminal",
                 body=body,
                 status="pending",
@@ -147,6 +160,36 @@ async def enqueue_hostile(db: Database, url: str, prefix: str, count: int, accou
     async with db.write() as session:
         await session.execute(insert(Task), tasks)
         await session.execute(insert(WebhookDelivery), deliveries)
+
+
+async def shared_host_report(db: Database, account: str, elapsed: float) -> dict[str, Any]:
+    """The hung paths' attempts, what is still pending and how many endpoint circuits opened."""
+    hung = WebhookDelivery.endpoint.like("%/hung/%")
+    async with db.read() as session:
+        attempts = await session.scalar(
+            select(func.count())
+            .select_from(WebhookAttempt)
+            .join(WebhookDelivery, WebhookDelivery.id == WebhookAttempt.delivery_id)
+            .where(hung)
+        )
+        rows = (
+            await session.execute(
+                select(WebhookDelivery.status, func.count())
+                .where(hung)
+                .group_by(WebhookDelivery.status)
+            )
+        ).all()
+    circuits: dict[str, int] = {}
+    for view in (await list_destinations(db, account_id=account)).data:
+        for endpoint in view.endpoints:
+            if "/hung/" in endpoint.endpoint:
+                circuits[endpoint.state] = circuits.get(endpoint.state, 0) + 1
+    return {
+        "attempts_recorded": int(attempts or 0),
+        "statuses": {status: int(n) for status, n in rows},
+        "endpoint_circuits": circuits,
+        "seconds": round(elapsed, 1),
+    }
 
 
 async def hostile_report(db: Database, url: str, elapsed: float) -> dict[str, Any]:
@@ -165,12 +208,17 @@ async def hostile_report(db: Database, url: str, elapsed: float) -> dict[str, An
                 .group_by(WebhookDelivery.status)
             )
         ).all()
-    health = {d.destination: d for d in (await list_destinations(db, account_id=None)).data}
-    view = health.get(destination)
+    endpoint = endpoint_of(url)
+    host, circuit = "closed", "closed"
+    for view in (await list_destinations(db, account_id=None)).data:
+        if view.destination == destination:
+            host = view.state
+            circuit = next((e.state for e in view.endpoints if e.endpoint == endpoint), circuit)
     return {
         "attempts_recorded": int(attempts or 0),
         "statuses": {status: int(n) for status, n in rows},
-        "circuit": view.state if view is not None else "closed",
+        "circuit": circuit,
+        "host_circuit": host,
         "seconds": round(elapsed, 1),
     }
 
@@ -196,12 +244,25 @@ async def main(args: argparse.Namespace) -> int:
                 Account(id="acct_hostile", name="h", signing_secret="whsec_h", created_at=0)
             )
     sink = Sink()
-    hostile = Hostile()
-    results: dict[str, Any] = {"database": db.dialect, "hostile_each": args.hostile}
+    hostile = None if args.shared_host else Hostile()
+    results: dict[str, Any] = {
+        "database": db.dialect,
+        "hostile_each": args.hostile,
+        "shared_host": args.shared_host,
+        "one_account": args.one_account,
+    }
     stop = asyncio.Event()
     try:
-        await enqueue_hostile(db, hostile.never_url, "never", args.hostile, hostile_account)
-        await enqueue_hostile(db, hostile.slow_url, "slow", args.hostile, hostile_account)
+        if hostile is None:
+            base = f"http://127.0.0.1:{sink.port}/hung"
+            paths = max(1, args.hung_paths)
+            for p in range(paths):
+                count = args.hostile // paths + (p < args.hostile % paths)
+                url = f"{base}/{p}?task=per-task-token"
+                await enqueue_hostile(db, url, f"hung{p:03d}_", count, hostile_account)
+        else:
+            await enqueue_hostile(db, hostile.never_url, "never", args.hostile, hostile_account)
+            await enqueue_hostile(db, hostile.slow_url, "slow", args.hostile, hostile_account)
         service = WebhookService(settings, db)
         run = asyncio.create_task(service.run(stop))
         await dispatcher_ready(service)
@@ -228,6 +289,7 @@ async def main(args: argparse.Namespace) -> int:
                     now=now,
                 )
             committed[task.id] = time.time()
+        enqueued_in = time.perf_counter() - start
         async with aiohttp.ClientSession() as client:
             deadline = time.perf_counter() + 30
             received: dict[str, float] = {}
@@ -238,17 +300,29 @@ async def main(args: argparse.Namespace) -> int:
                 await asyncio.sleep(0.1)
         latencies = sorted((received[k] - committed[k]) * 1000 for k in committed if k in received)
         elapsed = time.perf_counter() - begin
-        for name, target in (("never answers", hostile.never_url), ("hangs 5 s", hostile.slow_url)):
-            report = await hostile_report(db, target, elapsed)
-            results[name] = report
-            print(f"hostile receiver that {name}: {json.dumps(report)}")
+        if hostile is None:
+            report = await shared_host_report(db, hostile_account, elapsed)
+            results["hung paths"] = report
+            print(f"{args.hung_paths} hung paths of the healthy host: {json.dumps(report)}")
+        else:
+            for name, target in (
+                ("never answers", hostile.never_url),
+                ("hangs 5 s", hostile.slow_url),
+            ):
+                report = await hostile_report(db, target, elapsed)
+                results[name] = report
+                print(f"hostile receiver that {name}: {json.dumps(report)}")
         if latencies:
             p50, p99 = pct(latencies, 50), pct(latencies, 99)
             print(
                 f"healthy receiver at {args.rate:g}/s (n={len(latencies)} of {total}): "
                 f"p50 {p50:.1f} ms  p99 {p99:.1f} ms  max {latencies[-1]:.1f} ms"
             )
+            print(
+                f"  (offered {total / enqueued_in:.0f}/s: the commits themselves keep pace or not)"
+            )
             results.update(
+                healthy_offered_per_s=round(total / enqueued_in, 1),
                 healthy_received=len(latencies),
                 healthy_sent=total,
                 healthy_p50_ms=round(p50, 1),
@@ -259,7 +333,8 @@ async def main(args: argparse.Namespace) -> int:
         await run
     finally:
         stop.set()
-        hostile.stop()
+        if hostile is not None:
+            hostile.stop()
         sink.stop()
         await db.dispose()
     print(json.dumps(results))
@@ -273,4 +348,8 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--database-url", default=None)
     parser.add_argument("--one-account", action="store_true", help="Hostile and healthy alike.")
+    parser.add_argument(
+        "--shared-host", action="store_true", help="Hung paths on the healthy receiver's host."
+    )
+    parser.add_argument("--hung-paths", type=int, default=50, help="With --shared-host.")
     sys.exit(asyncio.run(main(parser.parse_args())))

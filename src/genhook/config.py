@@ -105,11 +105,13 @@ class Settings(BaseSettings):
     # Extra CA certificates (PEM) trusted for webhook and input-image TLS, besides the
     # system store; for private PKI and tests.
     webhook_ca_file: Path | None = None
-    # Fair delivery: attempts in flight per destination (scheme, host, port) and the share
-    # of the senders one account may use, per delivery process.
+    # Fair delivery, per delivery process: attempts in flight per endpoint (an account's
+    # URL without its query), the share of the senders one account may use, and a safety
+    # limit on one account's attempts in flight to one host (scheme, host, port).
     webhook_destination_max_in_flight: int = Field(default=8, ge=1)
     webhook_account_share: float = Field(default=0.5, gt=0, le=1)
-    # Destination health: consecutive failures that open its circuit, and the first
+    webhook_host_max_in_flight: int = Field(default=64, ge=1)
+    # Endpoint and host health: consecutive failures that open a circuit, and the first
     # cooldown before a half-open probe (doubling per reopening, capped at 5 minutes).
     webhook_breaker_failures: int = Field(default=5, ge=1)
     webhook_breaker_cooldown_seconds: float = Field(default=30.0, gt=0)

@@ -18,11 +18,11 @@ from genhook.sender.fairness import destination_of
 from genhook.sender.service import WebhookService
 from tests.support.webhook_receiver import (
     Receiver,
-    add_account,
-    create_schema,
     enqueue,
     status,
     terminal_task,
+    two_accounts,
+    wait_until,
     webhook_settings,
 )
 
@@ -36,10 +36,7 @@ async def env(tmp_path: Path, database_url: str) -> AsyncIterator[tuple[Settings
         webhook_destination_max_in_flight=3,
         webhook_timeout_seconds=20.0,
     )
-    db = Database(database_url)
-    await create_schema(db)
-    await add_account(db, "acct_1")
-    await add_account(db, "acct_2")
+    db = await two_accounts(database_url)
     yield settings, db
     await db.dispose()
 
@@ -48,13 +45,6 @@ async def statuses(db: Database, ids: list[str]) -> list[str]:
     async with db.read() as session:
         rows = await session.scalars(select(WebhookDelivery).where(WebhookDelivery.id.in_(ids)))
         return [row.status for row in rows]
-
-
-async def wait_until(check: object, timeout: float = 30.0) -> None:
-    assert callable(check)
-    async with asyncio.timeout(timeout):
-        while not await check():
-            await asyncio.sleep(0.02)
 
 
 async def test_a_hanging_destination_does_not_hold_the_others(

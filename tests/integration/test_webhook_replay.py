@@ -91,10 +91,11 @@ async def test_bulk_redelivery_is_bounded_idempotent_and_marked(app: App) -> Non
     kept = await Receiver(sequence(410, 200)).start()
     try:
         account = app.account.account_id
+        # One endpoint each: a 410 stops the pending deliveries of its own endpoint only.
         for i in range(3):
             await enqueue(
                 app.state.db,
-                terminal_task(f"t_a{i}", f"http://127.0.0.1:{gone.port}/h", account_id=account),
+                terminal_task(f"t_a{i}", f"http://127.0.0.1:{gone.port}/h{i}", account_id=account),
             )
         await enqueue(
             app.state.db,

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from genhook.config import Settings
 from genhook.db import Account, Base, Database, Task, now_ms
-from genhook.sender.fairness import Rooms
+from genhook.sender.fairness import Rooms, Stop
 from genhook.sender.feed import LocalFeed
 from genhook.sender.outbox import enqueue_delivery
 from genhook.sender.queue import UNLIMITED, Outcome, Ticked
@@ -164,6 +164,21 @@ async def add_account(db: Database, account_id: str = "acct_1", secret: str = "w
         session.add(Account(id=account_id, name=account_id, signing_secret=secret, created_at=0))
 
 
+async def two_accounts(database_url: str) -> Database:
+    """A database with the schema and two accounts, ``acct_1`` and ``acct_2``."""
+    db = Database(database_url)
+    await create_schema(db)
+    await add_account(db, "acct_1")
+    await add_account(db, "acct_2")
+    return db
+
+
+async def wait_until(check: Callable[[], Awaitable[bool]], timeout: float = 30.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not await check():
+            await asyncio.sleep(0.02)
+
+
 async def delivery_database(settings: Settings) -> Database:
     """The settings' database with the schema, one account and a signing key: what a
     dispatcher needs to deliver."""
@@ -205,9 +220,12 @@ class FeedWrapper:
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
         inline: bool = False,
+        stops: Sequence[Stop] = (),
     ) -> Ticked:
         self.before(outcomes)
-        ticked = await self.feed.exchange(outcomes, limit, rooms, returned, inline=inline)
+        ticked = await self.feed.exchange(
+            outcomes, limit, rooms, returned, inline=inline, stops=stops
+        )
         self.after(outcomes, limit, ticked)
         return ticked
 

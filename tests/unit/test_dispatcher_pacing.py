@@ -14,7 +14,7 @@ from genhook.config import Settings
 from genhook.db import Database
 from genhook.net import AddressPolicy
 from genhook.sender.dispatcher import Dispatcher
-from genhook.sender.fairness import Rooms
+from genhook.sender.fairness import Rooms, Stop
 from genhook.sender.queue import UNLIMITED, Outcome, Ticked
 from tests.support.webhook_receiver import create_schema
 
@@ -41,6 +41,7 @@ class ScriptedFeed:
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
         inline: bool = False,
+        stops: Sequence[Stop] = (),
     ) -> Ticked:
         if not limit:
             return Ticked([], next_due_read=bool(outcomes or returned))

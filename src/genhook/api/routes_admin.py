@@ -17,6 +17,7 @@ from genhook.api.routes_watch import task_listing
 from genhook.db import Account
 from genhook.errors import Forbidden
 from genhook.sender.deliveries import MAX_PAGE, DeliveryPage, list_deliveries
+from genhook.sender.destinations import DestinationList, list_destinations
 
 router = APIRouter(tags=["admin"])
 
@@ -54,3 +55,14 @@ async def admin_deliveries(
     return await list_deliveries(
         state.db, account_id=None, status=status, limit=limit, before=before
     )
+
+
+@router.get(
+    "/api/v1/admin/destinations",
+    response_model=DestinationList,
+    responses=ERROR_RESPONSES,
+    summary="Every account's webhook hosts and endpoints with their circuit state",
+)
+async def admin_destinations(state: StateDep, account: AccountDep) -> DestinationList:
+    require_admin(state, account)
+    return await list_destinations(state.db, account_id=None)

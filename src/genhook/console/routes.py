@@ -595,15 +595,39 @@ async def deliveries(request: Request) -> Response:
     for delivery in failing:
         groups[urlsplit(delivery["url"]).netloc or delivery["url"]].append(delivery)
     recent = await _api(request, "GET", path, key, params={"limit": "20"})
+    health = await _api(
+        request,
+        "GET",
+        "/api/v1/admin/destinations" if every else "/api/v1/webhooks/destinations",
+        key,
+    )
     return _page(
         request,
         "deliveries.html",
         key,
         groups=sorted(groups.items()),
         recent=recent.json()["data"] if recent.status_code == 200 else [],
+        circuits=_circuits(health.json()["data"]) if health.status_code == 200 else [],
         notice=request.query_params.get("notice"),
         every=every,
     )
+
+
+def _circuits(destinations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The hosts and endpoints whose circuit is not closed, as the API shows them (an
+    account's own only, every account's for the admin listing)."""
+    found = []
+    for host in destinations:
+        for item in [host, *host["endpoints"]]:
+            if item["state"] != "closed":
+                found.append(
+                    {
+                        **item,
+                        "target": item.get("endpoint") or host["destination"],
+                        "account_id": host["account_id"],
+                    }
+                )
+    return found
 
 
 @router.post("/deliveries/{delivery_id}/redeliver")

@@ -165,8 +165,10 @@ class WebhookDelivery(Base):
     task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"))
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
     url: Mapped[str] = mapped_column(Text)
-    # ``scheme://host:port`` of the URL: the unit of fairness and of destination health.
+    # ``scheme://host:port`` of the URL: its host, the unit of connection health.
     destination: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    # The URL without its query: the unit of fairness and of endpoint health.
+    endpoint: Mapped[str | None] = mapped_column(String(2000), nullable=True)
     event_type: Mapped[str] = mapped_column(String(64))
     # The exact body bytes; every attempt sends these same bytes.
     body: Mapped[bytes] = mapped_column(LargeBinary)
@@ -313,11 +315,16 @@ class WebhookReplay(Base):
 
 
 class WebhookDestination(Base):
-    """The health of one destination as a delivery worker last saw it (circuit breaker)."""
+    """The health of one account's endpoint or host as a delivery worker last saw it
+    (circuit breaker); each account's own, so one account never sees another's."""
 
     __tablename__ = "webhook_destinations"
 
-    destination: Mapped[str] = mapped_column(String(300), primary_key=True)
+    account_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # The endpoint (URL without its query) or ``scheme://host:port``, per ``scope``.
+    target: Mapped[str] = mapped_column(String(2000), primary_key=True)
+    # endpoint (HTTP-level failures) | host (connection-level failures)
+    scope: Mapped[str] = mapped_column(String(16))
     # closed | open | half_open
     state: Mapped[str] = mapped_column(String(16))
     consecutive_failures: Mapped[int] = mapped_column(Integer)

@@ -40,7 +40,7 @@ from genhook.net import (
 from genhook.net import parse_target as _parse_target
 from genhook.retry import backoff_delay, parse_retry_after
 from genhook.sender.destinations import record_transitions
-from genhook.sender.fairness import Fairness, Rooms, is_health_failure
+from genhook.sender.fairness import Fairness, Rooms, Route, Stop, is_health_failure
 from genhook.sender.feed import LocalFeed
 from genhook.sender.keys import KeyRing
 from genhook.sender.queue import (
@@ -93,8 +93,8 @@ class _Ready:
     session: aiohttp.ClientSession
 
 
-def _lanes(job: _Ready) -> tuple[str, str]:
-    return job.attempt.destination, job.attempt.account_id
+def _route(job: _Ready) -> Route:
+    return job.attempt.route
 
 
 class Dispatcher:
@@ -150,6 +150,9 @@ class Dispatcher:
         self._stopping = False
         self._asked = 0  # attempts asked of the feed and not yet answered
         self._exchanges: set[asyncio.Task[None]] = set()
+        # Exchanges in flight that stop endpoints' deliveries (410 Gone): no other starts
+        # meanwhile, so no claim can take a delivery the stop is about to end.
+        self._stopping_endpoints = 0
         self._failed_at = -1.0
         self._https: aiohttp.ClientSession | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -245,7 +248,11 @@ class Dispatcher:
         stopping.add_done_callback(lambda _: self._nudge())
         try:
             while not stop.is_set():
-                if len(self._exchanges) < MAX_EXCHANGES and not self._backing_off():
+                if (
+                    len(self._exchanges) < MAX_EXCHANGES
+                    and not self._stopping_endpoints
+                    and not self._backing_off()
+                ):
                     want = self._want()
                     if want or self._record_due():
                         self._start_exchange(want)
@@ -339,7 +346,7 @@ class Dispatcher:
         return 0
 
     def _record_due(self) -> bool:
-        if self.fairness.returned:
+        if self.fairness.returned or self.fairness.stops:
             return True
         # Idle too, an outcome waits for company: at a few deliveries a second the next claim
         # comes within the delay and records it in its own transaction, one write fewer.
@@ -356,9 +363,11 @@ class Dispatcher:
         fairness = self.fairness
         returned = [(job.attempt.id, due) for job, due in fairness.returned]
         fairness.returned = []
+        stops, fairness.stops = fairness.stops, []
+        self._stopping_endpoints += bool(stops)
         self._asked += want
         rooms = fairness.rooms() if want else UNLIMITED
-        exchange = asyncio.create_task(self._exchange(outcomes, want, rooms, returned))
+        exchange = asyncio.create_task(self._exchange(outcomes, want, rooms, returned, stops))
         self._exchanges.add(exchange)
         exchange.add_done_callback(self._exchanges.discard)
 
@@ -381,13 +390,16 @@ class Dispatcher:
         want: int,
         rooms: Rooms,
         returned: Sequence[tuple[str, int]],
+        stops: Sequence[Stop] = (),
     ) -> None:
         wakes, forgotten = self._wakes, self._forgotten
         idle = not self._busy and not self._ready
         learned: Ticked | None = None
         read = False
         try:
-            ticked = await self.feed.exchange(outcomes, want, rooms, returned, inline=idle)
+            ticked = await self.feed.exchange(
+                outcomes, want, rooms, returned, inline=idle, stops=stops
+            )
             attempts, read = ticked.claimed, ticked.next_due_read
             if read and wakes == self._wakes and forgotten == self._forgotten:
                 # Read in this exchange's transaction, after its writes: the read the
@@ -404,9 +416,11 @@ class Dispatcher:
                 if not self._outcomes:
                     self._oldest_outcome = time.monotonic()
                 self._outcomes[:0] = outcomes
+            self.fairness.stops[:0] = stops
             attempts = []
         finally:
             self._asked -= want
+            self._stopping_endpoints -= bool(stops)
         if outcomes or returned:
             self._forget_next_due()  # a retry may now be scheduled: read when it falls due
         if want:
@@ -431,7 +445,7 @@ class Dispatcher:
                 self._finished(refused)
             else:
                 job = _Ready(attempt, *checked)
-                if self.fairness.admit(job, attempt.destination, attempt.account_id):
+                if self.fairness.admit(job, attempt.route):
                     self._ready.append(job)
                     queued += 1
         self._wake_senders(queued)
@@ -511,36 +525,40 @@ class Dispatcher:
             self._finished(self._released(job, outcome))
 
     def _released(self, job: _Ready, outcome: Outcome) -> Outcome:
-        """Free ``job``'s share, move its destination's health and send what may go now.
-        The attempt log shows a probe and an attempt that opened the circuit."""
-        attempt = job.attempt
+        """Free ``job``'s share, move its endpoint's and host's health and send what may go
+        now. The attempt log shows a probe and an attempt that opened a circuit."""
+        route = job.attempt.route
         fairness = self.fairness
-        before = fairness.state(attempt.destination)
-        failed = is_health_failure(outcome.status_code, outcome.error)
+        before = fairness.state(route)
         freed = list(
             fairness.release(
-                attempt.destination,
-                attempt.account_id,
+                route,
                 seconds=outcome.duration_ms / 1000,
-                failed=failed,
+                status_code=outcome.status_code,
                 error=outcome.error,
                 now_ms=outcome.started_at + outcome.duration_ms,
-                key=_lanes,
+                key=_route,
+                retry_after=outcome.retry_after,
             )
         )
         if freed:
             self._ready.extend(freed)
             self._wake_senders(len(freed))
-        after = fairness.state(attempt.destination)
-        note = None
-        if before == "half_open":
-            note = "half-open probe"
-        if after == "open" and before != "open":
-            note = f"{note + '; ' if note else ''}destination circuit opened"
+        after = fairness.state(route)
+        notes = []
+        if "half_open" in before:
+            notes.append("half-open probe")
+        for was, now, name in zip(before, after, ("endpoint", "destination"), strict=True):
+            if now == "open" and was != "open":
+                notes.append(f"{name} circuit opened")
+        if outcome.status_code == 410:
+            notes.append("410 Gone: the endpoint's pending deliveries stop")
         if fairness.transitions:
             self._write_health()
-        if note is not None:
-            outcome.error = f"{outcome.error} ({note})" if failed else note
+        if notes:
+            note = "; ".join(notes)
+            failed = is_health_failure(outcome.status_code, outcome.error)
+            outcome.error = f"{outcome.error} ({note})" if failed or outcome.error else note
         return outcome
 
     def _write_health(self) -> None:

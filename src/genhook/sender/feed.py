@@ -17,7 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from genhook.config import Settings
 from genhook.db import Database, now_ms
 from genhook.retry import backoff_delay, clamp
-from genhook.sender.fairness import Rooms, destination_of
+from genhook.sender.fairness import (
+    RETRY_AFTER_MIN_SECONDS,
+    Rooms,
+    Stop,
+    destination_of,
+    endpoint_of,
+)
 from genhook.sender.keys import KeyRing, load_encryption_key
 from genhook.sender.queue import UNLIMITED, Outcome, Outgoing, Ticked, delivery_queue
 from genhook.sender.secret_box import SecretOpener
@@ -28,8 +34,6 @@ log = logging.getLogger(__name__)
 # Batches at least this large are signed in the signing thread; a smaller one costs less
 # to sign inline than to hand over.
 SIGN_IN_THREAD_AT = 4
-# A Retry-After is honoured within these bounds (seconds); the upper one is the retry cap.
-RETRY_AFTER_MIN_SECONDS = 1.0
 
 
 class LocalFeed:
@@ -75,6 +79,7 @@ class LocalFeed:
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
         inline: bool = False,
+        stops: Sequence[Stop] = (),
     ) -> Ticked:
         """Record ``outcomes`` and claim up to ``limit`` deliveries, signed (see
         ``DeliveryQueue.tick``)."""
@@ -90,6 +95,7 @@ class LocalFeed:
             rooms=rooms,
             returned=returned,
             inline=inline,
+            stops=stops,
         )
         if ticked.claimed:
             ticked.claimed = await self.sign(ticked.claimed)
@@ -114,6 +120,7 @@ class LocalFeed:
             c.kid = key.kid
             c.secret = None  # in the headers now; not kept beside them
             c.destination = c.destination or destination_of(c.url)
+            c.endpoint = c.endpoint or endpoint_of(c.url)
         return claimed
 
     async def close(self) -> None:

@@ -47,7 +47,7 @@ from sqlalchemy.orm import aliased
 from genhook.db import Database, Task, WebhookAttempt, WebhookDelivery, WebhookReplay
 from genhook.db.database import open_sqlite
 from genhook.db.driver import PostgresTx, Tx, bound_insert
-from genhook.sender.fairness import Rooms, destination_of
+from genhook.sender.fairness import Rooms, Route, Stop, destination_of, endpoint_of
 
 # A claim looks at this many due rows per row it may take (lanes without room excluded
 # first), so its cost follows the claim's size, not the backlog's.
@@ -73,18 +73,24 @@ class Outgoing:
     attempts: int
     round_start: int
     secret: str | None
-    # ``scheme://host:port``, the unit of fairness and destination health.
+    # ``scheme://host:port``: the host, the unit of connection health.
     destination: str = ""
     # The account's Standard Webhooks choice; None follows the global setting.
     standard: bool | None = None
     # When the outbox row was written: a terminal event's task ended then (for metrics).
     created_at: int | None = None
+    # The URL without its query: the unit of fairness and endpoint health.
+    endpoint: str = ""
     headers: dict[str, str] = field(default_factory=dict)
     kid: str = ""
 
     @property
     def terminal(self) -> bool:
         return self.event_type.endswith(".task.terminal")
+
+    @property
+    def route(self) -> Route:
+        return Route(self.account_id, self.endpoint, self.destination)
 
     @property
     def terminal_at(self) -> int | None:
@@ -201,11 +207,13 @@ class DeliveryQueue(Protocol):
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
         inline: bool = False,
+        stops: Sequence[Stop] = (),
     ) -> Ticked:
-        """Record ``records``, give back ``returned`` (delivery id, due at) unsent, and claim
-        up to ``limit`` due deliveries within ``rooms``, in one transaction; with the next
-        due time when ``needs_next_due``. ``inline``: the caller's loop has nothing else to
-        do meanwhile (an idle dispatcher)."""
+        """Record ``records``, give back ``returned`` (delivery id, due at) unsent, stop the
+        pending deliveries of ``stops``' endpoints, and claim up to ``limit`` due deliveries
+        within ``rooms``, in one transaction; with the next due time when
+        ``needs_next_due``. ``inline``: the caller's loop has nothing else to do meanwhile
+        (an idle dispatcher)."""
         ...
 
     async def close(self) -> None: ...
@@ -272,11 +280,12 @@ WITH rooms_d(lane, room) AS MATERIALIZED (
 rooms_a(account, room) AS MATERIALIZED (
   SELECT key, value FROM json_each(:account_rooms)),
 candidates AS (
-  SELECT d.id, d.next_attempt_at, coalesce(d.destination, d.url) AS lane_d, d.account_id,
+  SELECT d.id, d.next_attempt_at, d.account_id || ' ' || coalesce(d.endpoint, d.url) AS lane_d,
+         d.account_id,
          coalesce(rd.room, :destination_default) AS room_d,
          coalesce(ra.room, :account_default) AS room_a
     FROM webhook_deliveries AS d
-    LEFT JOIN rooms_d AS rd ON rd.lane = coalesce(d.destination, d.url)
+    LEFT JOIN rooms_d AS rd ON rd.lane = d.account_id || ' ' || coalesce(d.endpoint, d.url)
     LEFT JOIN rooms_a AS ra ON ra.account = d.account_id
    WHERE d.status = 'pending' AND d.next_attempt_at <= :now
      AND coalesce(rd.room, :destination_default) > 0
@@ -309,19 +318,32 @@ _SQLITE_CLAIMED = """
 SELECT json_group_array(json_array(
            d.id, d.task_id, d.account_id, d.url, d.event_type, hex(d.body), d.attempts,
            d.round_start, a.signing_secret, d.destination, a.standard_webhooks,
-           d.created_at))
+           d.created_at, d.endpoint))
   FROM webhook_deliveries AS d LEFT JOIN accounts AS a ON a.id = d.account_id
  WHERE d.status = 'pending' AND d.next_attempt_at = :expires AND d.lease_owner = :owner
 """
 
-# A slow destination's backlog, postponed while it has no room (fairness.Rooms.postpone).
+# A slow endpoint's backlog, postponed while it has no room (fairness.Rooms.postpone); the
+# key is the lane, ``account endpoint``.
 _SQLITE_POSTPONE = """
 UPDATE webhook_deliveries
    SET next_attempt_at = :now + o.value, updated_at = :now
   FROM json_each(:postpone) AS o
- WHERE webhook_deliveries.destination = o.key
+ WHERE webhook_deliveries.account_id || ' ' || webhook_deliveries.endpoint = o.key
    AND webhook_deliveries.status = 'pending' AND webhook_deliveries.next_attempt_at <= :now
    AND webhook_deliveries.lease_owner IS NULL
+"""
+
+# An endpoint answered 410 Gone: its pending deliveries not in flight stop, with the reason
+# (after this tick's returned rows are free again, so those stop too).
+_SQLITE_STOP = """
+UPDATE webhook_deliveries
+   SET status = 'undeliverable', next_attempt_at = NULL, last_error = o.value ->> 2,
+       updated_at = :now
+  FROM json_each(:stops) AS o
+ WHERE webhook_deliveries.account_id = o.value ->> 0
+   AND webhook_deliveries.endpoint = o.value ->> 1
+   AND webhook_deliveries.status = 'pending' AND webhook_deliveries.lease_owner IS NULL
 """
 
 # Held deliveries given back unsent (their destination's circuit opened): due again at the
@@ -380,13 +402,17 @@ class SQLiteDeliveryQueue:
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
         inline: bool = False,
+        stops: Sequence[Stop] = (),
     ) -> Ticked:
         # Strictly increasing, so a claim's rows are exactly those leased to this owner
         # until this instant.
         expires = self._last_expires = max(lease_expires_at, self._last_expires + 1)
         outcomes = json.dumps([r.json_row() for r in records]) if records else None
         back = json.dumps(list(returned)) if returned else None
-        work = partial(self._tick, outcomes, len(records), owner, now, expires, limit, rooms, back)
+        stopped = json.dumps(list(stops)) if stops else None
+        work = partial(
+            self._tick, outcomes, len(records), owner, now, expires, limit, rooms, back, stopped
+        )
         if inline:
             # Nothing to overlap with: the hop to the thread and back would be all the gain.
             async with self.db.write_turn():
@@ -413,6 +439,7 @@ class SQLiteDeliveryQueue:
         limit: int,
         rooms: Rooms,
         returned: str | None,
+        stops: str | None,
     ) -> Ticked:
         if self._connection is None:
             self._connection = open_sqlite(self._path)
@@ -428,6 +455,8 @@ class SQLiteDeliveryQueue:
             if returned is not None:
                 params = {"returned": returned, "owner": owner, "now": now}
                 connection.execute(_SQLITE_RETURN, params)
+            if stops is not None:
+                connection.execute(_SQLITE_STOP, {"stops": stops, "now": now})
             if rooms.postpone:
                 params = {"postpone": json.dumps(rooms.postpone), "now": now}
                 connection.execute(_SQLITE_POSTPONE, params)
@@ -487,6 +516,7 @@ def _claimed_from_json(row: list[Any]) -> Outgoing:
         destination,
         standard,
         created_at,
+        endpoint,
     ) = row
     return Outgoing(
         delivery_id,
@@ -501,6 +531,7 @@ def _claimed_from_json(row: list[Any]) -> Outgoing:
         destination or "",
         None if standard is None else bool(standard),
         created_at,
+        endpoint or "",
     )
 
 
@@ -522,12 +553,14 @@ UPDATE webhook_deliveries
                  row_number() OVER (PARTITION BY account_id ORDER BY next_attempt_at) AS na
             FROM (
               SELECT d.id, d.next_attempt_at, d.account_id,
-                     coalesce(d.destination, d.url) AS lane_d,
-                     coalesce(($5::jsonb ->> coalesce(d.destination, d.url))::int, $6) AS room_d,
+                     d.account_id || ' ' || coalesce(d.endpoint, d.url) AS lane_d,
+                     coalesce(($5::jsonb ->> (d.account_id || ' ' || coalesce(d.endpoint, d.url)))
+                              ::int, $6) AS room_d,
                      coalesce(($7::jsonb ->> d.account_id)::int, $8) AS room_a
                 FROM webhook_deliveries AS d
                WHERE d.status = 'pending' AND d.next_attempt_at <= $3
-                 AND coalesce(($5::jsonb ->> coalesce(d.destination, d.url))::int, $6) > 0
+                 AND coalesce(($5::jsonb ->> (d.account_id || ' ' || coalesce(d.endpoint, d.url)))
+                              ::int, $6) > 0
                  AND coalesce(($7::jsonb ->> d.account_id)::int, $8) > 0
                  AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS s
                                   WHERE s.task_id = d.task_id AND s.id <> d.id
@@ -549,14 +582,20 @@ RETURNING id, task_id, account_id, url, event_type, body, attempts, round_start,
           destination,
           (SELECT standard_webhooks FROM accounts
             WHERE accounts.id = webhook_deliveries.account_id),
-          created_at
+          created_at, endpoint
 """
 
 _PG_POSTPONE = """
 UPDATE webhook_deliveries
    SET next_attempt_at = $2::bigint + $3::bigint, updated_at = $2::bigint
- WHERE destination = $1 AND status = 'pending' AND next_attempt_at <= $2::bigint
-   AND lease_owner IS NULL
+ WHERE account_id || ' ' || endpoint = $1 AND status = 'pending'
+   AND next_attempt_at <= $2::bigint AND lease_owner IS NULL
+"""
+
+_PG_STOP = """
+UPDATE webhook_deliveries
+   SET status = 'undeliverable', next_attempt_at = NULL, last_error = $3, updated_at = $4
+ WHERE account_id = $1 AND endpoint = $2 AND status = 'pending' AND lease_owner IS NULL
 """
 
 _PG_RETURN = """
@@ -613,8 +652,9 @@ class PostgresDeliveryQueue:
         rooms: Rooms = UNLIMITED,
         returned: Sequence[tuple[str, int]] = (),
         inline: bool = False,
+        stops: Sequence[Stop] = (),
     ) -> Ticked:
-        if inline and limit and not records and not returned and not rooms.postpone:
+        if inline and limit and not (records or returned or stops or rooms.postpone):
             async with self.db.postgres_transaction(atomic=False) as tx:
                 return Ticked(await self._claim(tx, owner, now, lease_expires_at, limit, rooms))
         async with self.db.postgres_transaction() as tx:
@@ -630,6 +670,8 @@ class PostgresDeliveryQueue:
                     await pg.executemany(_PG_ATTEMPT, [r.attempt_row() for r in kept])
             if returned:
                 await pg.executemany(_PG_RETURN, [(d, due, now, owner) for d, due in returned])
+            if stops:
+                await pg.executemany(_PG_STOP, [(*stop, now) for stop in stops])
             if rooms.postpone:
                 await pg.executemany(
                     _PG_POSTPONE, [(d, now, ms) for d, ms in rooms.postpone.items()]
@@ -683,6 +725,7 @@ _INSERT_DELIVERY = bound_insert(
         "account_id",
         "url",
         "destination",
+        "endpoint",
         "event_type",
         "body",
         "status",
@@ -712,6 +755,7 @@ async def insert_delivery(
             "account_id": task.account_id,
             "url": url,
             "destination": destination_of(url),
+            "endpoint": endpoint_of(url),
             "event_type": event_type,
             "body": body,
             "status": "pending",
@@ -810,14 +854,19 @@ async def release_leases(session: AsyncSession, owner: str, now: int) -> int:
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 
-async def defer_destination(session: AsyncSession, destination: str, until: int, now: int) -> None:
-    """Due, unclaimed deliveries to ``destination`` wait until ``until`` (its circuit opened);
-    no attempt is counted."""
+async def defer_circuit(
+    session: AsyncSession, account_id: str, scope: str, target: str, until: int, now: int
+) -> None:
+    """Due, unclaimed deliveries of ``account_id`` to ``target`` (its endpoint, or with scope
+    host its ``scheme://host:port``) wait until ``until`` (the circuit opened); no attempt
+    is counted."""
+    column = WebhookDelivery.endpoint if scope == "endpoint" else WebhookDelivery.destination
     await session.execute(
         update(WebhookDelivery)
         .where(
             WebhookDelivery.status == "pending",
-            WebhookDelivery.destination == destination,
+            WebhookDelivery.account_id == account_id,
+            column == target,
             WebhookDelivery.lease_owner.is_(None),
             WebhookDelivery.next_attempt_at < until,
         )
