@@ -164,6 +164,18 @@ class Settings(BaseSettings):
     # model entries, and/or a JSON file holding one.
     upstream_models: list[dict[str, Any]] = Field(default_factory=list)
     upstream_models_file: Path | None = None
+    # Models served from diffusers pipeline directories on this machine
+    # (docs/engines/local-models.md): a JSON list of entries and/or a JSON file holding one;
+    # the device a worker runs them on (``genhook worker --device``); the memory they may take
+    # together per device, in GiB (0: the card's memory less a tenth; no limit on the CPU);
+    # how long a task waits for a worker that has its model loaded before another loads it;
+    # and the models a worker loads before it claims anything (``genhook worker --preload``).
+    local_models: list[dict[str, Any]] = Field(default_factory=list)
+    local_models_file: Path | None = None
+    local_models_device: str = "auto"
+    local_models_memory_gb: float = Field(default=0.0, ge=0)
+    local_models_affinity_seconds: float = Field(default=2.0, ge=0)
+    preload_models: list[str] = Field(default_factory=list)
     # Faults (docs/operations.md): storage and database errors are retried this long before a
     # task is requeued; a task is started only with at least this long left before its
     # deadline (or its model's recent run time, when longer).

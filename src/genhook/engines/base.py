@@ -144,6 +144,9 @@ class ModelSpec:
     price_list: Callable[[Settings], dict[str, Any]] | None = None
     # Jobs of this model one worker process runs at once; above 1 only for ``AsyncEngine``s.
     concurrency: int = 1
+    # Workers that hold its weights loaded are preferred for its tasks (local models): one
+    # without them claims a task only after it waited GENHOOK_LOCAL_MODELS_AFFINITY_SECONDS.
+    affinity: bool = False
 
     def accepts(self, path_kind: ModelKind) -> bool:
         return path_kind == self.kind or path_kind in self.accepted_on

@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +91,12 @@ class Worker(Services):
         self._chain_stop: asyncio.Event | None = None
         # A task claimed with the last completion, run next without a claim of its own.
         self._next: Task | None = None
+        # Models whose tasks go preferably to a worker that has their weights loaded: this
+        # one takes such a task only after it waited the affinity time, unless it has them.
+        self._affine = [spec.id for spec in self.registry if spec.affinity]
+        self.resident: Callable[[], frozenset[str]] = _resident_models
+        # False until the models of GENHOOK_PRELOAD_MODELS are loaded (the worker's /readyz).
+        self.preloaded = not self.settings.preload_models
 
     def engine(self, model: str) -> Engine:
         engine = self._engines.get(model)
@@ -106,8 +113,32 @@ class Worker(Services):
         spec = self.registry.get(task.model)
         return None if spec is None else stored_request(spec.request_schema, task.params)
 
+    async def preload(self) -> None:
+        """Load the engines of ``GENHOOK_PRELOAD_MODELS`` before anything is claimed."""
+        for model in self.settings.preload_models:
+            if self.registry.get(model) is None:
+                raise ValueError(f"--preload: no model {model!r} is configured")
+            started = time.monotonic()
+            log.info("worker %s: preloading %s", self.worker_id, model)
+            async with self._load_lock:
+                await asyncio.to_thread(self.engine, model)
+            log.info(
+                "worker %s: %s loaded in %.1f s", self.worker_id, model, time.monotonic() - started
+            )
+        self.preloaded = True
+
+    def _hold_ms(self) -> dict[str, int] | None:
+        """Per model with affinity whose weights this process lacks, the time its task must
+        have waited before this worker takes it (a worker that has them is preferred)."""
+        if not self._affine:
+            return None
+        resident = self.resident()
+        wait = int(self.settings.local_models_affinity_seconds * 1000)
+        return {model: wait for model in self._affine if model not in resident}
+
     async def run(self, stop: asyncio.Event) -> None:
         """Claim and run tasks until ``stop`` is set; the task in hand finishes first."""
+        await self.preload()
         log.info("worker %s started (models: %s)", self.worker_id, ", ".join(self._models))
         # A submit or a requeue in any process wakes the idle worker; the poll is the net.
         self.wakeup.attach(self.db.url, TASKS, self.db.sqlite_path)
@@ -148,7 +179,9 @@ class Worker(Services):
                 elif (
                     self._next is not None
                     or not waited
-                    or await self.lifecycle.any_runnable(self._models, self._reserve_ms())
+                    or await self.lifecycle.any_runnable(
+                        self._models, self._reserve_ms(), self._hold_ms()
+                    )
                 ):
                     ran = await self.run_once(stop)
                 else:
@@ -163,6 +196,9 @@ class Worker(Services):
                 pause = backoff_delay(failures, pause, 2.0)
                 ran = False
             waited = False
+            if self._hold_ms():
+                # A held task becomes this worker's after the affinity time: look again then.
+                pause = min(pause, max(0.05, self.settings.local_models_affinity_seconds))
             if not ran and not stop.is_set():
                 wake = await self.wakeup.wait(pause)
                 log.debug("worker %s: woken (%s)", self.worker_id, wake.value)
@@ -185,7 +221,11 @@ class Worker(Services):
         task, self._next = self._next, None
         if task is None:
             task, self._more = await self.lifecycle.claim_next(
-                self.worker_id, self._models, self._reserve_ms(), inputs=self.prefetched
+                self.worker_id,
+                self._models,
+                self._reserve_ms(),
+                inputs=self.prefetched,
+                hold_ms=self._hold_ms(),
             )
         if task is None:
             log.debug("worker %s: claim found no task", self.worker_id)
@@ -380,7 +420,7 @@ class Worker(Services):
         inputs: dict[str, dict[str, bytes]] = {}
         try:
             (done,), claimed, self._more = await self.lifecycle.complete_and_claim(
-                self.worker_id, [item], self._models, self._reserve_ms(), inputs
+                self.worker_id, [item], self._models, self._reserve_ms(), inputs, self._hold_ms()
             )
         except Exception as error:
             if not is_infrastructure_error(error):
@@ -517,3 +557,10 @@ class Worker(Services):
                     await self.storage.delete(key)
             raise
         return keys
+
+
+def _resident_models() -> frozenset[str]:
+    """Local models whose weights this process holds (genhook.engines.local)."""
+    from genhook.engines.local import resident_models
+
+    return resident_models()
