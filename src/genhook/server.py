@@ -163,6 +163,7 @@ async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
     _watch_parent(parent, orphaned.set)
     orphan_watch = asyncio.create_task(_leave_when_orphaned(worker, orphaned))
     try:
+
         async def ready() -> list[str]:
             problems = await ready_problems(state)
             if not worker.preloaded:

@@ -74,7 +74,13 @@ def _t5_text() -> Any:
     from transformers import T5Config, T5EncoderModel
 
     config = T5Config(
-        d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4, vocab_size=1000, decoder_start_token_id=0
+        d_model=32,
+        d_kv=8,
+        d_ff=37,
+        num_layers=2,
+        num_heads=4,
+        vocab_size=1000,
+        decoder_start_token_id=0,
     )
     return T5EncoderModel(config)
 

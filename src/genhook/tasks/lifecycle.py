@@ -124,9 +124,7 @@ class Lifecycle:
         if not models:
             return None, False
         async with self.db.transaction() as tx:
-            return await self._claim_in(
-                tx, worker_id, models, reserve_ms, inputs, look_on, hold_ms
-            )
+            return await self._claim_in(tx, worker_id, models, reserve_ms, inputs, look_on, hold_ms)
 
     async def complete_and_claim(
         self,

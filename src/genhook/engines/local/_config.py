@@ -120,9 +120,8 @@ class LocalModel(BaseModel):
                 raise ValueError(
                     f"generate_size must be a multiple of {family.multiple} for {self.pipeline}"
                 )
-        if family.task == "video" and self.pipeline.startswith("LTX"):
-            if (self.frames - 1) % _FRAME_STEP:
-                raise ValueError(f"frames must be 8k+1 for {self.pipeline} (e.g. 97, 121)")
+        if self.pipeline.startswith("LTX") and (self.frames - 1) % _FRAME_STEP:
+            raise ValueError(f"frames must be 8k+1 for {self.pipeline} (e.g. 97, 121)")
         return self
 
     @property

@@ -9,9 +9,10 @@ device is free within one step and the worker stays in service.
 
 from __future__ import annotations
 
-import io
 import logging
+import os
 import secrets
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -182,7 +183,9 @@ class DiffusersEngine(DetectorEngine):
             "generator": [torch.Generator("cpu").manual_seed(item.seed) for item in prepared],
             "callback_on_step_end": self._callback(prepared, steps),
         }
-        images = [_output.fit(i.image, generate, "cover", "white", False) for i in prepared if i.image]
+        images = [
+            _output.fit(i.image, generate, "cover", "white", False) for i in prepared if i.image
+        ]
         pipeline = self.model.pipeline
         if pipeline == "StableDiffusionInstructPix2PixPipeline":
             kwargs.update(
@@ -222,7 +225,9 @@ class DiffusersEngine(DetectorEngine):
         def on_step_end(pipe: Any, step: int, timestep: Any, tensors: dict[str, Any]) -> Any:
             now = time.time()
             for job in jobs:
-                job.report(progress=0.05 + 0.85 * (step + 1) / steps, log=f"step {step + 1}/{steps}")
+                job.report(
+                    progress=0.05 + 0.85 * (step + 1) / steps, log=f"step {step + 1}/{steps}"
+                )
             if all(
                 job.stop.is_set() or (job.deadline is not None and now >= job.deadline)
                 for job in jobs
@@ -279,7 +284,9 @@ def _side_by_side(images: list[Image.Image]) -> Image.Image:
     if len(images) == 1:
         return images[0]
     height = images[0].height
-    scaled = [_output.resize(i, (max(1, i.width * height // i.height), height), False) for i in images]
+    scaled = [
+        _output.resize(i, (max(1, i.width * height // i.height), height), False) for i in images
+    ]
     canvas = Image.new("RGB", (sum(i.width for i in scaled), height))
     left = 0
     for image in scaled:
@@ -300,8 +307,30 @@ def encode_mp4(
     """H.264 at exactly ``size``: the generated frames spread evenly over ``count`` frames."""
     import av
 
-    buffer = io.BytesIO()
-    container = av.open(buffer, "w", format="mp4", options={"movflags": "+faststart"})
+    with tempfile.TemporaryDirectory(prefix="genhook-local-video-") as workdir:
+        path = os.path.join(workdir, "out.mp4")
+        _write_mp4(
+            av.open(path, "w", format="mp4", options={"movflags": "+faststart"}),
+            pictures,
+            size,
+            fps,
+            count,
+            settings,
+        )
+        with open(path, "rb") as handle:
+            return handle.read()
+
+
+def _write_mp4(
+    container: Any,
+    pictures: list[Image.Image],
+    size: tuple[int, int],
+    fps: int,
+    count: int,
+    settings: Settings,
+) -> None:
+    import av
+
     try:
         stream = container.add_stream(
             "libx264",
@@ -327,4 +356,3 @@ def encode_mp4(
         container.mux(stream.encode(None))
     finally:
         container.close()
-    return buffer.getvalue()

@@ -138,4 +138,3 @@ def register_local_models(registry: Registry, settings: Settings) -> None:
     """Register every model of ``GENHOOK_LOCAL_MODELS`` and ``GENHOOK_LOCAL_MODELS_FILE``."""
     for model in load_local_models(settings):
         registry.register(local_spec(model))
-
