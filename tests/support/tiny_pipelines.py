@@ -271,6 +271,61 @@ def ltx_image_to_video() -> Any:
     )
 
 
+def instruct_pix2pix_real_size() -> Any:
+    """InstructPix2Pix at Stable Diffusion 1.5's sizes (UNet, VAE, CLIP ViT-L text encoder),
+    random weights: what a benchmark on a real card needs, without a download."""
+    from diffusers import (
+        AutoencoderKL,
+        EulerAncestralDiscreteScheduler,
+        StableDiffusionInstructPix2PixPipeline,
+        UNet2DConditionModel,
+    )
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    unet = UNet2DConditionModel(
+        sample_size=64,
+        in_channels=8,
+        out_channels=4,
+        block_out_channels=(320, 640, 1280, 1280),
+        layers_per_block=2,
+        cross_attention_dim=768,
+        attention_head_dim=8,
+    )
+    vae = AutoencoderKL(
+        block_out_channels=[128, 256, 512, 512],
+        in_channels=3,
+        out_channels=3,
+        down_block_types=["DownEncoderBlock2D"] * 4,
+        up_block_types=["UpDecoderBlock2D"] * 4,
+        latent_channels=4,
+        layers_per_block=2,
+        sample_size=512,
+    )
+    text = CLIPTextModel(
+        CLIPTextConfig(
+            hidden_size=768,
+            intermediate_size=3072,
+            num_attention_heads=12,
+            num_hidden_layers=12,
+            vocab_size=49408,
+            max_position_embeddings=77,
+            hidden_act="quick_gelu",
+            projection_dim=768,
+        )
+    )
+    return StableDiffusionInstructPix2PixPipeline(
+        unet=unet,
+        scheduler=EulerAncestralDiscreteScheduler(),
+        vae=vae,
+        text_encoder=text,
+        tokenizer=_clip_tokenizer(),
+        safety_checker=None,
+        feature_extractor=None,
+        image_encoder=None,
+        requires_safety_checker=False,
+    )
+
+
 BUILDERS: dict[str, Callable[[], Any]] = {
     "StableDiffusionInstructPix2PixPipeline": instruct_pix2pix,
     "StableDiffusionXLPipeline": sdxl,
@@ -280,9 +335,11 @@ BUILDERS: dict[str, Callable[[], Any]] = {
 }
 
 
-def build(pipeline: str, directory: Path, seed: int = 0) -> Path:
-    """Build the tiny ``pipeline`` with weights from ``seed`` and save it in ``directory``."""
+def build(pipeline: str, directory: Path, seed: int = 0, real_size: bool = False) -> Path:
+    """Build the tiny ``pipeline`` (or, ``real_size``, the SD-1.5-sized InstructPix2Pix in
+    float16) with weights from ``seed`` and save it in ``directory``."""
     torch.manual_seed(seed)
-    pipe = BUILDERS[pipeline]()
+    real = real_size and pipeline == "StableDiffusionInstructPix2PixPipeline"
+    pipe = instruct_pix2pix_real_size().to(torch.float16) if real else BUILDERS[pipeline]()
     pipe.save_pretrained(directory, safe_serialization=True)
     return directory
