@@ -23,7 +23,6 @@ from PIL import Image
 
 from genhook.config import Settings
 from genhook.engines.base import EngineJob, EngineOutput, EngineResult
-from genhook.engines.edit_request import EditRequest
 from genhook.engines.image_edit import _output
 from genhook.engines.image_edit._decode import DecodedImage, decode_image
 from genhook.engines.image_edit._engine import DetectorEngine
@@ -31,8 +30,7 @@ from genhook.engines.image_edit._frames import moderate_inputs
 from genhook.engines.image_edit._moderation import check_prompt
 from genhook.engines.local._config import LocalModel
 from genhook.engines.local._residency import RESIDENCY, ModelTooLarge, free_memory
-from genhook.engines.local._spec import _Sampling, output_dimensions
-from genhook.engines.video_request import VideoRequest
+from genhook.engines.local._spec import _SCHEMAS, output_dimensions
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.media import DecodeLimits
 
@@ -141,10 +139,8 @@ class DiffusersEngine(DetectorEngine):
 
     def _prepare(self, job: EngineJob) -> _Prepared:
         task = self.model.family.task
-        schema = {"video": VideoRequest, "edit": EditRequest, "text": EditRequest}[task]
-        request = job.request_as(schema)
-        if not isinstance(request, _Sampling):
-            raise TaskFailure(ErrorCode.INSTRUCTION_INVALID, "the request is not a local model's")
+        # The family's request (the model's own schema subclasses it): prompt, size, knobs.
+        request: Any = job.request_as(_SCHEMAS[task])
         check_prompt(request.prompt, self._terms)
         image = None
         if task != "text":
@@ -298,7 +294,8 @@ def _side_by_side(images: list[Image.Image]) -> Image.Image:
 def _to_uint8(frame: np.ndarray) -> np.ndarray:
     if frame.dtype == np.uint8:
         return frame
-    return (np.clip(frame, 0.0, 1.0) * 255).round().astype(np.uint8)
+    scaled: np.ndarray = (np.clip(frame, 0.0, 1.0) * 255).round().astype(np.uint8)
+    return scaled
 
 
 def encode_mp4(

@@ -58,7 +58,7 @@ def request_schema(model: LocalModel) -> type[BaseModel]:
     base: Any = _SCHEMAS[model.family.task]
     sizes = set(model.sizes)
 
-    class Bounded(base):  # type: ignore[misc,valid-type]
+    class Bounded(base):  # type: ignore[misc]
         @field_validator("num_inference_steps")
         @classmethod
         def _steps(cls, value: int | None) -> int | None:
