@@ -254,3 +254,15 @@ class Settings(BaseSettings):
         if self.public_base_url:
             return self.public_base_url.rstrip("/")
         return f"http://{self.host}:{self.port}"
+
+
+def model_entries(inline: list[dict[str, Any]], file: Path | None) -> list[Any]:
+    """The entries of a models setting (``GENHOOK_*_MODELS``) followed by those of its
+    ``*_FILE`` (a JSON list, or one object)."""
+    entries: list[Any] = list(inline)
+    if file is not None:
+        import json
+
+        loaded = json.loads(file.read_text())
+        entries.extend(loaded if isinstance(loaded, list) else [loaded])
+    return entries

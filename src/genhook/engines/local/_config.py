@@ -12,11 +12,11 @@ import struct
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from genhook.config import Settings
+from genhook.config import Settings, model_entries
 from genhook.engines.base import ModelKind
 from genhook.engines.edit_request import ALLOWED_SIZES, parse_size
 
@@ -155,10 +155,7 @@ def check_device(value: str) -> None:
 def load_local_models(settings: Settings) -> list[LocalModel]:
     """Every configured local model; raises ``ValueError`` naming the bad entry and field, or
     the file of its directory that is missing or wrong."""
-    entries: list[Any] = list(settings.local_models)
-    if settings.local_models_file is not None:
-        loaded = json.loads(settings.local_models_file.read_text())
-        entries.extend(loaded if isinstance(loaded, list) else [loaded])
+    entries = model_entries(settings.local_models, settings.local_models_file)
     models = []
     for index, entry in enumerate(entries):
         try:

@@ -28,6 +28,7 @@ from genhook.engines.image_edit._decode import DecodedImage, decode_image
 from genhook.engines.image_edit._engine import DetectorEngine
 from genhook.engines.image_edit._frames import moderate_inputs
 from genhook.engines.image_edit._moderation import check_prompt
+from genhook.engines.image_to_video._engine import h264_stream
 from genhook.engines.local._config import LocalModel
 from genhook.engines.local._residency import RESIDENCY, ModelTooLarge, free_memory
 from genhook.engines.local._spec import _SCHEMAS, output_dimensions
@@ -329,15 +330,7 @@ def _write_mp4(
     import av
 
     try:
-        stream = container.add_stream(
-            "libx264",
-            rate=fps,
-            options={
-                "preset": settings.video_encoder_preset,
-                "crf": str(settings.video_crf),
-                "threads": str(settings.video_encoder_threads),
-            },
-        )
+        stream = h264_stream(container, fps, settings)
         stream.width, stream.height = size
         stream.pix_fmt = "yuv420p"
         scaled: dict[int, Any] = {}
