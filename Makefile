@@ -22,8 +22,13 @@ $(VENV)/.installed-server: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[server]'
 	touch $@
 
+# The tests also run the local-model engine on tiny pipelines: the diffusers extra, with torch
+# pinned so pip takes the wheel it finds (a CPU build in PIP_FIND_LINKS, or pip's cache)
+# rather than the newest multi-GB CUDA build from the index. TORCH_SPEC=torch keeps any.
+TORCH_SPEC ?= torch==2.13.0
+
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[server,dev,otel]'
+	$(BIN)/python -m pip install --quiet -e '.[server,dev,otel,diffusers]' '$(TORCH_SPEC)'
 	touch $@ $(VENV)/.installed-server
 
 # make serve ARGS=--dev: webhooks to a receiver on this machine (genhook serve --help)

@@ -183,6 +183,18 @@ class Settings(BaseSettings):
     # model entries, and/or a JSON file holding one.
     upstream_models: list[dict[str, Any]] = Field(default_factory=list)
     upstream_models_file: Path | None = None
+    # Models served from diffusers pipeline directories on this machine
+    # (docs/engines/local-models.md): a JSON list of entries and/or a JSON file holding one;
+    # the device a worker runs them on (``genhook worker --device``); the memory they may take
+    # together per device, in GiB (0: the card's memory less a tenth; no limit on the CPU);
+    # how long a task waits for a worker that has its model loaded before another loads it;
+    # and the models a worker loads before it claims anything (``genhook worker --preload``).
+    local_models: list[dict[str, Any]] = Field(default_factory=list)
+    local_models_file: Path | None = None
+    local_models_device: str = "auto"
+    local_models_memory_gb: float = Field(default=0.0, ge=0)
+    local_models_affinity_seconds: float = Field(default=2.0, ge=0)
+    preload_models: list[str] = Field(default_factory=list)
     # Faults (docs/operations.md): storage and database errors are retried this long before a
     # task is requeued; a task is started only with at least this long left before its
     # deadline (or its model's recent run time, when longer).
@@ -268,3 +280,15 @@ class Settings(BaseSettings):
         if self.public_base_url:
             return self.public_base_url.rstrip("/")
         return f"http://{self.host}:{self.port}"
+
+
+def model_entries(inline: list[dict[str, Any]], file: Path | None) -> list[Any]:
+    """The entries of a models setting (``GENHOOK_*_MODELS``) followed by those of its
+    ``*_FILE`` (a JSON list, or one object)."""
+    entries: list[Any] = list(inline)
+    if file is not None:
+        import json
+
+        loaded = json.loads(file.read_text())
+        entries.extend(loaded if isinstance(loaded, list) else [loaded])
+    return entries

@@ -107,6 +107,7 @@ class ErrorCode(IntEnum):
     UPSTREAM_TASK_FAILED = 3013
     UPSTREAM_OUTPUT_REFUSED = 3014
     UPSTREAM_OUTPUT_FETCH_FAILED = 3015
+    ENGINE_OUT_OF_MEMORY = 3020
     ENGINE_ERROR = 3099
     LANGUAGE_UNSUPPORTED = 3101
 
@@ -156,6 +157,8 @@ ERROR_CODE_DESCRIPTIONS: dict[ErrorCode, str] = {
     "address the target-address policy refuses.",
     ErrorCode.UPSTREAM_OUTPUT_FETCH_FAILED: "An upstream output URL could not be fetched, or the "
     "output is larger than the model's byte cap.",
+    ErrorCode.ENGINE_OUT_OF_MEMORY: "A local model ran out of device memory (CUDA out of "
+    "memory) or cannot fit on its device; the memory was freed and the worker goes on.",
     ErrorCode.ENGINE_ERROR: "The engine failed unexpectedly.",
     ErrorCode.WORKER_LOST: "The worker running the task stopped responding more times than "
     "the configured lease-loss limit.",

@@ -192,12 +192,19 @@ async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
     _watch_parent(parent, orphaned.set)
     orphan_watch = asyncio.create_task(_leave_when_orphaned(worker, orphaned))
     try:
+
+        async def ready() -> list[str]:
+            problems = await ready_problems(state)
+            if not worker.preloaded:
+                problems.append("the worker is still loading its --preload models")
+            return problems
+
         async with contextlib.AsyncExitStack() as stack:
             if liveness:
                 await stack.enter_async_context(
                     hold_liveness(settings.resolved_database_url, worker_id)
                 )
-            await stack.enter_async_context(health_port(settings, lambda: ready_problems(state)))
+            await stack.enter_async_context(health_port(settings, ready))
             await worker.run(stop)
     finally:
         orphan_watch.cancel()

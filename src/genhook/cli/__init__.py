@@ -137,11 +137,35 @@ def worker(
         help="Tasks at once for engines that wait on I/O (GENHOOK_WORKER_CONCURRENCY).",
     ),
     health_port: int | None = typer.Option(None, min=0, max=65535, help=_HEALTH_PORT_HELP),
+    preload: list[str] | None = typer.Option(
+        None,
+        help="A model to load before the first claim (repeatable; GENHOOK_PRELOAD_MODELS); "
+        "the worker reports ready only once they are loaded.",
+    ),
+    device: str | None = typer.Option(
+        None,
+        help="The device for local models: cpu, cuda or cuda:N (GENHOOK_LOCAL_MODELS_DEVICE); "
+        "run one worker per GPU.",
+    ),
 ) -> None:
     """Run one worker process: claims tasks and runs their engines."""
     from genhook.server import run_worker
 
-    run_worker(_settings(worker_concurrency=concurrency, health_port=health_port))
+    if device is not None:
+        from genhook.engines.local._config import check_device
+
+        try:
+            check_device(device)
+        except ValueError as exc:
+            _fail(str(exc))
+    run_worker(
+        _settings(
+            worker_concurrency=concurrency,
+            health_port=health_port,
+            preload_models=preload or None,
+            local_models_device=device,
+        )
+    )
 
 
 @app.command()

@@ -173,6 +173,9 @@ class ModelSpec:
     # The catalogue's named choices of request fields a schema cannot list, such as each
     # voice with its engine and language: ``{"voices": [{...}, ...]}``.
     choices: Callable[[], dict[str, Any]] | None = None
+    # Workers that hold its weights loaded are preferred for its tasks (local models): one
+    # without them claims a task only after it waited GENHOOK_LOCAL_MODELS_AFFINITY_SECONDS.
+    affinity: bool = False
 
     def accepts(self, path_kind: ModelKind) -> bool:
         return path_kind == self.kind or path_kind in self.accepted_on

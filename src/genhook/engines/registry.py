@@ -126,6 +126,10 @@ def build_registry(settings: Settings) -> Registry:
         from genhook.engines.upstream import register_upstream_models
 
         register_upstream_models(registry, settings)
+    if settings.local_models or settings.local_models_file:
+        from genhook.engines.local import register_local_models
+
+        register_local_models(registry, settings)
     for target in settings.extra_engines:
         module_name, _, func_name = target.partition(":")
         module = importlib.import_module(module_name)

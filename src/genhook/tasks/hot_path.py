@@ -117,7 +117,9 @@ INSERT_USAGE = bound_insert(
 def _runnable(models: tuple[str, ...]) -> list[Any]:
     """Conditions of a task a worker serving ``models`` may start at ``:now``; ``:start_by_<i>``
     is ``now`` plus the time model ``i`` needs, so a task with less left before its deadline
-    (it would only time out mid-run) is left for the sweeper to expire."""
+    (it would only time out mid-run) is left for the sweeper to expire; ``:ready_by_<i>`` is
+    ``now`` less how long the worker leaves model ``i``'s tasks to workers that have its
+    weights loaded (affinity)."""
     now = bindparam("now", type_=BigInteger)
     return [
         _tasks.c.status == CREATED,
@@ -125,7 +127,11 @@ def _runnable(models: tuple[str, ...]) -> list[Any]:
         or_(_tasks.c.start_deadline_at.is_(None), _tasks.c.start_deadline_at > now),
         or_(
             *(
-                and_(_tasks.c.model == model, _tasks.c.deadline_at > bindparam(f"start_by_{index}"))
+                and_(
+                    _tasks.c.model == model,
+                    _tasks.c.deadline_at > bindparam(f"start_by_{index}"),
+                    _tasks.c.available_at <= bindparam(f"ready_by_{index}"),
+                )
                 for index, model in enumerate(models)
             )
         ),
@@ -217,18 +223,27 @@ def runnable_one(models: tuple[str, ...]) -> Select[Any]:
 
 
 def runnable_params(
-    models: tuple[str, ...], now: int, reserve: Mapping[str, int]
+    models: tuple[str, ...],
+    now: int,
+    reserve: Mapping[str, int],
+    hold: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     params: dict[str, Any] = {"now": now}
     for index, model in enumerate(models):
         params[f"start_by_{index}"] = now + reserve.get(model, 0)
+        params[f"ready_by_{index}"] = now - (hold or {}).get(model, 0)
     return params
 
 
 def claim_params(
-    models: tuple[str, ...], worker_id: str, now: int, lease_ms: int, reserve: Mapping[str, int]
+    models: tuple[str, ...],
+    worker_id: str,
+    now: int,
+    lease_ms: int,
+    reserve: Mapping[str, int],
+    hold: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    params = runnable_params(models, now, reserve)
+    params = runnable_params(models, now, reserve, hold)
     params.update(owner=worker_id, lease_until=now + lease_ms)
     return params
 

@@ -123,14 +123,16 @@ class Lifecycle:
         inputs: dict[str, dict[str, bytes]] | None = None,
         *,
         look_on: bool = True,
+        hold_ms: Mapping[str, int] | None = None,
     ) -> tuple[Task | None, bool]:
         """``claim``, and whether another task was runnable then (``look_on``): a worker
         that knows none was, and has not been woken since, need not ask again after this
-        one, which on SQLite would be a write."""
+        one, which on SQLite would be a write. ``hold_ms``: per model, how long its task
+        must have waited before this worker takes it (affinity, see ``Worker``)."""
         if not models:
             return None, False
         async with self.db.transaction() as tx:
-            return await self._claim_in(tx, worker_id, models, reserve_ms, inputs, look_on)
+            return await self._claim_in(tx, worker_id, models, reserve_ms, inputs, look_on, hold_ms)
 
     async def complete_and_claim(
         self,
@@ -139,6 +141,7 @@ class Lifecycle:
         models: Sequence[str],
         reserve_ms: Mapping[str, int] | None = None,
         inputs: dict[str, dict[str, bytes]] | None = None,
+        hold_ms: Mapping[str, int] | None = None,
     ) -> tuple[list[bool], Task | None, bool]:
         """``complete_many`` and then ``claim_next`` in one write transaction.
 
@@ -151,7 +154,9 @@ class Lifecycle:
             done = await complete_in(tx, self.settings, self.storage, worker_id, items, now_ms())
             if not models:
                 return done, None, False
-            task, more = await self._claim_in(tx, worker_id, models, reserve_ms, inputs)
+            task, more = await self._claim_in(
+                tx, worker_id, models, reserve_ms, inputs, hold_ms=hold_ms
+            )
             return done, task, more
 
     async def _claim_in(
@@ -162,12 +167,14 @@ class Lifecycle:
         reserve_ms: Mapping[str, int] | None,
         inputs: dict[str, dict[str, bytes]] | None,
         look_on: bool = True,
+        hold_ms: Mapping[str, int] | None = None,
     ) -> tuple[Task | None, bool]:
         """The claim of ``claim_next`` in the caller's write transaction."""
         if self.closed:
             return None, False
         key = tuple(models)
-        params = claim_params(key, worker_id, now_ms(), self._lease_ms, reserve_ms or {})
+        now = now_ms()
+        params = claim_params(key, worker_id, now, self._lease_ms, reserve_ms or {}, hold_ms)
         row = await tx.first(claim_one(key), params)
         if row is None:
             return None, False
@@ -187,6 +194,7 @@ class Lifecycle:
         batch_sizes: Mapping[str, int],
         reserve_ms: Mapping[str, int] | None = None,
         inputs: dict[str, dict[str, bytes]] | None = None,
+        hold_ms: Mapping[str, int] | None = None,
     ) -> tuple[list[Task], bool]:
         """``claim_next``; when the task's model batches (``batch_sizes``), also up to its
         batch size less one more of that model's waiting tasks, in the same transaction.
@@ -196,7 +204,9 @@ class Lifecycle:
         if not models:
             return [], False
         async with self.db.transaction() as tx:
-            task, more = await self._claim_in(tx, worker_id, models, reserve_ms, inputs)
+            task, more = await self._claim_in(
+                tx, worker_id, models, reserve_ms, inputs, hold_ms=hold_ms
+            )
             if task is None:
                 return [], False
             size = batch_sizes.get(task.model, 1)
@@ -253,13 +263,16 @@ class Lifecycle:
         return tasks
 
     async def any_runnable(
-        self, models: Sequence[str], reserve_ms: Mapping[str, int] | None = None
+        self,
+        models: Sequence[str],
+        reserve_ms: Mapping[str, int] | None = None,
+        hold_ms: Mapping[str, int] | None = None,
     ) -> bool:
         """Whether a claim would find a task: a read, so an idle worker's poll writes nothing."""
         if not models:
             return False
         group = tuple(models)
-        params = runnable_params(group, now_ms(), reserve_ms or {})
+        params = runnable_params(group, now_ms(), reserve_ms or {}, hold_ms)
         async with self.db.read() as session:
             return await session.scalar(runnable_one(group), params) is not None
 

@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,6 +101,12 @@ class Worker(Services):
         self._chain_stop: asyncio.Event | None = None
         # A task claimed with the last completion, run next without a claim of its own.
         self._next: Task | None = None
+        # Models whose tasks go preferably to a worker that has their weights loaded: this
+        # one takes such a task only after it waited the affinity time, unless it has them.
+        self._affine = [spec.id for spec in self.registry if spec.affinity]
+        self.resident: Callable[[], frozenset[str]] = _resident_models
+        # False until the models of GENHOOK_PRELOAD_MODELS are loaded (the worker's /readyz).
+        self.preloaded = not self.settings.preload_models
 
     def engine(self, model: str) -> Engine:
         engine = self._engines.get(model)
@@ -124,8 +131,32 @@ class Worker(Services):
         spec = self.registry.get(task.model)
         return None if spec is None else stored_request(spec.request_schema, task.params)
 
+    async def preload(self) -> None:
+        """Load the engines of ``GENHOOK_PRELOAD_MODELS`` before anything is claimed."""
+        for model in self.settings.preload_models:
+            if self.registry.get(model) is None:
+                raise ValueError(f"--preload: no model {model!r} is configured")
+            started = time.monotonic()
+            log.info("worker %s: preloading %s", self.worker_id, model)
+            async with self._load_lock:
+                await asyncio.to_thread(self.engine, model)
+            log.info(
+                "worker %s: %s loaded in %.1f s", self.worker_id, model, time.monotonic() - started
+            )
+        self.preloaded = True
+
+    def _hold_ms(self) -> dict[str, int] | None:
+        """Per model with affinity whose weights this process lacks, the time its task must
+        have waited before this worker takes it (a worker that has them is preferred)."""
+        if not self._affine:
+            return None
+        resident = self.resident()
+        wait = int(self.settings.local_models_affinity_seconds * 1000)
+        return {model: wait for model in self._affine if model not in resident}
+
     async def run(self, stop: asyncio.Event) -> None:
         """Claim and run tasks until ``stop`` is set; the task in hand finishes first."""
+        await self.preload()
         log.info("worker %s started (models: %s)", self.worker_id, ", ".join(self._models))
         # A submit or a requeue in any process wakes the idle worker; the poll is the net.
         self.wakeup.attach(self.db.url, TASKS, self.db.sqlite_path)
@@ -172,7 +203,9 @@ class Worker(Services):
                 elif (
                     self._next is not None
                     or not waited
-                    or await self.lifecycle.any_runnable(self._models, self.reserve_ms())
+                    or await self.lifecycle.any_runnable(
+                        self._models, self.reserve_ms(), self._hold_ms()
+                    )
                 ):
                     ran = await self.run_once(stop)
                 else:
@@ -187,6 +220,9 @@ class Worker(Services):
                 pause = backoff_delay(failures, pause, 2.0)
                 ran = False
             waited = False
+            if self._hold_ms():
+                # A held task becomes this worker's after the affinity time: look again then.
+                pause = min(pause, max(0.05, self.settings.local_models_affinity_seconds))
             if not ran and not stop.is_set():
                 wake = await self.wakeup.wait(pause)
                 log.debug("worker %s: woken (%s)", self.worker_id, wake.value)
@@ -218,10 +254,15 @@ class Worker(Services):
                 self.batch_sizes,
                 self.reserve_ms(),
                 inputs=self.prefetched,
+                hold_ms=self._hold_ms(),
             )
         else:
             task, self._more = await self.lifecycle.claim_next(
-                self.worker_id, self._models, self.reserve_ms(), inputs=self.prefetched
+                self.worker_id,
+                self._models,
+                self.reserve_ms(),
+                inputs=self.prefetched,
+                hold_ms=self._hold_ms(),
             )
             tasks = [] if task is None else [task]
         if not tasks:
@@ -448,7 +489,7 @@ class Worker(Services):
         inputs: dict[str, dict[str, bytes]] = {}
         try:
             (done,), claimed, self._more = await self.lifecycle.complete_and_claim(
-                self.worker_id, [item], self._models, self.reserve_ms(), inputs
+                self.worker_id, [item], self._models, self.reserve_ms(), inputs, self._hold_ms()
             )
         except Exception as error:
             if not is_infrastructure_error(error):
@@ -602,3 +643,10 @@ class Worker(Services):
                     await self.storage.delete(key)
             raise
         return keys
+
+
+def _resident_models() -> frozenset[str]:
+    """Local models whose weights this process holds (genhook.engines.local)."""
+    from genhook.engines.local import resident_models
+
+    return resident_models()

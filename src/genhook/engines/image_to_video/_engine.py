@@ -20,6 +20,7 @@ import av
 import numpy as np
 from PIL import Image
 
+from genhook.config import Settings
 from genhook.engines.base import EngineJob, EngineOutput, EngineResult
 from genhook.engines.image_edit import (
     DecodedImage,
@@ -231,17 +232,12 @@ class ImageToVideoEngine(DetectorEngine):
             path = os.path.join(workdir, "out.mp4")
             container = av.open(path, "w", format="mp4", options={"movflags": "+faststart"})
             try:
-                stream = container.add_stream(
-                    "libx264",
-                    rate=fps,
-                    options={
-                        "preset": settings.video_encoder_preset,
-                        "crf": str(settings.video_crf),
-                        "threads": str(settings.video_encoder_threads),
-                        # OpenCV's I420 is BT.601 limited range; say so, so players agree.
-                        "x264-params": "colorprim=smpte170m:transfer=smpte170m:"
-                        "colormatrix=smpte170m:range=tv",
-                    },
+                # OpenCV's I420 is BT.601 limited range; say so, so players agree.
+                stream = h264_stream(
+                    container,
+                    fps,
+                    settings,
+                    "colorprim=smpte170m:transfer=smpte170m:colormatrix=smpte170m:range=tv",
                 )
                 stream.width, stream.height = size
                 stream.pix_fmt = "yuv420p"
@@ -286,6 +282,19 @@ class ImageToVideoEngine(DetectorEngine):
                 container.close()
             with open(path, "rb") as handle:
                 return handle.read(), samples
+
+
+def h264_stream(container: Any, fps: int, settings: Settings, x264_params: str = "") -> Any:
+    """An H.264 stream on ``container`` with the service's encoder settings
+    (GENHOOK_VIDEO_ENCODER_PRESET, GENHOOK_VIDEO_CRF, GENHOOK_VIDEO_ENCODER_THREADS)."""
+    options = {
+        "preset": settings.video_encoder_preset,
+        "crf": str(settings.video_crf),
+        "threads": str(settings.video_encoder_threads),
+    }
+    if x264_params:
+        options["x264-params"] = x264_params
+    return container.add_stream("libx264", rate=fps, options=options)
 
 
 def _still(

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from genhook.config import Settings
+from genhook.config import Settings, model_entries
 from genhook.engines.base import ModelKind
 
 
@@ -109,10 +109,7 @@ class UpstreamModel(BaseModel):
 
 def load_upstream_models(settings: Settings) -> list[UpstreamModel]:
     """Every configured upstream model; raises ``ValueError`` naming the bad entry and field."""
-    entries: list[Any] = list(settings.upstream_models)
-    if settings.upstream_models_file is not None:
-        loaded = json.loads(settings.upstream_models_file.read_text())
-        entries.extend(loaded if isinstance(loaded, list) else [loaded])
+    entries = model_entries(settings.upstream_models, settings.upstream_models_file)
     models = []
     for index, entry in enumerate(entries):
         try:

@@ -1,0 +1,35 @@
+"""Local-weight models: diffusers pipelines from directories on this machine.
+
+See ``docs/engines/local-models.md``. The configuration and wire schemas import no torch;
+the engine (torch, diffusers) loads only in a worker that runs one of these models.
+"""
+
+from genhook.engines.local._config import FAMILIES, LocalModel, check_directory, load_local_models
+from genhook.engines.local._spec import (
+    LocalEditRequest,
+    LocalTextRequest,
+    LocalVideoRequest,
+    local_spec,
+    register_local_models,
+)
+
+
+def resident_models() -> frozenset[str]:
+    """Ids of the local models this process holds loaded (for the worker's affinity)."""
+    from genhook.engines.local._residency import RESIDENCY
+
+    return RESIDENCY.loaded()
+
+
+__all__ = [
+    "FAMILIES",
+    "LocalEditRequest",
+    "LocalModel",
+    "LocalTextRequest",
+    "LocalVideoRequest",
+    "check_directory",
+    "load_local_models",
+    "local_spec",
+    "register_local_models",
+    "resident_models",
+]

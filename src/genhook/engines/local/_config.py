@@ -1,0 +1,227 @@
+"""The settings of one local-weight model, read from ``GENHOOK_LOCAL_MODELS`` or a JSON file.
+
+Checked when the registry is built, like the upstream models: a bad entry, or a directory
+that is not the pipeline it claims to be, stops the start with the entry's index and the
+field or file named, instead of failing tasks later. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from genhook.config import Settings, model_entries
+from genhook.engines.base import ModelKind
+from genhook.engines.edit_request import ALLOWED_SIZES, parse_size
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """What a pipeline class does: ``edit`` (images in), ``text`` (prompt only) or ``video``
+    (image to video), and the multiple its width and height must be."""
+
+    task: Literal["edit", "text", "video"]
+    multiple: int
+
+
+FAMILIES: dict[str, Family] = {
+    "StableDiffusionInstructPix2PixPipeline": Family("edit", 8),
+    "FluxKontextPipeline": Family("edit", 16),
+    "QwenImageEditPipeline": Family("edit", 16),
+    "StableDiffusionXLPipeline": Family("text", 8),
+    "FluxPipeline": Family("text", 16),
+    "LTXImageToVideoPipeline": Family("video", 32),
+}
+DTYPES = ("float32", "float16", "bfloat16")
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+# Files that hold weights in a pickle: never loaded, so a directory with only these is refused.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# LTX-Video makes 8k+1 frames.
+_FRAME_STEP = 8
+
+
+class LocalModel(BaseModel):
+    """One genhook model served from a diffusers pipeline directory on this machine."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, max_length=200)
+    kind: ModelKind
+    pipeline: str
+    path: Path
+    # auto: the worker's device (``--device``, GENHOOK_LOCAL_MODELS_DEVICE), else cuda when
+    # present, else cpu.
+    device: str = "auto"
+    dtype: Literal["float32", "float16", "bfloat16"] = "float16"
+    steps: int = Field(default=28, ge=1, le=500)
+    max_steps: int = Field(default=100, ge=1, le=500)
+    guidance_scale: float = Field(default=3.5, ge=0, le=50)
+    # InstructPix2Pix's image guidance (how closely the output keeps the input).
+    image_guidance_scale: float = Field(default=1.5, ge=0, le=50)
+    # The sizes the model offers (a subset of the edit contract's); all of them when unset.
+    sizes: list[str] = Field(default_factory=lambda: list(ALLOWED_SIZES), min_length=1)
+    # The size the pipeline generates at, ``W*H``; unset, the requested size rounded down to
+    # the family's multiple. The picture is then resized to exactly the requested size.
+    generate_size: str | None = None
+    # Video: frames generated per task (8k+1 for LTX-Video), spread over the requested
+    # duration and frame rate.
+    frames: int = Field(default=121, ge=1, le=1025)
+    price_usd: Decimal = Field(default=Decimal("0"), ge=0)
+    deadline_seconds: float = Field(default=600.0, gt=0)
+    description: str = ""
+
+    @field_validator("pipeline")
+    @classmethod
+    def _pipeline(cls, value: str) -> str:
+        if value not in FAMILIES:
+            raise ValueError(f"pipeline must be one of: {', '.join(FAMILIES)}")
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        check_device(value)
+        return value
+
+    @field_validator("sizes")
+    @classmethod
+    def _sizes(cls, value: list[str]) -> list[str]:
+        for size in value:
+            if size not in ALLOWED_SIZES:
+                raise ValueError(f"size {size!r} is not one of: {', '.join(ALLOWED_SIZES)}")
+        return value
+
+    @field_validator("generate_size")
+    @classmethod
+    def _generate_size(cls, value: str | None) -> str | None:
+        if value is not None:
+            width, _, height = value.partition("*")
+            if not (width.isdigit() and height.isdigit() and int(width) > 0 and int(height) > 0):
+                raise ValueError("generate_size must have the form WIDTH*HEIGHT")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LocalModel:
+        family = self.family
+        wanted = ModelKind.VIDEO if family.task == "video" else ModelKind.IMAGE
+        if self.kind is not wanted:
+            raise ValueError(f"kind must be {wanted.value!r} for {self.pipeline}")
+        if self.steps > self.max_steps:
+            raise ValueError("steps must not exceed max_steps")
+        if self.generate_size is not None:
+            width, height = self.generate_dimensions((1, 1))
+            if width % family.multiple or height % family.multiple:
+                raise ValueError(
+                    f"generate_size must be a multiple of {family.multiple} for {self.pipeline}"
+                )
+        if self.pipeline.startswith("LTX") and (self.frames - 1) % _FRAME_STEP:
+            raise ValueError(f"frames must be 8k+1 for {self.pipeline} (e.g. 97, 121)")
+        return self
+
+    @property
+    def family(self) -> Family:
+        return FAMILIES[self.pipeline]
+
+    def generate_dimensions(self, requested: tuple[int, int]) -> tuple[int, int]:
+        """Width and height the pipeline makes for a ``requested`` output size."""
+        if self.generate_size is not None:
+            width, _, height = self.generate_size.partition("*")
+            return int(width), int(height)
+        multiple = self.family.multiple
+        return (
+            max(multiple, requested[0] // multiple * multiple),
+            max(multiple, requested[1] // multiple * multiple),
+        )
+
+    @property
+    def max_pixels(self) -> int:
+        return max(w * h for w, h in map(parse_size, self.sizes))
+
+
+def check_device(value: str) -> None:
+    if value in ("auto", "cpu", "cuda"):
+        return
+    head, _, number = value.partition(":")
+    if head != "cuda" or not number.isdigit():
+        raise ValueError("device must be auto, cpu, cuda or cuda:N")
+
+
+def load_local_models(settings: Settings) -> list[LocalModel]:
+    """Every configured local model; raises ``ValueError`` naming the bad entry and field, or
+    the file of its directory that is missing or wrong."""
+    entries = model_entries(settings.local_models, settings.local_models_file)
+    models = []
+    for index, entry in enumerate(entries):
+        try:
+            model = LocalModel.model_validate(entry)
+        except ValidationError as exc:
+            raise ValueError(f"local model entry {index} is invalid: {exc}") from None
+        try:
+            check_directory(model.path, model.pipeline)
+        except ValueError as exc:
+            raise ValueError(f"local model entry {index} ({model.id}): {exc}") from None
+        models.append(model)
+    return models
+
+
+def check_directory(path: Path, pipeline: str) -> list[Path]:
+    """The safetensors files of a ``save_pretrained`` directory of ``pipeline``.
+
+    Refused, naming the file: no ``model_index.json``, one naming another pipeline class, a
+    component without its folder or config, or weights only in pickle form.
+    """
+    index_file = path / "model_index.json"
+    if not index_file.is_file():
+        raise ValueError(f"{index_file} does not exist")
+    try:
+        index = json.loads(index_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{index_file} is not readable JSON ({exc})") from None
+    named = index.get("_class_name") if isinstance(index, dict) else None
+    if named != pipeline:
+        raise ValueError(f"{index_file} names the pipeline {named!r}, not {pipeline!r}")
+    weights: list[Path] = []
+    for component, value in index.items():
+        if component.startswith("_") or not isinstance(value, list) or None in value:
+            continue
+        folder = path / component
+        if not folder.is_dir():
+            raise ValueError(f"{folder} (component {component!r}) does not exist")
+        if not (folder / "config.json").is_file():
+            continue  # a tokenizer, scheduler or processor: configuration only
+        found = sorted(folder.glob("*.safetensors"))
+        if not found:
+            pickled = [p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
+            why = f" (only pickle weights: {', '.join(pickled)})" if pickled else ""
+            raise ValueError(f"{folder} has no .safetensors weights{why}")
+        weights.extend(found)
+    return weights
+
+
+def weight_bytes(files: list[Path], dtype: str) -> int:
+    """Bytes the floating-point weights of ``files`` take in ``dtype``, read from the
+    safetensors headers (8-byte length, then JSON) without loading a tensor."""
+    total = 0
+    for file in files:
+        with file.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            count = 1
+            for dim in entry["shape"]:
+                count *= dim
+            floating = entry["dtype"] in ("F32", "F16", "BF16", "F64")
+            total += count * (_DTYPE_BYTES[dtype] if floating else _item_bytes(entry["dtype"]))
+    return total
+
+
+def _item_bytes(code: str) -> int:
+    return {"I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2}.get(code, 1)

@@ -1,0 +1,348 @@
+"""The diffusers engine: one local model's pipeline behind genhook's contract.
+
+``generate`` takes a list of jobs that share one call shape (size, steps, guidance) and makes
+ONE pipeline call for all of them, each with its own seeded ``torch.Generator``; ``run`` calls
+it with one job. After every denoising step the callback reports progress and stops the call
+when every job was given up (cancel, lost lease, shutdown) or is past its deadline, so the
+device is free within one step and the worker stays in service.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from genhook.config import Settings
+from genhook.engines.base import EngineJob, EngineOutput, EngineResult
+from genhook.engines.image_edit import _output
+from genhook.engines.image_edit._decode import DecodedImage, decode_image
+from genhook.engines.image_edit._engine import DetectorEngine
+from genhook.engines.image_edit._frames import moderate_inputs
+from genhook.engines.image_edit._moderation import check_prompt
+from genhook.engines.image_to_video._engine import h264_stream
+from genhook.engines.local._config import LocalModel
+from genhook.engines.local._residency import RESIDENCY, ModelTooLarge, free_memory
+from genhook.engines.local._spec import _SCHEMAS, output_dimensions
+from genhook.errors import ErrorCode, TaskFailure
+from genhook.media import DecodeLimits
+
+log = logging.getLogger(__name__)
+
+
+class _Stopped(Exception):
+    """Raised from the step callback: every job of the call was given up."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """One job, decoded and moderated, ready for a shared pipeline call."""
+
+    job: EngineJob
+    request: Any
+    prompt: str
+    image: Image.Image | None
+    seed: int
+    size: tuple[int, int]
+
+
+class DiffusersEngine(DetectorEngine):
+    """A ``LocalModel``'s pipeline; weights live in the process's ``RESIDENCY``."""
+
+    kind = "local model"
+
+    def __init__(self, model: LocalModel, settings: Settings) -> None:
+        super().__init__(settings)
+        self.model = model
+
+    def load(self) -> None:
+        super().load()
+        self.pipeline()
+
+    def pipeline(self) -> Any:
+        try:
+            return RESIDENCY.pipeline(self.model, self._settings)
+        except ModelTooLarge as exc:
+            raise TaskFailure(ErrorCode.ENGINE_OUT_OF_MEMORY, str(exc)) from None
+        except Exception as exc:
+            if _is_oom(exc):
+                free_memory("cuda")
+                raise TaskFailure(
+                    ErrorCode.ENGINE_OUT_OF_MEMORY,
+                    f"local model {self.model.id!r} does not fit in the device's free memory "
+                    "beside what else runs there",
+                ) from None
+            raise
+
+    def _run(self, job: EngineJob) -> EngineResult:
+        (result,) = self.generate([job])
+        return result
+
+    def generate(self, jobs: Sequence[EngineJob]) -> list[EngineResult]:
+        """One pipeline call for ``jobs`` (same size, steps and guidance), one result each."""
+        prepared = [self._prepare(job) for job in jobs]
+        first = prepared[0].request
+        steps = first.num_inference_steps or self.model.steps
+        guidance = first.guidance_scale
+        guidance = self.model.guidance_scale if guidance is None else float(guidance)
+        size = prepared[0].size
+        for item in prepared[1:]:
+            shape = (item.request.num_inference_steps or self.model.steps, item.size)
+            if shape != (steps, size) or item.request.guidance_scale != first.guidance_scale:
+                raise ValueError("jobs of one pipeline call must share size, steps and guidance")
+        pipe = self.pipeline()
+        for item in prepared:
+            item.job.stop_if_asked()
+            item.job.report(progress=0.05, log=f"generating with {self.model.pipeline}")
+        generate = self.model.generate_dimensions(size)
+        kwargs = self._arguments(prepared, generate, steps, guidance)
+        started = time.monotonic()
+        try:
+            output = pipe(**kwargs)
+        except _Stopped:
+            raise self._stopped(prepared) from None
+        except Exception as exc:
+            if _is_oom(exc):
+                free_memory(str(getattr(pipe, "device", "cuda")))
+                raise TaskFailure(
+                    ErrorCode.ENGINE_OUT_OF_MEMORY,
+                    f"the device ran out of memory generating {generate[0]}*{generate[1]} with "
+                    f"{self.model.id}; its memory was freed. Ask for a smaller size (or fewer "
+                    "frames), or give the model a device with fewer models beside it",
+                ) from None
+            raise
+        seconds = time.monotonic() - started
+        info = {
+            "pipeline": self.model.pipeline,
+            "steps": steps,
+            "guidance_scale": guidance,
+            "generated_size": f"{generate[0]}*{generate[1]}",
+            "size": f"{size[0]}*{size[1]}",
+            "seconds": round(seconds, 3),
+        }
+        if self.model.family.task == "video":
+            frames = output.frames
+            return [
+                self._video(item, np.asarray(frames[index]), info)
+                for index, item in enumerate(prepared)
+            ]
+        return [
+            self._image(item, output.images[index], info) for index, item in enumerate(prepared)
+        ]
+
+    def _prepare(self, job: EngineJob) -> _Prepared:
+        task = self.model.family.task
+        # The family's request (the model's own schema subclasses it): prompt, size, knobs.
+        request: Any = job.request_as(_SCHEMAS[task])
+        check_prompt(request.prompt, self._terms)
+        image = None
+        if task != "text":
+            if not job.images:
+                raise TaskFailure(ErrorCode.INSTRUCTION_INVALID, "the task has no input image")
+            decoded = [self._decode(data, number) for number, data in enumerate(job.images, 1)]
+            if self._settings.moderation_reject_nsfw_inputs:
+                moderate_inputs(self.detector, decoded, self._settings.nsfw_threshold)
+            image = _side_by_side([item.image.convert("RGB") for item in decoded])
+        seed = request.seed if request.seed is not None else secrets.randbelow(2**32)
+        return _Prepared(job, request, request.prompt, image, seed, output_dimensions(request))
+
+    def _decode(self, data: bytes, number: int) -> DecodedImage:
+        settings = self._settings
+        return decode_image(
+            data,
+            number,
+            max_pixels=settings.max_input_pixels,
+            reduce_to=4096,
+            limits=DecodeLimits(
+                settings.max_input_pixels,
+                max_scans=settings.max_decode_scans,
+                max_chunks=settings.max_decode_chunks,
+            ),
+        )
+
+    def _arguments(
+        self, prepared: list[_Prepared], generate: tuple[int, int], steps: int, guidance: float
+    ) -> dict[str, Any]:
+        import torch
+
+        width, height = generate
+        kwargs: dict[str, Any] = {
+            "prompt": [item.prompt for item in prepared],
+            "num_inference_steps": steps,
+            "generator": [torch.Generator("cpu").manual_seed(item.seed) for item in prepared],
+            "callback_on_step_end": self._callback(prepared, steps),
+        }
+        images = [
+            _output.fit(i.image, generate, "cover", "white", False) for i in prepared if i.image
+        ]
+        pipeline = self.model.pipeline
+        if pipeline == "StableDiffusionInstructPix2PixPipeline":
+            kwargs.update(
+                image=images,
+                guidance_scale=guidance,
+                image_guidance_scale=self.model.image_guidance_scale,
+            )
+        elif pipeline == "FluxKontextPipeline":
+            kwargs.update(
+                image=images,
+                height=height,
+                width=width,
+                guidance_scale=guidance,
+                max_area=width * height,
+                _auto_resize=False,
+            )
+        elif pipeline == "QwenImageEditPipeline":
+            kwargs.update(image=images, height=height, width=width, true_cfg_scale=guidance)
+        elif pipeline == "LTXImageToVideoPipeline":
+            request = prepared[0].request
+            kwargs.update(
+                image=images,
+                height=height,
+                width=width,
+                num_frames=self.model.frames,
+                frame_rate=request.fps,
+                guidance_scale=guidance,
+                output_type="np",
+            )
+        else:  # text to image
+            kwargs.update(height=height, width=width, guidance_scale=guidance)
+        return kwargs
+
+    def _callback(self, prepared: list[_Prepared], steps: int) -> Any:
+        jobs = [item.job for item in prepared]
+
+        def on_step_end(pipe: Any, step: int, timestep: Any, tensors: dict[str, Any]) -> Any:
+            now = time.time()
+            for job in jobs:
+                job.report(
+                    progress=0.05 + 0.85 * (step + 1) / steps, log=f"step {step + 1}/{steps}"
+                )
+            if all(
+                job.stop.is_set() or (job.deadline is not None and now >= job.deadline)
+                for job in jobs
+            ):
+                raise _Stopped
+            return {}
+
+        return on_step_end
+
+    def _stopped(self, prepared: list[_Prepared]) -> TaskFailure:
+        job = prepared[0].job
+        if not job.stop.is_set() and job.deadline is not None and time.time() >= job.deadline:
+            return TaskFailure(ErrorCode.TIMEOUT, "the model did not finish by the deadline")
+        return TaskFailure(ErrorCode.ENGINE_ERROR, "stopped early: the task was given up")
+
+    def _image(self, item: _Prepared, picture: Image.Image, info: dict[str, Any]) -> EngineResult:
+        request = item.request
+        final = _output.fit(picture.convert("RGB"), item.size, "cover", "white", False)
+        score = self.detector.detect(final, 320).nsfw_score
+        data, content_type = _output.encode(final, request.output_format, False)
+        item.job.report(progress=1.0, log=f"encoded {request.output_format}, {len(data)} bytes")
+        nsfw = score >= self._settings.nsfw_threshold
+        details = {**info, "seed": item.seed, "nsfw_score": round(score, 4)}
+        return EngineResult([EngineOutput(data, content_type, nsfw)], info=details)
+
+    def _video(self, item: _Prepared, frames: np.ndarray, info: dict[str, Any]) -> EngineResult:
+        request = item.request
+        count = request.duration * request.fps
+        pictures = [Image.fromarray(_to_uint8(frame)) for frame in frames]
+        middle = _output.fit(pictures[len(pictures) // 2], item.size, "cover", "white", False)
+        score = self.detector.detect(middle, 320).nsfw_score
+        data = encode_mp4(pictures, item.size, request.fps, count, self._settings)
+        item.job.report(progress=1.0, log=f"encoded {count} frames, {len(data)} bytes")
+        nsfw = score >= self._settings.nsfw_threshold
+        details = {
+            **info,
+            "seed": item.seed,
+            "frames_generated": len(pictures),
+            "frames": count,
+            "fps": request.fps,
+            "nsfw_score": round(score, 4),
+        }
+        return EngineResult([EngineOutput(data, "video/mp4", nsfw)], info=details)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import torch
+
+    return isinstance(exc, torch.OutOfMemoryError)
+
+
+def _side_by_side(images: list[Image.Image]) -> Image.Image:
+    """Several inputs become one picture, left to right at the first one's height."""
+    if len(images) == 1:
+        return images[0]
+    height = images[0].height
+    scaled = [
+        _output.resize(i, (max(1, i.width * height // i.height), height), False) for i in images
+    ]
+    canvas = Image.new("RGB", (sum(i.width for i in scaled), height))
+    left = 0
+    for image in scaled:
+        canvas.paste(image, (left, 0))
+        left += image.width
+    return canvas
+
+
+def _to_uint8(frame: np.ndarray) -> np.ndarray:
+    if frame.dtype == np.uint8:
+        return frame
+    scaled: np.ndarray = (np.clip(frame, 0.0, 1.0) * 255).round().astype(np.uint8)
+    return scaled
+
+
+def encode_mp4(
+    pictures: list[Image.Image], size: tuple[int, int], fps: int, count: int, settings: Settings
+) -> bytes:
+    """H.264 at exactly ``size``: the generated frames spread evenly over ``count`` frames."""
+    import av
+
+    with tempfile.TemporaryDirectory(prefix="genhook-local-video-") as workdir:
+        path = os.path.join(workdir, "out.mp4")
+        _write_mp4(
+            av.open(path, "w", format="mp4", options={"movflags": "+faststart"}),
+            pictures,
+            size,
+            fps,
+            count,
+            settings,
+        )
+        with open(path, "rb") as handle:
+            return handle.read()
+
+
+def _write_mp4(
+    container: Any,
+    pictures: list[Image.Image],
+    size: tuple[int, int],
+    fps: int,
+    count: int,
+    settings: Settings,
+) -> None:
+    import av
+
+    try:
+        stream = h264_stream(container, fps, settings)
+        stream.width, stream.height = size
+        stream.pix_fmt = "yuv420p"
+        scaled: dict[int, Any] = {}
+        for number in range(count):
+            source = min(len(pictures) - 1, number * len(pictures) // count)
+            if source not in scaled:
+                scaled.clear()
+                fitted = _output.fit(pictures[source], size, "cover", "white", False)
+                scaled[source] = np.asarray(fitted.convert("RGB"))
+            frame = av.VideoFrame.from_ndarray(scaled[source], format="rgb24")
+            frame.pts = number
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    finally:
+        container.close()

@@ -1,0 +1,156 @@
+"""Which local models this process holds loaded, per device, under a memory budget.
+
+One ``Residency`` per process: a worker serves several local models, and those that share a
+device share its memory. A model that does not fit beside the others unloads the least
+recently used first; one that cannot fit even alone is refused before anything is loaded.
+The set of loaded ids is also what the worker's claim reads for affinity, so reading it
+imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from genhook.config import Settings
+from genhook.engines.local._config import LocalModel, check_directory, weight_bytes
+
+log = logging.getLogger(__name__)
+
+_GIB = 1 << 30
+# Of a card's memory, what the budget leaves for activations when none is configured.
+_DEFAULT_SHARE = 0.9
+
+
+class ModelTooLarge(RuntimeError):
+    """A model's weights alone exceed its device's budget."""
+
+
+@dataclass(slots=True)
+class Resident:
+    pipeline: Any
+    device: str
+    bytes: int
+
+
+def resolve_device(model: LocalModel, settings: Settings) -> str:
+    """The entry's device; ``auto`` takes the worker's, else cuda when present, else cpu."""
+    if model.device != "auto":
+        return model.device
+    if settings.local_models_device != "auto":
+        return settings.local_models_device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def budget_bytes(device: str, settings: Settings) -> int:
+    """Bytes of weights a device may hold; 0 for no limit (the CPU, unless configured)."""
+    if settings.local_models_memory_gb > 0:
+        return int(settings.local_models_memory_gb * _GIB)
+    if device.startswith("cuda"):
+        import torch
+
+        total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+        return int(total * _DEFAULT_SHARE)
+    return 0
+
+
+class Residency:
+    def __init__(self) -> None:
+        self._loaded: OrderedDict[str, Resident] = OrderedDict()
+        self._lock = threading.RLock()
+        # Counted for the benchmark and the log: loads and unloads since start.
+        self.loads = 0
+        self.unloads = 0
+
+    def loaded(self) -> frozenset[str]:
+        return frozenset(self._loaded)
+
+    def pipeline(self, model: LocalModel, settings: Settings) -> Any:
+        """``model``'s pipeline, loaded (unloading the least recently used as needed)."""
+        with self._lock:
+            resident = self._loaded.get(model.id)
+            if resident is not None:
+                self._loaded.move_to_end(model.id)
+                return resident.pipeline
+            device = resolve_device(model, settings)
+            dtype = effective_dtype(model.dtype, device)
+            need = weight_bytes(check_directory(model.path, model.pipeline), dtype)
+            budget = budget_bytes(device, settings)
+            if budget and need > budget:
+                raise ModelTooLarge(
+                    f"local model {model.id!r} needs {need / _GIB:.2f} GiB for its weights in "
+                    f"{dtype}, more than the {budget / _GIB:.2f} GiB budget of {device} "
+                    "(GENHOOK_LOCAL_MODELS_MEMORY_GB)"
+                )
+            for other in list(self._loaded):
+                used = sum(r.bytes for r in self._loaded.values() if r.device == device)
+                if not budget or used + need <= budget:
+                    break
+                if self._loaded[other].device == device:
+                    log.info("unloading local model %s to make room for %s", other, model.id)
+                    self.unload(other)
+            started = time.monotonic()
+            log.info("loading local model %s (%s) on %s", model.id, model.pipeline, device)
+            pipeline = load_pipeline(model, device, dtype)
+            self._loaded[model.id] = Resident(pipeline, device, need)
+            self.loads += 1
+            log.info(
+                "local model %s loaded on %s in %.1f s (%.2f GiB)",
+                model.id,
+                device,
+                time.monotonic() - started,
+                need / _GIB,
+            )
+            return pipeline
+
+    def unload(self, model_id: str) -> None:
+        with self._lock:
+            resident = self._loaded.pop(model_id, None)
+            if resident is None:
+                return
+            device = resident.device
+            del resident
+            self.unloads += 1
+            free_memory(device)
+
+
+def effective_dtype(dtype: str, device: str) -> str:
+    """float16 kernels are missing or slow on the CPU: there it runs in float32."""
+    return "float32" if device == "cpu" and dtype == "float16" else dtype
+
+
+def free_memory(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def load_pipeline(model: LocalModel, device: str, dtype: str) -> Any:
+    """Local files only, safetensors only: no pickle is ever unpickled, nothing is fetched."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    import diffusers
+    import torch
+
+    pipeline_class = getattr(diffusers, model.pipeline)
+    pipeline = pipeline_class.from_pretrained(
+        model.path,
+        torch_dtype=getattr(torch, dtype),
+        local_files_only=True,
+        use_safetensors=True,
+    )
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline.to(device)
+
+
+RESIDENCY = Residency()

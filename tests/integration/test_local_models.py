@@ -1,0 +1,388 @@
+"""Local-weight models end to end through the API: tiny random-weight diffusers pipelines
+built in code and saved with ``save_pretrained``, loaded through the real loader.
+
+Set ``GENHOOK_TEST_DEVICE=cuda`` to run them on a GPU (default: the CPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("diffusers")
+
+from PIL import Image
+
+from genhook.config import Settings
+from genhook.engines.local._residency import RESIDENCY
+from genhook.engines.registry import build_registry
+from genhook.errors import ErrorCode
+from genhook.tasks.worker import Worker
+from tests.conftest import Harness, make_harness, make_settings
+from tests.support.images import data_url
+from tests.support.tiny_pipelines import build
+
+DEVICE = os.environ.get("GENHOOK_TEST_DEVICE", "cpu")
+IMAGE_FAMILIES = {
+    "StableDiffusionInstructPix2PixPipeline": "edit",
+    "FluxKontextPipeline": "edit",
+    "StableDiffusionXLPipeline": "text",
+    "FluxPipeline": "text",
+}
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("weights")
+    pipelines = [*IMAGE_FAMILIES, "LTXImageToVideoPipeline"]
+    return {name: build(name, root / name) for name in pipelines}
+
+
+def entry(pipeline: str, path: Path, **extra: Any) -> dict[str, Any]:
+    video = pipeline.startswith("LTX")
+    values: dict[str, Any] = {
+        "id": f"local/{pipeline}",
+        "kind": "video" if video else "image",
+        "pipeline": pipeline,
+        "path": str(path),
+        "device": DEVICE,
+        "dtype": "float32",
+        "steps": 2,
+        "generate_size": "32*32",
+        "sizes": ["1024*1024", "1152*2048"],
+        "price_usd": "0.01",
+    }
+    if video:
+        values.update(frames=9)
+    values.update(extra)
+    return values
+
+
+@pytest.fixture(autouse=True)
+def fresh_residency() -> Any:
+    for model in list(RESIDENCY.loaded()):
+        RESIDENCY.unload(model)
+    yield
+    for model in list(RESIDENCY.loaded()):
+        RESIDENCY.unload(model)
+
+
+async def harness_for(tmp_path: Path, entries: list[dict[str, Any]], **extra: Any) -> Harness:
+    # One worker here: it need not leave a model's tasks to another that has it loaded.
+    extra.setdefault("local_models_affinity_seconds", 0.0)
+    settings = make_settings(
+        tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'genhook.db'}", local_models=entries, **extra
+    )
+    return await make_harness(settings)
+
+
+async def close(harness: Harness) -> None:
+    await harness.client.aclose()
+    await harness.state.db.dispose()
+
+
+def body(model: str, task: str, **extra: Any) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "model": model,
+        "prompt": "a red square",
+        "size": "1024*1024",
+        "seed": 7,
+        "output_format": "png",
+        "enable_base64_output": True,
+    }
+    if task == "edit":
+        values["images"] = [data_url((200, 30, 30))]
+    values.update(extra)
+    return values
+
+
+async def run_task(
+    h: Harness, payload: dict[str, Any], path: str = "generateImage"
+) -> dict[str, Any]:
+    response = await h.submit(payload, path)
+    assert response.status_code == 200, response.text
+    task_id = response.json()["id"]
+    await h.run_all()
+    logged = await h.client.get(f"/api/v1/model/result/{task_id}?logs=1", headers=h.headers)
+    return logged.json()
+
+
+@pytest.mark.parametrize("pipeline", list(IMAGE_FAMILIES))
+async def test_image_family_end_to_end(
+    pipeline: str, weights: dict[str, Path], tmp_path: Path
+) -> None:
+    task = IMAGE_FAMILIES[pipeline]
+    model = f"local/{pipeline}"
+    h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline])])
+    try:
+        first = await run_task(h, body(model, task, size="1152*2048"))
+        assert first["status"] == "completed", first
+        data = base64.b64decode(first["outputs"][0])
+        with Image.open(io.BytesIO(data)) as picture:
+            assert picture.format == "PNG" and picture.size == (1152, 2048)
+        assert first["info"]["seed"] == 7 and first["info"]["generated_size"] == "32*32"
+        steps = [line["message"] for line in first["logs"] if "step" in line["message"]]
+        assert "step 1/2" in steps and "step 2/2" in steps
+        # Same seed, request and device: the same picture; another seed: another.
+        again = await run_task(h, body(model, task, size="1152*2048"))
+        assert base64.b64decode(again["outputs"][0]) == data
+        other = await run_task(h, body(model, task, size="1152*2048", seed=8))
+        assert base64.b64decode(other["outputs"][0]) != data
+        jpeg = await run_task(h, body(model, task, output_format="jpeg"))
+        with Image.open(io.BytesIO(base64.b64decode(jpeg["outputs"][0]))) as picture:
+            assert picture.format == "JPEG" and picture.size == (1024, 1024)
+        # The entry bounds the request: sizes it does not offer, too many steps.
+        refused = await h.submit(body(model, task, size="2048*2048"))
+        assert refused.status_code == 400 and "size" in refused.text
+        refused = await h.submit(body(model, task, num_inference_steps=101))
+        assert refused.status_code == 400 and "num_inference_steps" in refused.text
+        if task == "text":
+            refused = await h.submit(body(model, task, images=[data_url()]))
+            assert refused.status_code == 400 and "images" in refused.text
+    finally:
+        await close(h)
+
+
+async def test_image_to_video_end_to_end(weights: dict[str, Path], tmp_path: Path) -> None:
+    import av
+
+    pipeline = "LTXImageToVideoPipeline"
+    model = f"local/{pipeline}"
+    h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline])])
+    try:
+        payload = {
+            "model": model,
+            "prompt": "the square turns",
+            "images": [data_url((30, 200, 30))],
+            "duration": 1,
+            "resolution": "480p",
+            "aspect_ratio": "16:9",
+            "fps": 24,
+            "seed": 3,
+            "enable_base64_output": True,
+        }
+        result = await run_task(h, payload, "generateVideo")
+        assert result["status"] == "completed", result
+        data = base64.b64decode(result["outputs"][0])
+        with av.open(io.BytesIO(data)) as container:
+            stream = container.streams.video[0]
+            frames = list(container.decode(stream))
+            assert (stream.codec_context.width, stream.codec_context.height) == (854, 480)
+        assert len(frames) == 24 and result["info"]["frames_generated"] == 9
+        again = await run_task(h, payload, "generateVideo")
+        assert base64.b64decode(again["outputs"][0]) == data
+    finally:
+        await close(h)
+
+
+def test_a_bad_directory_is_refused_at_start(weights: dict[str, Path], tmp_path: Path) -> None:
+    source = weights["FluxPipeline"]
+
+    def registry(path: Path, pipeline: str = "FluxPipeline") -> None:
+        settings = make_settings(
+            tmp_path, "sqlite+aiosqlite://", local_models=[entry(pipeline, path)]
+        )
+        build_registry(settings)
+
+    with pytest.raises(ValueError, match=r"entry 0 .*names the pipeline 'FluxPipeline', not"):
+        registry(source, "FluxKontextPipeline")
+    with pytest.raises(ValueError, match=r"model_index\.json does not exist"):
+        registry(tmp_path / "nowhere")
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "model_index.json").write_text((source / "model_index.json").read_text())
+    with pytest.raises(ValueError, match=r"copy/scheduler \(component 'scheduler'\) does not"):
+        registry(copy)
+    # Pickle weights are never loaded: a component with only those is refused.
+    for part in source.iterdir():
+        if part.is_dir():
+            (copy / part.name).mkdir()
+            for file in part.iterdir():
+                target = copy / part.name / file.name
+                if file.suffix == ".safetensors":
+                    target = target.with_suffix(".bin")
+                target.write_bytes(file.read_bytes())
+    with pytest.raises(ValueError, match=r"has no \.safetensors weights \(only pickle"):
+        registry(copy)
+    wrong_kind = entry("LTXImageToVideoPipeline", source.parent / "LTXImageToVideoPipeline")
+    wrong_kind["kind"] = "image"
+    settings = make_settings(tmp_path, "sqlite+aiosqlite://", local_models=[wrong_kind])
+    with pytest.raises(ValueError, match=r"(?s)entry 0 is invalid.*kind must be 'video'"):
+        build_registry(settings)
+    bad = entry("FluxPipeline", source, kind="image")
+    bad["device"] = "gpu"
+    settings = make_settings(tmp_path, "sqlite+aiosqlite://", local_models=[bad])
+    with pytest.raises(ValueError, match="device must be auto, cpu, cuda or cuda:N"):
+        build_registry(settings)
+    listed = tmp_path / "models.json"
+    listed.write_text(json.dumps([entry("FluxPipeline", source), {"id": "x"}]))
+    settings = make_settings(tmp_path, "sqlite+aiosqlite://", local_models_file=listed)
+    with pytest.raises(ValueError, match=r"local model entry 1 is invalid"):
+        build_registry(settings)
+
+
+async def wait_for_progress(h: Harness, task_id: str) -> None:
+    for _ in range(1200):
+        data = await h.result(task_id)
+        if (data.get("progress") or 0) > 0.05:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("no denoising progress")
+
+
+async def engine_stopped(worker: Worker) -> None:
+    """The pipeline call ends at the next step (400 steps would run for minutes here)."""
+    for _ in range(1200):
+        if worker._engine_task is None:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the pipeline call went on after the task was given up")
+
+
+async def test_cancel_in_the_middle_of_denoising(weights: dict[str, Path], tmp_path: Path) -> None:
+    pipeline = "StableDiffusionXLPipeline"
+    model = f"local/{pipeline}"
+    slow = entry(pipeline, weights[pipeline], steps=400, max_steps=400)
+    h = await harness_for(
+        tmp_path, [slow], progress_interval_seconds=0.05, cancel_check_seconds=0.1
+    )
+    stop = asyncio.Event()
+    running = asyncio.create_task(h.worker.run(stop))
+    try:
+        response = await h.submit(body(model, "text"))
+        task_id = response.json()["id"]
+        await wait_for_progress(h, task_id)
+        canceled = await h.client.post(f"/api/v1/model/result/{task_id}/cancel", headers=h.headers)
+        assert canceled.status_code == 200, canceled.text
+        await engine_stopped(h.worker)
+        assert (await h.result(task_id))["status"] == "canceled"
+        stop.set()
+        await running
+        # The pipeline stopped mid-call serves the next task.
+        done = await run_task(h, body(model, "text", num_inference_steps=2))
+        assert done["status"] == "completed", done
+    finally:
+        stop.set()
+        await running
+        await close(h)
+
+
+async def test_deadline_stops_denoising(weights: dict[str, Path], tmp_path: Path) -> None:
+    pipeline = "StableDiffusionXLPipeline"
+    model = f"local/{pipeline}"
+    slow = entry(pipeline, weights[pipeline], steps=400, max_steps=400, deadline_seconds=1.5)
+    h = await harness_for(tmp_path, [slow])
+    try:
+        RESIDENCY.pipeline(h.worker.engine(model).model, h.state.settings)  # type: ignore[attr-defined]
+        result = await run_task(h, body(model, "text"))
+        assert result["error_code"] == ErrorCode.TIMEOUT, result
+        await engine_stopped(h.worker)
+    finally:
+        await close(h)
+
+
+async def test_out_of_memory_fails_the_task_and_the_worker_goes_on(
+    weights: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    pipeline = "FluxPipeline"
+    model = f"local/{pipeline}"
+    h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline])])
+    try:
+        pipe = RESIDENCY.pipeline(h.worker.engine(model).model, h.state.settings)  # type: ignore[attr-defined]
+        real = pipe.transformer.forward
+
+        def exhausted(*args: Any, **kwargs: Any) -> Any:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+        # The device's side of an out-of-memory: the model's forward raises what CUDA would.
+        monkeypatch.setattr(pipe.transformer, "forward", exhausted)
+        failed = await run_task(h, body(model, "text"))
+        assert failed["status"] == "failed", failed
+        assert failed["error_code"] == ErrorCode.ENGINE_OUT_OF_MEMORY
+        assert "ran out of memory" in failed["error"]
+        monkeypatch.setattr(pipe.transformer, "forward", real)
+        assert (await run_task(h, body(model, "text")))["status"] == "completed"
+    finally:
+        await close(h)
+
+
+async def test_lru_eviction_under_a_small_budget(weights: dict[str, Path], tmp_path: Path) -> None:
+    flux, sdxl = "FluxPipeline", "StableDiffusionXLPipeline"
+    entries = [entry(flux, weights[flux]), entry(sdxl, weights[sdxl])]
+    from genhook.engines.local._config import check_directory, weight_bytes
+
+    sizes = [weight_bytes(check_directory(weights[p], p), "float32") for p in (flux, sdxl)]
+    # Room for either model alone, never both.
+    budget_gb = (max(sizes) + min(sizes) // 2) / (1 << 30)
+    h = await harness_for(tmp_path, entries, local_models_memory_gb=budget_gb)
+    try:
+        unloads = RESIDENCY.unloads
+        assert (await run_task(h, body(f"local/{flux}", "text")))["status"] == "completed"
+        assert RESIDENCY.loaded() == {f"local/{flux}"}
+        assert (await run_task(h, body(f"local/{sdxl}", "text")))["status"] == "completed"
+        assert RESIDENCY.loaded() == {f"local/{sdxl}"} and RESIDENCY.unloads == unloads + 1
+        assert (await run_task(h, body(f"local/{flux}", "text")))["status"] == "completed"
+        assert RESIDENCY.loaded() == {f"local/{flux}"}
+    finally:
+        await close(h)
+
+
+async def test_a_model_that_cannot_fit_is_refused_at_load(
+    weights: dict[str, Path], tmp_path: Path
+) -> None:
+    pipeline = "FluxPipeline"
+    h = await harness_for(
+        tmp_path, [entry(pipeline, weights[pipeline])], local_models_memory_gb=1e-6
+    )
+    try:
+        failed = await run_task(h, body(f"local/{pipeline}", "text"))
+        assert failed["status"] == "failed" and failed["error_code"] == 3020, failed
+        assert "budget" in failed["error"] and RESIDENCY.loaded() == frozenset()
+    finally:
+        await close(h)
+
+
+async def test_affinity_the_loaded_worker_wins(weights: dict[str, Path], tmp_path: Path) -> None:
+    pipeline = "FluxPipeline"
+    model = f"local/{pipeline}"
+    h = await harness_for(
+        tmp_path,
+        [entry(pipeline, weights[pipeline])],
+        local_models_affinity_seconds=30.0,
+        preload_models=[model],
+    )
+    # Two workers on one database; "cold" has not loaded the model (in its own process it
+    # would not hold it), "warm" preloads it.
+    cold = Worker.sharing(h.state, worker_id="cold")
+    cold.resident = frozenset
+    warm = h.worker
+    try:
+        await warm.preload()
+        assert warm.preloaded and RESIDENCY.loaded() == {model}
+        response = await h.submit(body(model, "text"))
+        task_id = response.json()["id"]
+        # The cold worker leaves a fresh task to the loaded one, which takes it.
+        assert not await cold.run_once()
+        assert await warm.run_once()
+        assert (await h.result(task_id))["status"] == "completed"
+        # Once a task has waited the affinity time, a cold worker takes it.
+        cold_settings: Settings = h.state.settings.model_copy(
+            update={"local_models_affinity_seconds": 0.0}
+        )
+        patient = Worker(
+            cold_settings, h.state.db, h.state.storage, h.state.registry, h.state.policy
+        )
+        patient.resident = frozenset
+        response = await h.submit(body(model, "text"))
+        assert await patient.run_once()
+    finally:
+        await close(h)
