@@ -17,9 +17,9 @@ Cases (``--case``, repeatable):
   pass whose weights (8 layers of 2048x2048 float32) are read once per call.
 - ``stt``: ``genhook/speech-to-text``, the bundled tiny.en on the CPU, one spoken sentence
   per task (faster-whisper's ``BatchedInferencePipeline`` when batched).
-- ``diffusers``: the tiny local diffusers pipeline on the CPU. PLACEHOLDER: fill in
-  ``DIFFUSERS`` below (its model id, engines and request body) once the local diffusers
-  engine implements ``run_batch``; until then this case says so and is skipped.
+- ``diffusers``: a local InstructPix2Pix model with random weights built in code: tiny on
+  the CPU by default; ``--device cuda --real-size`` for Stable Diffusion 1.5's sizes in
+  float16 on a GPU (``--steps`` denoising steps).
 - ``--model ID --body JSON [--engines module:function]``: any other model whose engine
   implements ``run_batch`` (on a GPU machine, the same with a real pipeline size).
 
@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import base64
 import contextlib
 import json
 import logging
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -78,6 +80,8 @@ class Case:
     path: str = "generateImage"
     engines: list[str] = field(default_factory=list)
     note: str = ""
+    # More settings of the service (a configured model, say).
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 def _png() -> str:
@@ -122,10 +126,38 @@ def stt_case() -> Case:
     )
 
 
-# The tiny local diffusers pipeline on the CPU: its model id, the engines that register it
-# (if not configured otherwise) and a request body. To be filled in once the local diffusers
-# engine implements run_batch; the target is batch 8 at least 2x the tasks/s of batch 1.
-DIFFUSERS: Case | None = None
+def diffusers_case(root: Path, device: str, real_size: bool, steps: int) -> Case:
+    """A local InstructPix2Pix model with random weights, built in code (tiny, or at Stable
+    Diffusion 1.5's sizes with ``real_size``); the target is batch 8 at least 2x batch 1."""
+    from tests.support.tiny_pipelines import build
+
+    pipeline = "StableDiffusionInstructPix2PixPipeline"
+    path = build(pipeline, root / "weights", real_size=real_size)
+    model = {
+        "id": "local/pix2pix",
+        "kind": "image",
+        "pipeline": pipeline,
+        "path": str(path),
+        "device": device,
+        "dtype": "float16" if real_size else "float32",
+        "steps": steps,
+        "generate_size": "512*512" if real_size else "32*32",
+        "sizes": ["1024*1024"],
+    }
+    image = _png()
+    return Case(
+        "local/pix2pix",
+        lambda i: {
+            "model": "local/pix2pix",
+            "prompt": f"make it red {i}",
+            "images": [image],
+            "size": "1024*1024",
+            "seed": i,
+        },
+        note=f"InstructPix2Pix, random weights, {'SD-1.5 size, float16' if real_size else 'tiny'}"
+        f", {steps} steps, on {device}",
+        settings={"local_models": [model], "local_models_affinity_seconds": 0.0},
+    )
 
 
 async def _service(data_dir: Path, case: Case, size: int, wait_ms: int) -> tuple[Any, Any, Any]:
@@ -138,6 +170,7 @@ async def _service(data_dir: Path, case: Case, size: int, wait_ms: int) -> tuple
         workers=1,
         lease_seconds=60.0,
         task_deadline_seconds=3600.0,
+        **case.settings,
     )
     data_dir.mkdir(parents=True, exist_ok=True)
     upgrade_in_thread(settings.resolved_database_url)
@@ -291,6 +324,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="throughput runs per size")
     parser.add_argument("--lone", type=int, default=10, help="lone tasks, one a second")
     parser.add_argument("--wait-ms", type=int, default=20)
+    parser.add_argument("--device", default="cpu", help="the diffusers case's device")
+    parser.add_argument("--real-size", action="store_true", help="diffusers: SD-1.5 sized")
+    parser.add_argument("--steps", type=int, default=4, help="diffusers: denoising steps")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -300,10 +336,10 @@ def main() -> None:
             cases[name] = matmul_case()
         elif name == "stt":
             cases[name] = stt_case()
-        elif DIFFUSERS is None:
-            print("== diffusers: not wired yet (see DIFFUSERS in this file); skipped")
         else:
-            cases[name] = DIFFUSERS
+            weights = Path(tempfile.mkdtemp(prefix="genhook-batching-weights-"))
+            atexit.register(shutil.rmtree, weights, True)
+            cases[name] = diffusers_case(weights, args.device, args.real_size, args.steps)
     if args.model:
         template = args.body or "{}"
         cases[args.model] = Case(

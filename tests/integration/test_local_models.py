@@ -386,3 +386,44 @@ async def test_affinity_the_loaded_worker_wins(weights: dict[str, Path], tmp_pat
         assert await patient.run_once()
     finally:
         await close(h)
+
+
+async def test_tasks_of_one_shape_share_a_pipeline_call(
+    weights: dict[str, Path], tmp_path: Path
+) -> None:
+    pipeline = "StableDiffusionInstructPix2PixPipeline"
+    model = f"local/{pipeline}"
+    configured = entry(pipeline, weights[pipeline], max_batch_size=4, max_wait_ms=0)
+    h = await harness_for(tmp_path, [configured])
+    try:
+        calls: list[int] = []
+        engine: Any = h.worker.engine(model)
+        generate = engine._generate
+
+        def counted(prepared: list[Any]) -> Any:
+            calls.append(len(prepared))
+            return generate(prepared)
+
+        engine._generate = counted
+        ids = []
+        for seed in range(6):
+            size = "1152*2048" if seed == 5 else "1024*1024"  # another shape: its own call
+            response = await h.submit(body(model, "edit", seed=seed, size=size), "generateImage")
+            assert response.status_code == 200, response.text
+            ids.append(response.json()["id"])
+        await h.run_all()
+        assert sorted(calls) == [1, 1, 4], calls
+        outputs = set()
+        for seed, task_id in enumerate(ids):
+            result = (
+                await h.client.get(f"/api/v1/model/result/{task_id}", headers=h.headers)
+            ).json()
+            assert result["status"] == "completed", result
+            assert result["info"]["seed"] == seed
+            data = base64.b64decode(result["outputs"][0])
+            outputs.add(data)
+            with Image.open(io.BytesIO(data)) as picture:
+                assert picture.size == ((1152, 2048) if seed == 5 else (1024, 1024))
+        assert len(outputs) == 6  # each task has its own picture, from its own seed
+    finally:
+        await close(h)

@@ -75,6 +75,10 @@ class LocalModel(BaseModel):
     price_usd: Decimal = Field(default=Decimal("0"), ge=0)
     deadline_seconds: float = Field(default=600.0, gt=0)
     description: str = ""
+    # Dynamic batching (docs/engines.md#batching): tasks of one call shape that one pipeline
+    # call takes at most, and how long a worker holding fewer waits for more.
+    max_batch_size: int = Field(default=1, ge=1, le=64)
+    max_wait_ms: int = Field(default=0, ge=0, le=60_000)
 
     @field_validator("pipeline")
     @classmethod

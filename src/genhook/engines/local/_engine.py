@@ -14,7 +14,7 @@ import os
 import secrets
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,7 +88,35 @@ class DiffusersEngine(DetectorEngine):
 
     def generate(self, jobs: Sequence[EngineJob]) -> list[EngineResult]:
         """One pipeline call for ``jobs`` (same size, steps and guidance), one result each."""
-        prepared = [self._prepare(job) for job in jobs]
+        return self._generate([self._prepare(job) for job in jobs])
+
+    def batch_key(self, job: EngineJob) -> Hashable:
+        """Jobs share a call when they share its shape: output size, steps and guidance
+        (and a video's duration and frame rate); prompts, images and seeds may differ."""
+        request: Any = job.request_as(_SCHEMAS[self.model.family.task])
+        steps = request.num_inference_steps or self.model.steps
+        video = (request.duration, request.fps) if self.model.family.task == "video" else ()
+        return (output_dimensions(request), steps, request.guidance_scale, *video)
+
+    def run_batch(self, jobs: Sequence[EngineJob]) -> list[EngineResult | TaskFailure]:
+        """One pipeline call for the jobs that decode and pass moderation; a job that does
+        not fails alone, before the call. A failure of the call itself (out of memory, say)
+        raises, and the worker then runs each job alone."""
+        entries: list[EngineResult | TaskFailure | None] = [None] * len(jobs)
+        ready: list[tuple[int, _Prepared]] = []
+        for index, job in enumerate(jobs):
+            try:
+                job.stop_if_asked()
+                ready.append((index, self._prepare(job)))
+            except TaskFailure as failure:
+                entries[index] = failure
+        if ready:
+            results = self._generate([item for _, item in ready])
+            for (index, _), result in zip(ready, results, strict=True):
+                entries[index] = result
+        return [entry for entry in entries if entry is not None]
+
+    def _generate(self, prepared: list[_Prepared]) -> list[EngineResult]:
         first = prepared[0].request
         steps = first.num_inference_steps or self.model.steps
         guidance = first.guidance_scale

@@ -131,6 +131,8 @@ def local_spec(model: LocalModel) -> ModelSpec:
         description=description,
         price_list=price_list,
         affinity=True,
+        max_batch_size=model.max_batch_size,
+        max_wait_ms=model.max_wait_ms,
     )
 
 
