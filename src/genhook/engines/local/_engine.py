@@ -28,7 +28,6 @@ from genhook.engines.image_edit._decode import DecodedImage, decode_image
 from genhook.engines.image_edit._engine import DetectorEngine
 from genhook.engines.image_edit._frames import moderate_inputs
 from genhook.engines.image_edit._moderation import check_prompt
-from genhook.engines.image_to_video._engine import h264_stream
 from genhook.engines.local._config import LocalModel
 from genhook.engines.local._residency import RESIDENCY, ModelTooLarge, free_memory
 from genhook.engines.local._spec import _SCHEMAS, output_dimensions
@@ -355,7 +354,10 @@ def _write_mp4(
     count: int,
     settings: Settings,
 ) -> None:
+    # PyAV only where a video is written: image models need not import it.
     import av
+
+    from genhook.engines.image_to_video._engine import h264_stream
 
     try:
         stream = h264_stream(container, fps, settings)
