@@ -240,7 +240,7 @@ async def wait_for_progress(h: Harness, task_id: str) -> None:
 async def engine_stopped(worker: Worker) -> None:
     """The pipeline call ends at the next step (400 steps would run for minutes here)."""
     for _ in range(1200):
-        if worker._engine_task is None:
+        if not worker._engine_tasks:
             return
         await asyncio.sleep(0.05)
     raise AssertionError("the pipeline call went on after the task was given up")
