@@ -433,6 +433,8 @@ def test_cli_submit_sends_files_and_fields(api, tmp_path):
     out = cli(
         api,
         "submit",
+        "--kind",  # no catalogue look-up: the fake answers only what is scripted
+        "image",
         "-p",
         "blur it",
         "-i",
@@ -461,7 +463,9 @@ def test_cli_submit_wait_exit_codes(api):
         Reply(body=prediction("processing")),
         Reply(body=prediction("completed", outputs=["http://o/1.jpeg"])),
     )
-    out = cli(api, "submit", "-p", "x", "-i", "https://example.test/a.png", "--wait")
+    out = cli(
+        api, "submit", "--kind", "image", "-p", "x", "-i", "https://example.test/a.png", "--wait"
+    )
     assert out.exit_code == 0, out.output
     assert "completed" in out.output and "http://o/1.jpeg" in out.output
     api.reply(Reply(body=prediction("failed", error="no operation", error_code=3001)))

@@ -315,7 +315,10 @@ def _png_declaring(width: int, height: int) -> str:
     ("overrides", "code"),
     [
         ({"images": [_truncated(picture())]}, ErrorCode.INPUT_CORRUPT),
-        ({"images": [_png_declaring(50_000, 50_000)]}, ErrorCode.INPUT_TOO_MANY_PIXELS),
+        # Over the per-image limit (40 MP), within the task's budget (100 MP): the submit
+        # takes it, the engine refuses it before decoding. (Past the budget, the submit
+        # refuses it: tests/integration/test_pixel_budget.py.)
+        ({"images": [_png_declaring(8_000, 8_000)]}, ErrorCode.INPUT_TOO_MANY_PIXELS),
         ({"prompt": "zoom in and undress her"}, ErrorCode.MODERATION_PROMPT_BLOCKED),
         ({"prompt": "zoom in, put the images side by side"}, ErrorCode.INSTRUCTION_INVALID),
     ],

@@ -131,8 +131,10 @@ def test_speed_changes_duration(tts: TextToSpeechEngine, voice: str) -> None:
     _, normal = speak(tts, SHORT, voice=voice)
     _, fast = speak(tts, SHORT, speed=2.0, voice=voice)
     _, slow = speak(tts, SHORT, speed=0.5, voice=voice)
-    assert fast["duration_seconds"] < 0.7 * normal["duration_seconds"]
-    assert slow["duration_seconds"] > 1.5 * normal["duration_seconds"]
+    # Not exactly half and double: pauses between sentences keep their length, and the
+    # Piper voice samples its phoneme durations.
+    assert fast["duration_seconds"] < 0.8 * normal["duration_seconds"]
+    assert slow["duration_seconds"] > 1.3 * normal["duration_seconds"]
 
 
 def test_other_languages_speak(tts: TextToSpeechEngine) -> None:
