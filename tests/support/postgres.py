@@ -6,6 +6,7 @@ missing). PostgreSQL refuses to run as root, so as root the server runs as ``pos
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -180,4 +181,6 @@ def running_postgres() -> Iterator[PostgresServer]:
             capture_output=True,
             env=env,
         )
-        shutil.rmtree(root, ignore_errors=True)
+        # Removed at exit, outside any test's time limit: a cluster that held a database per
+        # test has tens of thousands of files, and removing them can outlast a test's budget.
+        atexit.register(shutil.rmtree, root, True)
