@@ -9,6 +9,7 @@ and PostgreSQL.
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import socket
 import time
@@ -223,6 +224,25 @@ def test_trickled_headers_are_cut_off(target: Target) -> None:
     assert answer is not None, "a request trickled over 10 s was served"
     assert b"200 OK" not in answer
     assert answer == b"" or answer.startswith(b"HTTP/1.1 408")
+
+
+@HTTP_ONLY
+def test_a_kept_alive_connection_may_pause_past_the_header_deadline(target: Target) -> None:
+    """The idle time between kept-alive requests is the keep-alive timeout's (5 s), not the
+    header deadline's (1 s here): a pooled client that pauses is not cut off."""
+    port = int(target.live.base_url.rsplit(":", 1)[1])
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        for _ in range(2):
+            connection.request("GET", "/healthz")
+            response = connection.getresponse()
+            assert response.status == 200
+            response.read()
+            sock = connection.sock
+            time.sleep(2.0)
+        assert connection.sock is sock, "the second request needed a new connection"
+    finally:
+        connection.close()
 
 
 @HTTP_ONLY

@@ -4,10 +4,11 @@ rate-limited logging of the floods those refuse.
 uvicorn bounds the idle time between keep-alive requests and the size of an incomplete
 header block, but not the time a client takes to send them: a request trickled a byte at a
 time would hold its connection (and file descriptor) for ever. ``GuardedH11Protocol`` gives
-each request ``header_timeout`` seconds from the connection's first byte (or the previous
-response) to its complete headers, and ``body_timeout`` seconds more for its body, then
-closes the connection. Past ``max_connections`` open connections, a new one is answered 503
-at once and closed, before it costs more than its socket.
+each request ``header_timeout`` seconds from the connection's opening (or, on a kept-alive
+connection, from the next request's first byte) to its complete headers, and
+``body_timeout`` seconds more for its body, then closes the connection. Past
+``max_connections`` open connections, a new one is answered 503 at once and closed, before
+it costs more than its socket.
 
 A request answered before its body was read (a wrong key, a body over the limit) is answered
 with ``Connection: close``, and the rest of its body is read and dropped for a moment before
@@ -199,7 +200,7 @@ class GuardedH11Protocol(H11Protocol):
         if getattr(self, "_refused", False) or self._lingering is not None:
             return
         super().data_received(data)
-        self._track()
+        self._track(data_arrived=True)
 
     def eof_received(self) -> None:
         if self._lingering is not None:
@@ -223,7 +224,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        self._track()
+        self._track(data_arrived=False)
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn answers a request whose body breaks the protocol itself; its handler,
@@ -234,14 +235,20 @@ class GuardedH11Protocol(H11Protocol):
             cycle.disconnected = True
             cycle.message_event.set()
 
-    def _track(self) -> None:
-        """Move the deadline along with the request: headers, then body, then none."""
+    def _track(self, *, data_arrived: bool) -> None:
+        """Move the deadline along with the request: headers, then body, then none.
+
+        Between kept-alive requests no deadline runs: idleness there is uvicorn's
+        keep-alive timeout, and a header deadline would cut a pooled client that paused
+        longer than it (its next request then meets a closed socket)."""
         if self.transport.is_closing():
             self._disarm()
             return
         state = self.conn.their_state
         if state is h11.IDLE:
-            if self._awaiting != "headers":
+            if not data_arrived:
+                self._disarm()
+            elif self._awaiting != "headers":
                 self._arm("headers")
         elif state is h11.SEND_BODY:
             if self._awaiting != "body":
