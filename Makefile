@@ -47,7 +47,7 @@ typecheck:
 PYTEST_WORKERS ?= 2
 
 pytest:
-	$(BIN)/python -m pytest -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile --durations=30
 
 # The TypeScript SDK (sdks/typescript): tsc --strict, then Node's test runner, whose tests
 # start this checkout's service with the venv's Python.
