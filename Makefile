@@ -78,6 +78,11 @@ bench: install-dev
 	$(BIN)/python benchmarks/metrics.py
 	$(BIN)/python benchmarks/task_overhead.py
 	$(BIN)/python benchmarks/pg_ping.py
+	$(BIN)/python benchmarks/complete_txn.py
+	$(BIN)/python benchmarks/faults.py
+	$(BIN)/python benchmarks/tracing.py
+	$(BIN)/python benchmarks/batching.py
+	$(BIN)/python benchmarks/local_models.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
