@@ -80,9 +80,9 @@ bench: install-dev
 	$(BIN)/python benchmarks/pg_ping.py
 	$(BIN)/python benchmarks/complete_txn.py
 	$(BIN)/python benchmarks/faults.py
-	$(BIN)/python benchmarks/tracing.py
 	$(BIN)/python benchmarks/batching.py
 	$(BIN)/python benchmarks/local_models.py
+	$(BIN)/python benchmarks/tracing.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
