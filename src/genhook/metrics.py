@@ -37,6 +37,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from genhook.statuses import DeliveryStatus, TaskStatus
+
 if TYPE_CHECKING:
     from genhook.config import Settings
     from genhook.db import Database, Task
@@ -168,20 +170,20 @@ def batch_called(model: str, size: int, waited_seconds: float) -> None:
 
 
 def lease_lost(*, failed: bool) -> None:
-    _child(LEASE_LOSSES, "failed" if failed else "requeued").inc()
+    _child(LEASE_LOSSES, TaskStatus.FAILED if failed else "requeued").inc()
 
 
 def webhook_attempted(attempt: Attempt, outcome: Outcome, settings: Settings) -> None:
     """Count one attempt as the sender saw it; ``attempt`` is its number in the round."""
     number = outcome.attempts + 1 - outcome.round_start
     if outcome.acknowledged:
-        state = "delivered"
+        state: str = DeliveryStatus.DELIVERED
         if attempt.terminal_at is not None and outcome.round_start == 0:
             received = outcome.started_at + outcome.duration_ms
             lag = max(0, received - attempt.terminal_at) / 1000
             WEBHOOK_LAG_SECONDS.observe(lag)
     elif _gives_up(settings, outcome, number):
-        state = "undeliverable"
+        state = DeliveryStatus.UNDELIVERABLE
     else:
         state = "retry"
     _child(WEBHOOK_ATTEMPTS, state, str(number)).inc()
@@ -276,11 +278,11 @@ class DatabaseGauges(Collector):
 
         waiting = (
             select(Task.model, func.count(), func.min(Task.created_at))
-            .where(Task.status == "created")
+            .where(Task.status == TaskStatus.CREATED)
             .group_by(Task.model)
         )
         outbox = select(func.count(), func.min(WebhookDelivery.created_at)).where(
-            WebhookDelivery.status == "pending"
+            WebhookDelivery.status == DeliveryStatus.PENDING
         )
         async with db.read() as session:
             rows = (await session.execute(waiting)).all()

@@ -1,6 +1,6 @@
-"""Task states, in one place for the server, the webhook outbox, the SDK and the CLI, so
-every consumer agrees on which states end a task (a stream ends, a wait returns, a poll
-loop stops).
+"""What the task states mean, in one place for the server, the webhook outbox, the SDK and
+the CLI, so every consumer agrees on which states end a task (a stream ends, a wait returns,
+a poll loop stops). The states themselves are ``genhook.statuses.TaskStatus``.
 
 Dependency-free so the SDK-only install can import it.
 
@@ -10,35 +10,35 @@ a lease is lost. A terminal state is final.
 
 from __future__ import annotations
 
-CREATED = "created"
-PROCESSING = "processing"
-COMPLETED = "completed"
-FAILED = "failed"
-TIMEOUT = "timeout"
-CANCELED = "canceled"
+from genhook.statuses import TaskStatus
 
 # Not yet ended: cancelable, counted as in flight.
-ACTIVE: tuple[str, ...] = (CREATED, PROCESSING)
-TERMINAL: tuple[str, ...] = (COMPLETED, FAILED, TIMEOUT, CANCELED)
+ACTIVE: tuple[TaskStatus, ...] = (TaskStatus.CREATED, TaskStatus.PROCESSING)
+TERMINAL: tuple[TaskStatus, ...] = (
+    TaskStatus.COMPLETED,
+    TaskStatus.FAILED,
+    TaskStatus.TIMEOUT,
+    TaskStatus.CANCELED,
+)
 # Terminal without a result: the callback says ``ERROR`` and carries an ``error`` text.
-UNSUCCESSFUL: tuple[str, ...] = (FAILED, TIMEOUT, CANCELED)
+UNSUCCESSFUL: tuple[TaskStatus, ...] = (TaskStatus.FAILED, TaskStatus.TIMEOUT, TaskStatus.CANCELED)
 
 CANCELED_MESSAGE = "The task was canceled."
 # What a timed-out task says, in polling and in its callback alike.
 TIMEOUT_MESSAGE = "The task did not finish before its deadline."
 NOT_STARTED_MESSAGE = "The task did not start before its start deadline (X-Start-Deadline)."
 
-TERMINAL_STATUSES = frozenset(TERMINAL)
-ACTIVE_STATUSES = frozenset(ACTIVE)
+TERMINAL_STATUSES: frozenset[str] = frozenset(TERMINAL)
+ACTIVE_STATUSES: frozenset[str] = frozenset(ACTIVE)
 
 # What ``status`` in a result may be, mapped to the stored states it covers: polling shows
 # ``timeout`` as ``failed``.
-POLLED_STATUSES: dict[str, tuple[str, ...]] = {
-    CREATED: (CREATED,),
-    PROCESSING: (PROCESSING,),
-    COMPLETED: (COMPLETED,),
-    FAILED: (FAILED, TIMEOUT),
-    CANCELED: (CANCELED,),
+POLLED_STATUSES: dict[str, tuple[TaskStatus, ...]] = {
+    TaskStatus.CREATED: (TaskStatus.CREATED,),
+    TaskStatus.PROCESSING: (TaskStatus.PROCESSING,),
+    TaskStatus.COMPLETED: (TaskStatus.COMPLETED,),
+    TaskStatus.FAILED: (TaskStatus.FAILED, TaskStatus.TIMEOUT),
+    TaskStatus.CANCELED: (TaskStatus.CANCELED,),
 }
 
 

@@ -15,7 +15,7 @@ from sqlalchemy.exc import OperationalError
 
 from genhook.db import Task, now_ms
 from genhook.faults import fault_cause
-from genhook.task_states import CREATED
+from genhook.statuses import TaskStatus
 from genhook.tasks.lifecycle import Lifecycle
 from tests.conftest import Harness, make_harness, make_settings
 from tests.support.images import data_url
@@ -74,7 +74,7 @@ async def test_a_claimed_task_is_not_charged_for_the_outage(harness: Harness) ->
     async with state.db.read() as session:
         task = await session.get(Task, task_id)
     assert task is not None
-    assert (task.status, task.lease_losses, task.error_code) == (CREATED, 0, None)
+    assert (task.status, task.lease_losses, task.error_code) == (TaskStatus.CREATED, 0, None)
     # It has the time back that it had left when the outage began.
     assert task.deadline_at > now_ms()
     assert await harness.run_all() == 1

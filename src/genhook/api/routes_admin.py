@@ -6,8 +6,6 @@ something a key can grant itself. Other keys get 403.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
@@ -18,6 +16,7 @@ from genhook.db import Account
 from genhook.errors import Forbidden
 from genhook.sender.deliveries import MAX_PAGE, DeliveryPage, list_deliveries
 from genhook.sender.destinations import DestinationList, list_destinations
+from genhook.statuses import DeliveryStatus
 
 router = APIRouter(tags=["admin"])
 
@@ -47,7 +46,7 @@ async def admin_results(request: Request) -> JSONResponse:
 async def admin_deliveries(
     state: StateDep,
     account: AccountDep,
-    status: Literal["pending", "delivered", "undeliverable"] | None = Query(None),
+    status: DeliveryStatus | None = Query(None),
     limit: int = Query(50, ge=1, le=MAX_PAGE),
     before: str | None = Query(None, description="The next_before of the previous page."),
 ) -> DeliveryPage:

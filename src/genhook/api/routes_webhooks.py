@@ -22,6 +22,7 @@ from genhook.sender.deliveries import (
 )
 from genhook.sender.destinations import DestinationList, list_destinations
 from genhook.sender.keys import jwks, jwks_max_age
+from genhook.statuses import DeliveryStatus
 
 router = APIRouter(tags=["webhooks"])
 
@@ -63,7 +64,7 @@ async def get_deliveries(
     state: StateDep,
     account: AccountDep,
     session_id: str | None = Query(None, description="Only the delivery of this task."),
-    status: Literal["pending", "delivered", "undeliverable"] | None = Query(None),
+    status: DeliveryStatus | None = Query(None),
     limit: int = Query(50, ge=1, le=MAX_PAGE),
     before: str | None = Query(None, description="The next_before of the previous page."),
 ) -> DeliveryPage:

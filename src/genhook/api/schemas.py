@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from genhook.statuses import TaskStatus
+
 
 class Urls(BaseModel):
     get: str = Field(description="The result endpoint of this task.")
@@ -42,7 +44,13 @@ class SttResult(BaseModel):
 class PredictionResponse(BaseModel):
     id: str = Field(description="Task id; fetch the result with it.")
     model: str
-    status: Literal["created", "processing", "completed", "failed", "canceled"]
+    status: Literal[
+        TaskStatus.CREATED,
+        TaskStatus.PROCESSING,
+        TaskStatus.COMPLETED,
+        TaskStatus.FAILED,
+        TaskStatus.CANCELED,
+    ]
     outputs: list[str] = Field(
         description="Output URLs (or raw base64 strings when enable_base64_output is true); "
         "empty unless status is completed."

@@ -37,6 +37,7 @@ from genhook.client._client import Kind
 from genhook.client._images import file_item, image_items, is_url
 from genhook.client._listen import Delivery, Listener
 from genhook.media import CONTENT_TYPES, sniff_image_format
+from genhook.statuses import TaskStatus
 from genhook.task_states import UNSUCCESSFUL
 
 console = Console(highlight=False)
@@ -142,11 +143,11 @@ def _fail_request(exc: GenhookError) -> typer.Exit:
 
 def _status_style(status: str) -> str:
     return {
-        "completed": "green",
+        TaskStatus.COMPLETED: "green",
         "OK": "green",
-        "failed": "red",
-        "timeout": "red",
-        "canceled": "red",
+        TaskStatus.FAILED: "red",
+        TaskStatus.TIMEOUT: "red",
+        TaskStatus.CANCELED: "red",
     }.get(status, "yellow")
 
 
@@ -262,7 +263,7 @@ def _print_saved(paths: list[Path], as_json: bool) -> None:
 def _finish(prediction: Prediction, output_dir: Path | None, as_json: bool) -> None:
     """Print a task, save its outputs when asked, and exit 1 if it did not succeed."""
     print_prediction(prediction, as_json)
-    if output_dir is not None and prediction.status == "completed":
+    if output_dir is not None and prediction.status == TaskStatus.COMPLETED:
         try:
             _print_saved(save_outputs(prediction, output_dir), as_json)
         except (httpx.HTTPError, OSError, ValueError) as exc:

@@ -25,7 +25,8 @@ from genhook.cli.client_cmds import (
     print_prediction,
 )
 from genhook.client import LogLine, Prediction
-from genhook.task_states import FAILED, POLLED_STATUSES, TIMEOUT
+from genhook.statuses import TaskStatus
+from genhook.task_states import POLLED_STATUSES
 
 
 def register(app: typer.Typer) -> None:
@@ -95,7 +96,7 @@ def render(prediction: Prediction, logs: list[LogLine], elapsed: float) -> Group
     if prediction.started_at:
         table.add_row("started_at", prediction.started_at)
     parts: list[Table | ProgressBar] = [table]
-    if prediction.status == "processing" or prediction.done:
+    if prediction.status == TaskStatus.PROCESSING or prediction.done:
         done = 1.0 if prediction.succeeded else prediction.progress or 0.0
         parts.append(ProgressBar(total=1.0, completed=done, width=40))
     if logs:
@@ -136,5 +137,5 @@ def watch(
     if not as_json:
         console.print(render(final, logs, time.monotonic() - started))
         print_prediction(final, False)
-    if final.status in (FAILED, TIMEOUT):
+    if final.status in (TaskStatus.FAILED, TaskStatus.TIMEOUT):
         raise typer.Exit(EXIT_TASK_FAILED)

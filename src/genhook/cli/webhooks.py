@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from genhook.cli._output import print_table
+from genhook.statuses import DeliveryStatus
 
 T = TypeVar("T")
 
@@ -162,7 +163,7 @@ def redeliver_cmd(
 def redeliver_all_cmd(
     since: str = typer.Option(..., help="ISO 8601 time: only deliveries created since."),
     account: str | None = typer.Option(None, help="Only this account's deliveries."),
-    status: str = typer.Option("undeliverable", help="undeliverable or delivered."),
+    status: str = typer.Option(DeliveryStatus.UNDELIVERABLE, help="undeliverable or delivered."),
     destination: str | None = typer.Option(None, help="Only this scheme://host:port."),
     limit: int = typer.Option(100, min=1, max=1000),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),

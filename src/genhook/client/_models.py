@@ -12,6 +12,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from genhook.client._errors import TaskFailed
+from genhook.statuses import TaskStatus
 from genhook.task_states import TERMINAL_STATUSES as TERMINAL_STATUSES
 from genhook.task_states import UNSUCCESSFUL
 
@@ -174,11 +175,11 @@ class Prediction:
 
     @property
     def succeeded(self) -> bool:
-        return self.status == "completed"
+        return self.status == TaskStatus.COMPLETED
 
     @property
     def canceled(self) -> bool:
-        return self.status == "canceled"
+        return self.status == TaskStatus.CANCELED
 
     def raise_for_failure(self) -> Prediction:
         """Return self when completed or still running; raise ``TaskFailed`` otherwise."""

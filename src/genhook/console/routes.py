@@ -39,7 +39,8 @@ from genhook.console.session import (
     set_session,
 )
 from genhook.errors import NotFound
-from genhook.task_states import is_terminal
+from genhook.statuses import DeliveryStatus
+from genhook.task_states import POLLED_STATUSES, is_terminal
 from genhook.tasks.reads import owned_task
 
 if TYPE_CHECKING:
@@ -62,7 +63,8 @@ PAGE_HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
-STATUSES = ["created", "processing", "completed", "failed", "canceled"]
+# What a task list may filter on: the states polling shows.
+STATUSES = list(POLLED_STATUSES)
 
 
 class Console:
@@ -581,7 +583,7 @@ async def deliveries(request: Request) -> Response:
     every = request.query_params.get("scope") == "all"
     path = "/api/v1/admin/deliveries" if every else "/api/v1/webhooks/deliveries"
     failing: list[dict[str, Any]] = []
-    for status in ("pending", "undeliverable"):
+    for status in (DeliveryStatus.PENDING, DeliveryStatus.UNDELIVERABLE):
         response = await _api(request, "GET", path, key, params={"status": status, "limit": "100"})
         if response.status_code == 401:
             return _to_login()
@@ -589,7 +591,9 @@ async def deliveries(request: Request) -> Response:
             return _page(request, "error.html", key, 403, message=_error_text(response)[0])
         if response.status_code == 200:
             failing += [
-                d for d in response.json()["data"] if d["status"] != "pending" or d["attempts"]
+                d
+                for d in response.json()["data"]
+                if d["status"] != DeliveryStatus.PENDING or d["attempts"]
             ]
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for delivery in failing:
@@ -672,7 +676,7 @@ async def redeliver_failed(request: Request) -> Response:
         return RedirectResponse(f"/console/deliveries?{_notice(notice)}", status_code=303)
     done = failed = 0
     seen: set[str] = set()  # one just redelivered is pending now; not twice
-    for status in ("undeliverable", "pending"):
+    for status in (DeliveryStatus.UNDELIVERABLE, DeliveryStatus.PENDING):
         before: str | None = None
         while True:
             params = {"status": status, "limit": "100"}
@@ -687,7 +691,9 @@ async def redeliver_failed(request: Request) -> Response:
                 if created < since:
                     older = True
                     break
-                if delivery["id"] in seen or (status == "pending" and not delivery["attempts"]):
+                if delivery["id"] in seen or (
+                    status == DeliveryStatus.PENDING and not delivery["attempts"]
+                ):
                     continue
                 seen.add(delivery["id"])
                 path = f"/api/v1/webhooks/deliveries/{delivery['id']}/redeliver"

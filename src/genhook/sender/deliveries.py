@@ -22,9 +22,9 @@ from genhook.errors import Conflict, FieldError, InvalidRequest, NotFound, whole
 from genhook.sender.fairness import destination_of
 from genhook.sender.outbox import wake_dispatchers
 from genhook.sender.queue import rearm_deliveries, rearm_delivery
+from genhook.statuses import DeliveryStatus
 from genhook.tasks.views import iso_ms
 
-DELIVERY_STATUSES = ("pending", "delivered", "undeliverable")
 MAX_PAGE = 200
 # One bulk redelivery touches at most this many deliveries; repeat it for more.
 MAX_BULK = 1000
@@ -80,7 +80,7 @@ def _view(
         status=row.status,
         attempts=row.attempts,
         redeliveries=row.redeliveries,
-        next_attempt_at=_iso(row.next_attempt_at) if row.status == "pending" else None,
+        next_attempt_at=_iso(row.next_attempt_at) if row.status == DeliveryStatus.PENDING else None,
         last_status_code=row.last_status_code,
         last_error=row.last_error,
         created_at=iso_ms(row.created_at),
@@ -111,8 +111,8 @@ async def list_deliveries(
     before: str | None = None,
 ) -> DeliveryPage:
     """Newest first; ``account_id=None`` lists every account (operator CLI only)."""
-    if status is not None and status not in DELIVERY_STATUSES:
-        raise InvalidRequest(f"status must be one of {', '.join(DELIVERY_STATUSES)}")
+    if status is not None and status not in tuple(DeliveryStatus):
+        raise InvalidRequest(f"status must be one of {', '.join(DeliveryStatus)}")
     limit = max(1, min(limit, MAX_PAGE))
     if session_id is not None and "\x00" in session_id:
         # No task id holds a NUL, and PostgreSQL refuses one in text.
@@ -227,8 +227,9 @@ async def redeliver(db: Database, delivery_id: str, *, account_id: str | None) -
 class BulkRedelivery(BaseModel):
     """Which of the account's deliveries to send again."""
 
-    status: Literal["undeliverable", "delivered"] = Field(
-        "undeliverable", description="Only deliveries in this state (pending ones are queued)."
+    status: Literal[DeliveryStatus.UNDELIVERABLE, DeliveryStatus.DELIVERED] = Field(
+        DeliveryStatus.UNDELIVERABLE,
+        description="Only deliveries in this state (pending ones are queued).",
     )
     since: str = Field(
         description="ISO 8601 time; only deliveries created at or after it.", max_length=64

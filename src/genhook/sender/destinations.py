@@ -18,6 +18,7 @@ from sqlalchemy import ColumnElement, case, func, or_, select
 from genhook.db import Database, WebhookDelivery, WebhookDestination, now_ms
 from genhook.sender.fairness import Transition
 from genhook.sender.queue import defer_circuit
+from genhook.statuses import DeliveryStatus
 from genhook.tasks.views import iso_ms
 
 # Destinations with a delivery this recent (or one still pending) are listed.
@@ -108,17 +109,19 @@ async def list_destinations(db: Database, *, account_id: str | None) -> Destinat
     host = func.coalesce(WebhookDelivery.destination, WebhookDelivery.url)
     endpoint = func.coalesce(WebhookDelivery.endpoint, WebhookDelivery.url)
 
-    def count(status: str) -> ColumnElement[int]:
+    def count(status: DeliveryStatus) -> ColumnElement[int]:
         return func.sum(case((WebhookDelivery.status == status, 1), else_=0))
 
     query = select(
         WebhookDelivery.account_id,
         host,
         endpoint,
-        count("pending"),
-        count("delivered"),
-        count("undeliverable"),
-    ).where(or_(WebhookDelivery.status == "pending", WebhookDelivery.created_at >= since))
+        count(DeliveryStatus.PENDING),
+        count(DeliveryStatus.DELIVERED),
+        count(DeliveryStatus.UNDELIVERABLE),
+    ).where(
+        or_(WebhookDelivery.status == DeliveryStatus.PENDING, WebhookDelivery.created_at >= since)
+    )
     health_query = select(WebhookDestination)
     if account_id is not None:
         query = query.where(WebhookDelivery.account_id == account_id)

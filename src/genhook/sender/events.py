@@ -34,8 +34,10 @@ from genhook.sender.queue import (
     give_up_task_progress,
     insert_delivery,
 )
+from genhook.statuses import DeliveryStatus, TaskStatus
 
-EVENTS = ("processing", "terminal")
+# The processing event is named after the state it announces.
+EVENTS = (TaskStatus.PROCESSING, "terminal")
 SUPERSEDED = "superseded by the terminal event"
 
 
@@ -77,7 +79,7 @@ def wants(task: Task, event: str) -> bool:
 async def enqueue_processing(tx: Tx, task: Task, now: int) -> None:
     """The processing event's outbox row, in the caller's (claim) transaction; once per
     task, also when a task is claimed again after a lost lease."""
-    if not task.webhook_url or not wants(task, "processing"):
+    if not task.webhook_url or not wants(task, TaskStatus.PROCESSING):
         return
     event_type = f"{task.kind}.task.processing"
     if await event_enqueued(tx, task.id, event_type):
@@ -87,7 +89,7 @@ async def enqueue_processing(tx: Tx, task: Task, now: int) -> None:
         "event_type": event_type,
         "status": "PROCESSING",
         "created_at": int(task.created_at),
-        "payload": {"id": task.id, "model": task.model, "status": "processing"},
+        "payload": {"id": task.id, "model": task.model, "status": TaskStatus.PROCESSING},
     }
     data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     await insert_delivery(tx, task, task.webhook_url, event_type, data, now)
@@ -97,7 +99,7 @@ async def enqueue_processing(tx: Tx, task: Task, now: int) -> None:
 async def supersede_progress(tx: Tx, task: Task, now: int) -> None:
     """In the terminal transaction: a processing event still pending is given up, so the
     terminal event is not held back by its retries (see the module's ordering notes)."""
-    if not wants(task, "processing"):
+    if not wants(task, TaskStatus.PROCESSING):
         return
     await give_up_task_progress(tx, task.id, SUPERSEDED, now)
 
@@ -105,7 +107,7 @@ async def supersede_progress(tx: Tx, task: Task, now: int) -> None:
 def _stale_progress(now: int) -> list[Any]:
     terminal = aliased(WebhookDelivery)
     return [
-        WebhookDelivery.status == "pending",
+        WebhookDelivery.status == DeliveryStatus.PENDING,
         WebhookDelivery.event_type.like("%.task.processing"),
         or_(
             WebhookDelivery.lease_expires_at.is_(None),

@@ -28,6 +28,7 @@ from genhook.sender.keys import KeyRing, load_encryption_key
 from genhook.sender.queue import UNLIMITED, Outcome, Outgoing, Ticked, delivery_queue
 from genhook.sender.secret_box import SecretOpener
 from genhook.sender.signing import HeaderSigner
+from genhook.statuses import DeliveryStatus
 
 log = logging.getLogger(__name__)
 
@@ -139,19 +140,19 @@ class LocalFeed:
 
     def next_state(
         self, outcome: Outcome, in_round: int, now: int
-    ) -> tuple[str, int | None, int | None]:
+    ) -> tuple[DeliveryStatus, int | None, int | None]:
         """Status, next attempt time and delivery time after ``outcome``."""
         settings = self.settings
         if outcome.acknowledged:
-            return "delivered", None, now
+            return DeliveryStatus.DELIVERED, None, now
         if gives_up(settings, outcome, in_round):
-            return "undeliverable", None, None
+            return DeliveryStatus.UNDELIVERABLE, None, None
         cap = settings.webhook_retry_cap_seconds
         if outcome.retry_after is not None:
             delay = clamp(outcome.retry_after, RETRY_AFTER_MIN_SECONDS, cap)
         else:
             delay = backoff_delay(in_round, settings.webhook_retry_base_seconds, cap)
-        return "pending", now + int(delay * 1000), None
+        return DeliveryStatus.PENDING, now + int(delay * 1000), None
 
 
 def gives_up(settings: Settings, outcome: Outcome, in_round: int) -> bool:

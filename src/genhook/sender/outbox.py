@@ -15,7 +15,8 @@ from genhook import wakeups
 from genhook.db import Task
 from genhook.db.driver import Tx, as_tx
 from genhook.sender.queue import insert_delivery
-from genhook.task_states import COMPLETED, TIMEOUT, TIMEOUT_MESSAGE, is_terminal
+from genhook.statuses import TaskStatus
+from genhook.task_states import TIMEOUT_MESSAGE, is_terminal
 
 FAILED_ERROR = "The task failed."
 
@@ -35,14 +36,14 @@ def build_body(task: Task, event_type: str, payload: dict[str, Any]) -> bytes:
     body: dict[str, Any] = {
         "session_id": task.id,
         "event_type": event_type,
-        "status": "OK" if task.status == COMPLETED else "ERROR",
+        "status": "OK" if task.status == TaskStatus.COMPLETED else "ERROR",
         "created_at": int(task.created_at),
         "payload": data,
     }
-    if task.status != COMPLETED:
+    if task.status != TaskStatus.COMPLETED:
         if task.error_code is not None:
             data["error_code"] = int(task.error_code)
-        if task.status == TIMEOUT:
+        if task.status == TaskStatus.TIMEOUT:
             # A timeout carries the generic message; it does not vary with the task.
             body["error"] = TIMEOUT_MESSAGE
         else:

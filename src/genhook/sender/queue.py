@@ -48,6 +48,7 @@ from genhook.db import Database, Task, WebhookAttempt, WebhookDelivery, WebhookR
 from genhook.db.database import open_sqlite
 from genhook.db.driver import PostgresTx, Tx, bound_insert
 from genhook.sender.fairness import Rooms, Route, Stop, destination_of, endpoint_of
+from genhook.statuses import DeliveryStatus
 
 # A claim looks at this many due rows per row it may take (lanes without room excluded
 # first), so its cost follows the claim's size, not the backlog's.
@@ -135,7 +136,7 @@ class Outcome:
     # Not a terminal event's attempt (a progress event's): until it is recorded, its lease
     # holds back the other events of its task.
     holds_task: bool = False
-    status: str = "pending"
+    status: str = DeliveryStatus.PENDING
     next_attempt_at: int | None = None
     delivered_at: int | None = None
 
@@ -227,7 +228,7 @@ def delivery_queue(db: Database) -> DeliveryQueue:
 
 def _held_by(owner: str, ids: Sequence[str], held: Sequence[Sequence[Any]]) -> set[str]:
     """The ids whose lease is still ``owner``'s, from (id, lease_owner, status) rows."""
-    mine = {row[0] for row in held if row[1] == owner and row[2] == "pending"}
+    mine = {row[0] for row in held if row[1] == owner and row[2] == DeliveryStatus.PENDING}
     for delivery_id in ids:
         if delivery_id not in mine:
             log.info("lease on %s was lost; outcome discarded", delivery_id)
@@ -243,7 +244,7 @@ def _held_by(owner: str, ids: Sequence[str], held: Sequence[Sequence[Any]]) -> s
 # Attempts are written first, while the delivery rows still show the lease the attempts
 # were sent under. ``+`` keeps the planner off the status index for these conditions, so
 # each outcome is one primary-key lookup rather than a walk over every pending row.
-_SQLITE_ATTEMPTS = """
+_SQLITE_ATTEMPTS = f"""
 INSERT INTO webhook_attempts
        (delivery_id, number, started_at, duration_ms, status_code, error,
         response_excerpt, kid)
@@ -251,10 +252,10 @@ SELECT o.value ->> 0, o.value ->> 1, o.value ->> 2, o.value ->> 3, o.value ->> 4
        o.value ->> 5, o.value ->> 6, o.value ->> 7
   FROM json_each(:outcomes) AS o
   JOIN webhook_deliveries AS d ON d.id = o.value ->> 0
- WHERE +d.lease_owner = :owner AND +d.status = 'pending'
+ WHERE +d.lease_owner = :owner AND +d.status = '{DeliveryStatus.PENDING}'
 """
 
-_SQLITE_STATES = """
+_SQLITE_STATES = f"""
 UPDATE webhook_deliveries
    SET status = o.value ->> 8, attempts = o.value ->> 1, next_attempt_at = o.value ->> 9,
        delivered_at = coalesce(o.value ->> 10, delivered_at),
@@ -263,7 +264,8 @@ UPDATE webhook_deliveries
        last_attempt_at = o.value ->> 2, updated_at = :now
   FROM json_each(:outcomes) AS o
  WHERE webhook_deliveries.id = o.value ->> 0
-   AND +webhook_deliveries.lease_owner = :owner AND +webhook_deliveries.status = 'pending'
+   AND +webhook_deliveries.lease_owner = :owner
+   AND +webhook_deliveries.status = '{DeliveryStatus.PENDING}'
 """
 
 # The due rows are chosen by the subquery alone: repeating its conditions in the outer
@@ -274,7 +276,7 @@ UPDATE webhook_deliveries
 # terminal event exists (genhook.sender.events). The rooms are materialized once per claim
 # (SQLite indexes them itself): looked up with a correlated json_each, each candidate row
 # parsed both JSON values twice, about 40% of the statement's time.
-_SQLITE_CLAIM = """
+_SQLITE_CLAIM = f"""
 WITH rooms_d(lane, room) AS MATERIALIZED (
   SELECT key, value FROM json_each(:destination_rooms)),
 rooms_a(account, room) AS MATERIALIZED (
@@ -287,7 +289,7 @@ candidates AS (
     FROM webhook_deliveries AS d
     LEFT JOIN rooms_d AS rd ON rd.lane = d.account_id || ' ' || coalesce(d.endpoint, d.url)
     LEFT JOIN rooms_a AS ra ON ra.account = d.account_id
-   WHERE d.status = 'pending' AND d.next_attempt_at <= :now
+   WHERE d.status = '{DeliveryStatus.PENDING}' AND d.next_attempt_at <= :now
      AND coalesce(rd.room, :destination_default) > 0
      AND coalesce(ra.room, :account_default) > 0
      AND NOT EXISTS (SELECT 1 FROM webhook_deliveries AS s
@@ -314,51 +316,57 @@ UPDATE webhook_deliveries
 
 # The rows just claimed, as one JSON value (one step; the body as hex, byte for byte):
 # ``:expires`` is unique to this claim among this owner's leases.
-_SQLITE_CLAIMED = """
+_SQLITE_CLAIMED = f"""
 SELECT json_group_array(json_array(
            d.id, d.task_id, d.account_id, d.url, d.event_type, hex(d.body), d.attempts,
            d.round_start, a.signing_secret, d.destination, a.standard_webhooks,
            d.created_at, d.endpoint))
   FROM webhook_deliveries AS d LEFT JOIN accounts AS a ON a.id = d.account_id
- WHERE d.status = 'pending' AND d.next_attempt_at = :expires AND d.lease_owner = :owner
+ WHERE d.status = '{DeliveryStatus.PENDING}' AND d.next_attempt_at = :expires
+   AND d.lease_owner = :owner
 """
 
 # A slow endpoint's backlog, postponed while it has no room (fairness.Rooms.postpone); the
 # key is the lane, ``account endpoint``.
-_SQLITE_POSTPONE = """
+_SQLITE_POSTPONE = f"""
 UPDATE webhook_deliveries
    SET next_attempt_at = :now + o.value, updated_at = :now
   FROM json_each(:postpone) AS o
  WHERE webhook_deliveries.account_id || ' ' || webhook_deliveries.endpoint = o.key
-   AND webhook_deliveries.status = 'pending' AND webhook_deliveries.next_attempt_at <= :now
+   AND webhook_deliveries.status = '{DeliveryStatus.PENDING}'
+   AND webhook_deliveries.next_attempt_at <= :now
    AND webhook_deliveries.lease_owner IS NULL
 """
 
 # An endpoint answered 410 Gone: its pending deliveries not in flight stop, with the reason
 # (after this tick's returned rows are free again, so those stop too).
-_SQLITE_STOP = """
+_SQLITE_STOP = f"""
 UPDATE webhook_deliveries
-   SET status = 'undeliverable', next_attempt_at = NULL, last_error = o.value ->> 2,
-       updated_at = :now
+   SET status = '{DeliveryStatus.UNDELIVERABLE}', next_attempt_at = NULL,
+       last_error = o.value ->> 2, updated_at = :now
   FROM json_each(:stops) AS o
  WHERE webhook_deliveries.account_id = o.value ->> 0
    AND webhook_deliveries.endpoint = o.value ->> 1
-   AND webhook_deliveries.status = 'pending' AND webhook_deliveries.lease_owner IS NULL
+   AND webhook_deliveries.status = '{DeliveryStatus.PENDING}'
+   AND webhook_deliveries.lease_owner IS NULL
 """
 
 # Held deliveries given back unsent (their destination's circuit opened): due again at the
 # given time, no attempt counted.
-_SQLITE_RETURN = """
+_SQLITE_RETURN = f"""
 UPDATE webhook_deliveries
    SET lease_owner = NULL, lease_expires_at = NULL,
        next_attempt_at = max(o.value ->> 1, :now), updated_at = :now
   FROM json_each(:returned) AS o
  WHERE webhook_deliveries.id = o.value ->> 0
-   AND +webhook_deliveries.lease_owner = :owner AND +webhook_deliveries.status = 'pending'
+   AND +webhook_deliveries.lease_owner = :owner
+   AND +webhook_deliveries.status = '{DeliveryStatus.PENDING}'
 """
 
 # When the earliest pending delivery falls due (ix_deliveries_status_next: one index seek).
-_NEXT_DUE = "SELECT min(next_attempt_at) FROM webhook_deliveries WHERE status = 'pending'"
+_NEXT_DUE = (
+    f"SELECT min(next_attempt_at) FROM webhook_deliveries WHERE status = '{DeliveryStatus.PENDING}'"
+)
 _NEXT_DUE_READ = text(_NEXT_DUE)
 
 # ->> and UPDATE ... FROM.
@@ -540,12 +548,12 @@ def _claimed_from_json(row: list[Any]) -> Outgoing:
 # FOR UPDATE SKIP LOCKED lets concurrent dispatchers claim disjoint rows; a row another
 # transaction changed meanwhile is re-checked against the locking level's conditions. The
 # windows are as on SQLite (FOR UPDATE cannot share a level with them).
-_PG_CLAIM = """
+_PG_CLAIM = f"""
 UPDATE webhook_deliveries
    SET lease_owner = $1, lease_expires_at = $2, next_attempt_at = $2, updated_at = $3
  WHERE id IN (
    SELECT w.id FROM webhook_deliveries AS w
-    WHERE w.status = 'pending' AND w.next_attempt_at <= $3
+    WHERE w.status = '{DeliveryStatus.PENDING}' AND w.next_attempt_at <= $3
       AND w.id IN (
         SELECT c.id FROM (
           SELECT id, next_attempt_at, room_d, room_a,
@@ -558,7 +566,7 @@ UPDATE webhook_deliveries
                               ::int, $6) AS room_d,
                      coalesce(($7::jsonb ->> d.account_id)::int, $8) AS room_a
                 FROM webhook_deliveries AS d
-               WHERE d.status = 'pending' AND d.next_attempt_at <= $3
+               WHERE d.status = '{DeliveryStatus.PENDING}' AND d.next_attempt_at <= $3
                  AND coalesce(($5::jsonb ->> (d.account_id || ' ' || coalesce(d.endpoint, d.url)))
                               ::int, $6) > 0
                  AND coalesce(($7::jsonb ->> d.account_id)::int, $8) > 0
@@ -585,24 +593,26 @@ RETURNING id, task_id, account_id, url, event_type, body, attempts, round_start,
           created_at, endpoint
 """
 
-_PG_POSTPONE = """
+_PG_POSTPONE = f"""
 UPDATE webhook_deliveries
    SET next_attempt_at = $2::bigint + $3::bigint, updated_at = $2::bigint
- WHERE account_id || ' ' || endpoint = $1 AND status = 'pending'
+ WHERE account_id || ' ' || endpoint = $1 AND status = '{DeliveryStatus.PENDING}'
    AND next_attempt_at <= $2::bigint AND lease_owner IS NULL
 """
 
-_PG_STOP = """
+_PG_STOP = f"""
 UPDATE webhook_deliveries
-   SET status = 'undeliverable', next_attempt_at = NULL, last_error = $3, updated_at = $4
- WHERE account_id = $1 AND endpoint = $2 AND status = 'pending' AND lease_owner IS NULL
+   SET status = '{DeliveryStatus.UNDELIVERABLE}', next_attempt_at = NULL, last_error = $3,
+       updated_at = $4
+ WHERE account_id = $1 AND endpoint = $2 AND status = '{DeliveryStatus.PENDING}'
+   AND lease_owner IS NULL
 """
 
-_PG_RETURN = """
+_PG_RETURN = f"""
 UPDATE webhook_deliveries
    SET lease_owner = NULL, lease_expires_at = NULL,
        next_attempt_at = greatest($2::bigint, $3::bigint), updated_at = $3::bigint
- WHERE id = $1 AND lease_owner = $4 AND status = 'pending'
+ WHERE id = $1 AND lease_owner = $4 AND status = '{DeliveryStatus.PENDING}'
 """
 
 _PG_HELD = """
@@ -758,7 +768,7 @@ async def insert_delivery(
             "endpoint": endpoint_of(url),
             "event_type": event_type,
             "body": body,
-            "status": "pending",
+            "status": DeliveryStatus.PENDING,
             "attempts": 0,
             "round_start": 0,
             "redeliveries": 0,
@@ -784,14 +794,18 @@ _GIVE_UP_TASK_PROGRESS = (
     update(_deliveries)
     .where(
         _deliveries.c.task_id == bindparam("of_task"),
-        _deliveries.c.status == "pending",
+        _deliveries.c.status == DeliveryStatus.PENDING,
         _deliveries.c.event_type.like("%.task.processing"),
         or_(
             _deliveries.c.lease_expires_at.is_(None),
             _deliveries.c.lease_expires_at < bindparam("now"),
         ),
     )
-    .values(status="undeliverable", last_error=bindparam("reason"), updated_at=bindparam("now"))
+    .values(
+        status=DeliveryStatus.UNDELIVERABLE,
+        last_error=bindparam("reason"),
+        updated_at=bindparam("now"),
+    )
 )
 
 
@@ -813,7 +827,7 @@ async def give_up_progress(session: AsyncSession, reason: str, now: int) -> int:
     undeliverable."""
     terminal = aliased(WebhookDelivery)
     which = [
-        WebhookDelivery.status == "pending",
+        WebhookDelivery.status == DeliveryStatus.PENDING,
         WebhookDelivery.event_type.like("%.task.processing"),
         _lease_free(now),
         exists(
@@ -826,7 +840,7 @@ async def give_up_progress(session: AsyncSession, reason: str, now: int) -> int:
     result = await session.execute(
         update(WebhookDelivery)
         .where(*which)
-        .values(status="undeliverable", last_error=reason, updated_at=now)
+        .values(status=DeliveryStatus.UNDELIVERABLE, last_error=reason, updated_at=now)
         .execution_options(synchronize_session=False)
     )
     return int(result.rowcount)  # type: ignore[attr-defined]
@@ -835,7 +849,9 @@ async def give_up_progress(session: AsyncSession, reason: str, now: int) -> int:
 async def clear_expired_leases(session: AsyncSession, now: int) -> int:
     result = await session.execute(
         update(WebhookDelivery)
-        .where(WebhookDelivery.status == "pending", WebhookDelivery.lease_expires_at < now)
+        .where(
+            WebhookDelivery.status == DeliveryStatus.PENDING, WebhookDelivery.lease_expires_at < now
+        )
         .values(lease_owner=None, lease_expires_at=None, updated_at=now)
         .execution_options(synchronize_session=False)
     )
@@ -847,7 +863,9 @@ async def release_leases(session: AsyncSession, owner: str, now: int) -> int:
     returns how many."""
     result = await session.execute(
         update(WebhookDelivery)
-        .where(WebhookDelivery.status == "pending", WebhookDelivery.lease_owner == owner)
+        .where(
+            WebhookDelivery.status == DeliveryStatus.PENDING, WebhookDelivery.lease_owner == owner
+        )
         .values(lease_owner=None, lease_expires_at=None, next_attempt_at=now, updated_at=now)
         .execution_options(synchronize_session=False)
     )
@@ -864,7 +882,7 @@ async def defer_circuit(
     await session.execute(
         update(WebhookDelivery)
         .where(
-            WebhookDelivery.status == "pending",
+            WebhookDelivery.status == DeliveryStatus.PENDING,
             WebhookDelivery.account_id == account_id,
             column == target,
             WebhookDelivery.lease_owner.is_(None),
@@ -878,7 +896,7 @@ async def defer_circuit(
 def _rearmed(now: int) -> dict[str, Any]:
     """A fresh retry budget, due now."""
     return {
-        "status": "pending",
+        "status": DeliveryStatus.PENDING,
         "round_start": WebhookDelivery.attempts,
         "redeliveries": WebhookDelivery.redeliveries + 1,
         "next_attempt_at": now,

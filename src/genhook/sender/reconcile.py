@@ -22,6 +22,7 @@ from genhook.db import Database, Task, WebhookDelivery, now_ms
 from genhook.sender.events import stale_progress_exists, supersede_stale_progress
 from genhook.sender.keys import retire_expired_keys
 from genhook.sender.queue import clear_expired_leases
+from genhook.statuses import DeliveryStatus
 from genhook.storage import open_blob_store
 from genhook.task_states import TERMINAL
 
@@ -117,7 +118,10 @@ class Reconciler:
         return enqueued, resume
 
     async def _clear_expired_leases(self, now: int) -> int:
-        expired = (WebhookDelivery.status == "pending", WebhookDelivery.lease_expires_at < now)
+        expired = (
+            WebhookDelivery.status == DeliveryStatus.PENDING,
+            WebhookDelivery.lease_expires_at < now,
+        )
         # Read first: an idle service writes nothing.
         async with self.db.read() as session:
             if await session.scalar(select(WebhookDelivery.id).where(*expired).limit(1)) is None:
@@ -129,7 +133,7 @@ class Reconciler:
         async with self.db.read() as session:
             overdue = select(WebhookDelivery.id).where(
                 and_(
-                    WebhookDelivery.status == "pending",
+                    WebhookDelivery.status == DeliveryStatus.PENDING,
                     WebhookDelivery.next_attempt_at <= now - OVERDUE_MS,
                 )
             )

@@ -39,8 +39,8 @@ from genhook import metrics
 from genhook.config import Settings
 from genhook.db import Blob, Task, UsageLine
 from genhook.db.driver import Tx, bound_insert
+from genhook.statuses import TaskStatus
 from genhook.storage import BlobStore
-from genhook.task_states import COMPLETED, CREATED, PROCESSING
 
 if TYPE_CHECKING:
     from genhook.tasks.lifecycle import Completion
@@ -52,11 +52,11 @@ COMPLETE = (
     update(_tasks)
     .where(
         _tasks.c.id == bindparam("task_id"),
-        _tasks.c.status == PROCESSING,
+        _tasks.c.status == TaskStatus.PROCESSING,
         _tasks.c.lease_owner == bindparam("owner"),
     )
     .values(
-        status=COMPLETED,
+        status=TaskStatus.COMPLETED,
         outputs=bindparam("outputs"),
         has_nsfw_contents=bindparam("nsfw"),
         info=bindparam("info"),
@@ -122,7 +122,7 @@ def _runnable(models: tuple[str, ...]) -> list[Any]:
     weights loaded (affinity)."""
     now = bindparam("now", type_=BigInteger)
     return [
-        _tasks.c.status == CREATED,
+        _tasks.c.status == TaskStatus.CREATED,
         _tasks.c.available_at <= now,
         or_(_tasks.c.start_deadline_at.is_(None), _tasks.c.start_deadline_at > now),
         or_(
@@ -145,9 +145,9 @@ def _take(which: Any) -> Update:
     building the claimed ``Task`` from its row (``claimed``)."""
     return (
         update(_tasks)
-        .where(which, _tasks.c.status == CREATED)
+        .where(which, _tasks.c.status == TaskStatus.CREATED)
         .values(
-            status=PROCESSING,
+            status=TaskStatus.PROCESSING,
             lease_owner=bindparam("owner"),
             lease_expires_at=bindparam("lease_until"),
             attempts=_tasks.c.attempts + 1,
@@ -250,7 +250,7 @@ def claim_params(
 
 _held_ids = [
     _tasks.c.id.in_(bindparam("ids", expanding=True)),
-    _tasks.c.status == PROCESSING,
+    _tasks.c.status == TaskStatus.PROCESSING,
     _tasks.c.lease_owner == bindparam("owner"),
 ]
 HEARTBEAT = (
@@ -331,7 +331,7 @@ async def complete_in(
         if row is None:
             continue
         (task,) = claimed([row])
-        metrics.finished(task.model, COMPLETED, task.started_at, now)
+        metrics.finished(task.model, TaskStatus.COMPLETED, task.started_at, now)
         input_keys += [entry["blob"] for entry in task.inputs if "blob" in entry]
         if task.charge:
             usage.append(usage_row(task, now, item.upstream_cost_micros))

@@ -27,19 +27,9 @@ from genhook.faults import is_infrastructure_error
 from genhook.files import disk_problem
 from genhook.sender.events import enqueue_processing
 from genhook.sender.outbox import enqueue_delivery, event_type_for
+from genhook.statuses import TaskStatus
 from genhook.storage import BlobStore
-from genhook.task_states import (
-    ACTIVE,
-    CANCELED,
-    CANCELED_MESSAGE,
-    COMPLETED,
-    CREATED,
-    FAILED,
-    NOT_STARTED_MESSAGE,
-    PROCESSING,
-    TIMEOUT,
-    TIMEOUT_MESSAGE,
-)
+from genhook.task_states import ACTIVE, CANCELED_MESSAGE, NOT_STARTED_MESSAGE, TIMEOUT_MESSAGE
 from genhook.tasks.hot_path import (
     HEARTBEAT,
     HELD,
@@ -342,9 +332,13 @@ class Lifecycle:
         async with self.db.write() as session:
             result = await session.execute(
                 update(Task)
-                .where(Task.id == task_id, Task.status == PROCESSING, Task.lease_owner == worker_id)
+                .where(
+                    Task.id == task_id,
+                    Task.status == TaskStatus.PROCESSING,
+                    Task.lease_owner == worker_id,
+                )
                 .values(
-                    status=CREATED,
+                    status=TaskStatus.CREATED,
                     lease_owner=None,
                     lease_expires_at=None,
                     available_at=now + int(delay_seconds * 1000),
@@ -381,14 +375,18 @@ class Lifecycle:
         message: str,
         info: dict[str, Any] | None = None,
     ) -> bool:
-        values: dict[str, Any] = dict(status=FAILED, error_code=int(code), error_message=message)
+        values: dict[str, Any] = dict(
+            status=TaskStatus.FAILED, error_code=int(code), error_message=message
+        )
         if info:
             values["info"] = info
         return await self._finish(task_id, worker_id, values)
 
     async def time_out(self, task_id: str, worker_id: str | None = None) -> bool:
         values = dict(
-            status=TIMEOUT, error_code=int(ErrorCode.TIMEOUT), error_message=TIMEOUT_MESSAGE
+            status=TaskStatus.TIMEOUT,
+            error_code=int(ErrorCode.TIMEOUT),
+            error_message=TIMEOUT_MESSAGE,
         )
         return await self._finish(task_id, worker_id, values)
 
@@ -400,7 +398,9 @@ class Lifecycle:
         ended it, and the task as it now stands (None when unknown or foreign).
         """
         values = dict(
-            status=CANCELED, error_code=int(ErrorCode.CANCELED), error_message=CANCELED_MESSAGE
+            status=TaskStatus.CANCELED,
+            error_code=int(ErrorCode.CANCELED),
+            error_message=CANCELED_MESSAGE,
         )
         task = await self._end(
             [Task.id == task_id, Task.account_id == account_id, Task.status.in_(ACTIVE)], values
@@ -474,7 +474,7 @@ class Lifecycle:
         input_keys = [item["blob"] for item in task.inputs if "blob" in item]
         if input_keys:
             await session.execute(delete_blobs(len(input_keys)), keys_params(input_keys))
-        if task.status == COMPLETED and task.charge:
+        if task.status == TaskStatus.COMPLETED and task.charge:
             await session.execute(INSERT_USAGE, [usage_row(task, now, upstream_cost_micros)])
         if task.webhook_url:
             await enqueue_callback(session, task, self.settings, self.storage, now)
@@ -510,7 +510,7 @@ class Lifecycle:
         outage = now - since
         active = [Task.status.in_(ACTIVE), Task.deadline_at >= since, Task.deadline_at < now]
         expired = [
-            Task.status == PROCESSING,
+            Task.status == TaskStatus.PROCESSING,
             Task.lease_expires_at >= since,
             Task.lease_expires_at < now,
         ]
@@ -524,7 +524,7 @@ class Lifecycle:
             await session.execute(
                 update(Task)
                 .where(
-                    Task.status == CREATED,
+                    Task.status == TaskStatus.CREATED,
                     Task.start_deadline_at >= since,
                     Task.start_deadline_at < now,
                 )
@@ -535,7 +535,7 @@ class Lifecycle:
                 update(Task)
                 .where(*expired)
                 .values(
-                    status=CREATED,
+                    status=TaskStatus.CREATED,
                     lease_owner=None,
                     lease_expires_at=None,
                     available_at=now,
@@ -561,7 +561,7 @@ class Lifecycle:
             expired = (
                 await session.execute(
                     select(Task.id, Task.lease_owner, Task.lease_losses)
-                    .where(Task.status == PROCESSING, Task.lease_expires_at < now)
+                    .where(Task.status == TaskStatus.PROCESSING, Task.lease_expires_at < now)
                     .limit(500)
                 )
             ).all()
@@ -578,7 +578,9 @@ class Lifecycle:
             held = (
                 await session.execute(
                     select(Task.id, Task.lease_owner, Task.lease_losses)
-                    .where(Task.status == PROCESSING, Task.lease_owner.endswith(LIVE_SUFFIX))
+                    .where(
+                        Task.status == TaskStatus.PROCESSING, Task.lease_owner.endswith(LIVE_SUFFIX)
+                    )
                     .limit(500)
                 )
             ).all()
@@ -593,12 +595,14 @@ class Lifecycle:
         """Whether the sweep has anything to change: one read, the idle sweep's only cost."""
         checks = [
             exists().where(Task.status.in_(ACTIVE), Task.deadline_at <= now),
-            exists().where(Task.status == CREATED, Task.start_deadline_at <= now),
-            exists().where(Task.status == PROCESSING, Task.lease_expires_at < now),
+            exists().where(Task.status == TaskStatus.CREATED, Task.start_deadline_at <= now),
+            exists().where(Task.status == TaskStatus.PROCESSING, Task.lease_expires_at < now),
         ]
         if self.db.is_postgres:  # a standalone worker's task: is its worker still there?
             checks.append(
-                exists().where(Task.status == PROCESSING, Task.lease_owner.endswith(LIVE_SUFFIX))
+                exists().where(
+                    Task.status == TaskStatus.PROCESSING, Task.lease_owner.endswith(LIVE_SUFFIX)
+                )
             )
         async with self.db.read() as session:
             return bool(await session.scalar(select(or_(*checks))))
@@ -611,7 +615,7 @@ class Lifecycle:
         statements, not one transaction per task), and the callbacks are written with it.
         """
         overdue = [Task.status.in_(ACTIVE), Task.deadline_at <= now]
-        unstarted = [Task.status == CREATED, Task.start_deadline_at <= now]
+        unstarted = [Task.status == TaskStatus.CREATED, Task.start_deadline_at <= now]
         changed = await self._expire(now, overdue, TIMEOUT_MESSAGE, batch, max_batches)
         return changed + await self._expire(now, unstarted, NOT_STARTED_MESSAGE, batch, max_batches)
 
@@ -631,7 +635,7 @@ class Lifecycle:
                 update(Task)
                 .where(Task.id.in_(chosen.scalar_subquery()), *conditions)
                 .values(
-                    status=TIMEOUT,
+                    status=TaskStatus.TIMEOUT,
                     error_code=int(ErrorCode.TIMEOUT),
                     error_message=message,
                     lease_owner=None,
@@ -671,7 +675,7 @@ class Lifecycle:
             held = (
                 await session.execute(
                     select(Task.id, Task.lease_losses).where(
-                        Task.status == PROCESSING, Task.lease_owner == worker_id
+                        Task.status == TaskStatus.PROCESSING, Task.lease_owner == worker_id
                     )
                 )
             ).all()
@@ -696,7 +700,7 @@ class Lifecycle:
                 task_id,
                 owner,
                 dict(
-                    status=FAILED,
+                    status=TaskStatus.FAILED,
                     error_code=int(ErrorCode.WORKER_LOST),
                     error_message=message,
                     lease_losses=losses + 1,
@@ -705,7 +709,11 @@ class Lifecycle:
             if failed:
                 metrics.lease_lost(failed=True)
             return failed
-        conditions = [Task.id == task_id, Task.status == PROCESSING, Task.lease_owner == owner]
+        conditions = [
+            Task.id == task_id,
+            Task.status == TaskStatus.PROCESSING,
+            Task.lease_owner == owner,
+        ]
         if expired:
             conditions.append(Task.lease_expires_at < now)
         async with self.db.write() as session:
@@ -713,7 +721,7 @@ class Lifecycle:
                 update(Task)
                 .where(*conditions)
                 .values(
-                    status=CREATED,
+                    status=TaskStatus.CREATED,
                     lease_owner=None,
                     lease_expires_at=None,
                     lease_losses=Task.lease_losses + 1,
@@ -737,5 +745,5 @@ def _held_by(task_id: str, worker_id: str | None) -> list[Any]:
     if worker_id is None:
         conditions.append(Task.status.in_(ACTIVE))
     else:
-        conditions += [Task.status == PROCESSING, Task.lease_owner == worker_id]
+        conditions += [Task.status == TaskStatus.PROCESSING, Task.lease_owner == worker_id]
     return conditions

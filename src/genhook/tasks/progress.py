@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from sqlalchemy import insert, select
 
 from genhook.db import Database, Task, TaskEvent, now_ms
-from genhook.task_states import PROCESSING
+from genhook.statuses import TaskStatus
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,9 @@ class ProgressRecorder:
                 )
         async with self.db.write() as session:
             owner = await session.scalar(
-                select(Task.lease_owner).where(Task.id == self.task_id, Task.status == PROCESSING)
+                select(Task.lease_owner).where(
+                    Task.id == self.task_id, Task.status == TaskStatus.PROCESSING
+                )
             )
             if owner != self.worker_id:
                 return

@@ -37,6 +37,7 @@ from genhook.db import (
 )
 from genhook.errors import Gone
 from genhook.sender.queue import delete_attempts, delete_deliveries_of
+from genhook.statuses import DeliveryStatus
 from genhook.storage import BlobStore
 from genhook.storage.inputs import keeps_inputs
 from genhook.task_states import TERMINAL
@@ -105,7 +106,7 @@ class Pruner:
         """Finished tasks (with their deliveries, attempts and outputs) older than ``before``;
         a task whose webhook is still being delivered waits for the delivery to end."""
         pending = exists().where(
-            WebhookDelivery.task_id == Task.id, WebhookDelivery.status == "pending"
+            WebhookDelivery.task_id == Task.id, WebhookDelivery.status == DeliveryStatus.PENDING
         )
         deleted = 0
         for _ in range(self.max_batches):

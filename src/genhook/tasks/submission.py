@@ -28,8 +28,8 @@ from genhook.files import disk_problem
 from genhook.media import CONTENT_TYPES, pixel_budget_problem
 from genhook.sender.events import take_webhook_events
 from genhook.services import Services
+from genhook.statuses import TaskStatus
 from genhook.storage.inputs import discard_blobs, stage_inputs
-from genhook.task_states import CREATED
 from genhook.tasks.admission import Admission, request_hash
 from genhook.validation import describe
 
@@ -183,7 +183,7 @@ class Submitter(Services):
             account_id=account_id,
             model=spec.id,
             kind=spec.kind.value,
-            status=CREATED,
+            status=TaskStatus.CREATED,
             params=request.model_dump(mode="json", exclude={"images", "audio", "webhook_url"}),
             inputs=inputs,
             webhook_url=webhook_url,

@@ -10,8 +10,9 @@ from typing import Any
 from genhook.config import Settings
 from genhook.db import Task
 from genhook.errors import ErrorCode
+from genhook.statuses import TaskStatus
 from genhook.storage import BlobStore
-from genhook.task_states import COMPLETED, FAILED, TIMEOUT, TIMEOUT_MESSAGE, UNSUCCESSFUL
+from genhook.task_states import TIMEOUT_MESSAGE, UNSUCCESSFUL
 
 
 def iso_ms(epoch_ms: int) -> str:
@@ -37,11 +38,11 @@ async def prediction_view(
     """Render ``task``; polling shows ``timeout`` as ``failed`` (polling has no ``timeout`` state),
     the webhook payload keeps ``timeout``; ``canceled`` shows as itself."""
     status = task.status
-    if status == TIMEOUT and not for_webhook:
-        status = FAILED
+    if status == TaskStatus.TIMEOUT and not for_webhook:
+        status = TaskStatus.FAILED
     outputs: list[str] = []
     nsfw: list[bool] = []
-    if task.status == COMPLETED:
+    if task.status == TaskStatus.COMPLETED:
         nsfw = [bool(flag) for flag in task.has_nsfw_contents]
         if task.params.get("enable_base64_output"):
             for key in task.outputs:
@@ -63,7 +64,7 @@ async def prediction_view(
         view["error"] = task.error_message or TIMEOUT_MESSAGE
     if task.info:
         view["info"] = task.info
-    if task.status == COMPLETED and task.stt_result is not None:
+    if task.status == TaskStatus.COMPLETED and task.stt_result is not None:
         view["stt_result"] = task.stt_result
     if task.finished_at is not None:
         view["completed_at"] = iso_ms(task.finished_at)

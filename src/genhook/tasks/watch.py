@@ -19,8 +19,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.config import Settings
 from genhook.db import Database, Task, TaskEvent, now_ms
+from genhook.statuses import TaskStatus
 from genhook.storage import BlobStore
-from genhook.task_states import CREATED, PROCESSING, polled_status
+from genhook.task_states import polled_status
 from genhook.tasks.views import iso_ms, prediction_view
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ async def queue_position(session: AsyncSession, task: Task) -> int:
         select(func.count())
         .select_from(Task)
         .where(
-            Task.status == CREATED,
+            Task.status == TaskStatus.CREATED,
             Task.model == task.model,
             Task.deadline_at > now_ms(),
             or_(
@@ -63,9 +64,9 @@ async def log_lines(session: AsyncSession, task_id: str, after: int = 0) -> list
 
 async def live_fields(session: AsyncSession, task: Task) -> dict[str, Any]:
     """Fields a waiting or running task adds to its result; none once it has ended."""
-    if task.status == CREATED:
+    if task.status == TaskStatus.CREATED:
         return {"queue_position": await queue_position(session, task)}
-    if task.status != PROCESSING:
+    if task.status != TaskStatus.PROCESSING:
         return {}
     fields: dict[str, Any] = {}
     if task.started_at is not None:
