@@ -33,6 +33,7 @@ DEVICE = os.environ.get("GENHOOK_TEST_DEVICE", "cpu")
 IMAGE_FAMILIES = {
     "StableDiffusionInstructPix2PixPipeline": "edit",
     "FluxKontextPipeline": "edit",
+    "QwenImageEditPipeline": "edit",
     "StableDiffusionXLPipeline": "text",
     "FluxPipeline": "text",
 }
@@ -146,6 +147,35 @@ async def test_image_family_end_to_end(
         if task == "text":
             refused = await h.submit(body(model, task, images=[data_url()]))
             assert refused.status_code == 400 and "images" in refused.text
+    finally:
+        await close(h)
+
+
+async def test_qwen_guidance_is_true_classifier_free_guidance(
+    weights: dict[str, Path], tmp_path: Path
+) -> None:
+    pipeline = "QwenImageEditPipeline"
+    model = f"local/{pipeline}"
+    h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline])])
+    try:
+        pipe = RESIDENCY.pipeline(h.worker.engine(model).model, h.state.settings)  # type: ignore[attr-defined]
+        encoded: list[Any] = []
+        encode = pipe.encode_prompt
+
+        def recorded(prompt: Any, *args: Any, **kwargs: Any) -> Any:
+            encoded.append(prompt)
+            return encode(prompt, *args, **kwargs)
+
+        pipe.encode_prompt = recorded
+        # Guidance above 1 guides against a blank negative prompt (the pipeline ignores
+        # true_cfg_scale without one); at 1 there is nothing to guide against.
+        guided = await run_task(h, body(model, "edit", guidance_scale=4.0))
+        assert guided["status"] == "completed", guided
+        assert encoded == [["a red square"], [" "]]
+        encoded.clear()
+        plain = await run_task(h, body(model, "edit", guidance_scale=1.0))
+        assert plain["status"] == "completed", plain
+        assert encoded == [["a red square"]]
     finally:
         await close(h)
 

@@ -8,6 +8,7 @@ local-model loader reads exactly as it reads a downloaded model.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -271,6 +272,112 @@ def ltx_image_to_video() -> Any:
     )
 
 
+# Qwen2-VL's special tokens that the processor and Qwen-Image-Edit's prompt template use.
+_QWEN_SPECIAL = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+
+
+def _qwen_tokenizer() -> Any:
+    """Byte-level BPE without merges: one token a byte (GPT-2's alphabet), then the specials."""
+    from transformers import Qwen2TokenizerFast
+
+    vocab = {char: index for index, char in enumerate(_byte_chars())}
+    for token in _QWEN_SPECIAL:
+        vocab[token] = len(vocab)
+    return Qwen2TokenizerFast(
+        vocab=vocab,
+        merges=[],
+        model_max_length=1024,
+        eos_token="<|im_end|>",
+        additional_special_tokens=_QWEN_SPECIAL[1:],
+    )
+
+
+def qwen_image_edit() -> Any:
+    from diffusers import (
+        AutoencoderKLQwenImage,
+        FlowMatchEulerDiscreteScheduler,
+        QwenImageEditPipeline,
+        QwenImageTransformer2DModel,
+    )
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    from genhook.engines.local._qwen import image_processor_class
+
+    tokenizer = _qwen_tokenizer()
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in _QWEN_SPECIAL}
+    config = Qwen2_5_VLConfig(
+        text_config={
+            "hidden_size": 16,
+            "intermediate_size": 16,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "vocab_size": len(tokenizer),
+            "bos_token_id": ids["<|endoftext|>"],
+            "eos_token_id": ids["<|im_end|>"],
+            "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default"},
+            "rope_theta": 1000000.0,
+        },
+        vision_config={
+            "depth": 2,
+            "hidden_size": 16,
+            "intermediate_size": 16,
+            "num_heads": 2,
+            "out_hidden_size": 16,
+        },
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+    )
+    # The image as 2*2 patches of 14 pixels merged into one token: 56*56 pixels, one token.
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=56 * 56)
+    processor = image_processor_class()(image_processor=image_processor, tokenizer=tokenizer)
+    transformer = QwenImageTransformer2DModel(
+        patch_size=2,
+        in_channels=16,
+        out_channels=4,
+        num_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=16,
+        guidance_embeds=False,
+        axes_dims_rope=(8, 4, 4),
+    )
+    # The pipeline encodes its input at about one megapixel whatever the output size: four
+    # channels, no residual blocks on the way down and four halvings (the real VAE has three)
+    # keep that cheap on a CPU.
+    z_dim = 4
+    vae = AutoencoderKLQwenImage(
+        base_dim=4,
+        z_dim=z_dim,
+        dim_mult=[1, 1, 1, 1, 1],
+        num_res_blocks=0,
+        temperal_downsample=[False, True, True, True],
+        latents_mean=[0.0] * z_dim,
+        latents_std=[1.0] * z_dim,
+    )
+    return QwenImageEditPipeline(
+        transformer=transformer,
+        vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        text_encoder=Qwen2_5_VLForConditionalGeneration(config),
+        tokenizer=tokenizer,
+        processor=processor,
+    )
+
+
 def instruct_pix2pix_real_size() -> Any:
     """InstructPix2Pix at Stable Diffusion 1.5's sizes (UNet, VAE, CLIP ViT-L text encoder),
     random weights: what a benchmark on a real card needs, without a download."""
@@ -332,6 +439,7 @@ BUILDERS: dict[str, Callable[[], Any]] = {
     "FluxPipeline": flux,
     "FluxKontextPipeline": flux_kontext,
     "LTXImageToVideoPipeline": ltx_image_to_video,
+    "QwenImageEditPipeline": qwen_image_edit,
 }
 
 
@@ -342,4 +450,19 @@ def build(pipeline: str, directory: Path, seed: int = 0, real_size: bool = False
     real = real_size and pipeline == "StableDiffusionInstructPix2PixPipeline"
     pipe = instruct_pix2pix_real_size().to(torch.float16) if real else BUILDERS[pipeline]()
     pipe.save_pretrained(directory, safe_serialization=True)
+    if pipeline == "QwenImageEditPipeline":
+        _name_the_stock_processor(directory)
     return directory
+
+
+def _name_the_stock_processor(directory: Path) -> None:
+    """The processor was built as genhook's image-only subclass (the stock one needs
+    torchvision); a published Qwen-Image-Edit directory names ``Qwen2VLProcessor``, and so
+    does this one."""
+    for file, key, value in (
+        (directory / "model_index.json", "processor", ["transformers", "Qwen2VLProcessor"]),
+        (directory / "processor" / "processor_config.json", "processor_class", "Qwen2VLProcessor"),
+    ):
+        content = json.loads(file.read_text())
+        content[key] = value
+        file.write_text(json.dumps(content, indent=2))

@@ -228,6 +228,10 @@ class DiffusersEngine(DetectorEngine):
             )
         elif pipeline == "QwenImageEditPipeline":
             kwargs.update(image=images, height=height, width=width, true_cfg_scale=guidance)
+            if guidance > 1:
+                # The pipeline guides only against a negative prompt: without one it ignores
+                # true_cfg_scale. A blank one, as the model's own examples pass.
+                kwargs["negative_prompt"] = [" "] * len(prepared)
         elif pipeline == "LTXImageToVideoPipeline":
             request = prepared[0].request
             kwargs.update(

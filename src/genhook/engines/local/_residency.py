@@ -143,11 +143,18 @@ def load_pipeline(model: LocalModel, device: str, dtype: str) -> Any:
     import torch
 
     pipeline_class = getattr(diffusers, model.pipeline)
+    components: dict[str, Any] = {}
+    if model.pipeline == "QwenImageEditPipeline":
+        # Without the video processor, which would need torchvision (_qwen.py).
+        from genhook.engines.local._qwen import load_processor
+
+        components["processor"] = load_processor(model.path / "processor")
     pipeline = pipeline_class.from_pretrained(
         model.path,
         torch_dtype=getattr(torch, dtype),
         local_files_only=True,
         use_safetensors=True,
+        **components,
     )
     pipeline.set_progress_bar_config(disable=True)
     return pipeline.to(device)
