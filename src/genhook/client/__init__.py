@@ -41,6 +41,7 @@ from genhook.errors import (
     Unauthorized,
 )
 from genhook.signature import standard_secret
+from genhook.statuses import DeliveryStatus, TaskStatus
 
 __all__ = [
     "DEFAULT_BASE_URL",
@@ -51,6 +52,7 @@ __all__ = [
     "Client",
     "Conflict",
     "DedupStore",
+    "DeliveryStatus",
     "FieldError",
     "GenhookError",
     "Gone",
@@ -70,6 +72,7 @@ __all__ = [
     "TaskEvent",
     "TaskFailed",
     "TaskPage",
+    "TaskStatus",
     "TooManyRequests",
     "Unauthorized",
     "Usage",
