@@ -100,3 +100,51 @@ def test_only_the_queue_writes_the_delivery_tables() -> None:
             writers[name] = found
     assert writers == {}
     assert delivery_writes((PACKAGE / "sender" / "queue.py").read_text())
+
+
+def imported_modules(source: str) -> list[str]:
+    """Every module ``source`` imports, at any depth (a late import counts too)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append(node.module)
+            found += [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+    return found
+
+
+def imports_of(source: str, package: str) -> list[str]:
+    return sorted(
+        {
+            name
+            for name in imported_modules(source)
+            if name == package or name.startswith(package + ".")
+        }
+    )
+
+
+def test_the_sender_never_imports_the_task_domain() -> None:
+    """``tasks/`` publishes through its outbox port; ``sender/`` implements it without
+    knowing the task domain (``genhook.wiring`` puts the two together)."""
+    found: dict[str, list[str]] = {}
+    for path in sorted((PACKAGE / "sender").rglob("*.py")):
+        if names := imports_of(path.read_text(), "genhook.tasks"):
+            found[path.relative_to(PACKAGE).as_posix()] = names
+    assert found == {}
+
+
+def test_the_import_check_finds_a_late_import() -> None:
+    source = (
+        "from genhook.db import Task\n"
+        "def late():\n"
+        "    from genhook.tasks.lifecycle import Lifecycle\n"
+        "    import genhook.tasks.views\n"
+        "from genhook import tasks\n"
+    )
+    assert imports_of(source, "genhook.tasks") == [
+        "genhook.tasks",
+        "genhook.tasks.lifecycle",
+        "genhook.tasks.lifecycle.Lifecycle",
+        "genhook.tasks.views",
+    ]

@@ -22,7 +22,7 @@ from genhook.errors import Conflict, FieldError, InvalidRequest, NotFound, whole
 from genhook.sender.fairness import destination_of
 from genhook.sender.outbox import wake_dispatchers
 from genhook.sender.queue import rearm_deliveries, rearm_delivery
-from genhook.tasks.views import iso_ms
+from genhook.times import iso_ms
 
 DELIVERY_STATUSES = ("pending", "delivered", "undeliverable")
 MAX_PAGE = 200

@@ -41,6 +41,7 @@ from genhook.db import Blob, Task, UsageLine
 from genhook.db.driver import Tx, bound_insert
 from genhook.storage import BlobStore
 from genhook.task_states import COMPLETED, CREATED, PROCESSING
+from genhook.tasks.outbox import Outbox, publish_ended
 
 if TYPE_CHECKING:
     from genhook.tasks.lifecycle import Completion
@@ -299,14 +300,13 @@ async def complete_in(
     tx: Tx,
     settings: Settings,
     storage: BlobStore,
+    outbox: Outbox,
     worker_id: str,
     items: Sequence[Completion],
     now: int,
 ) -> list[bool]:
     """End ``items`` as completed in the caller's transaction; per item, whether it was still
     this worker's to end (processing under its lease)."""
-    from genhook.tasks.lifecycle import enqueue_callback
-
     expire_at = now + int(settings.output_retention.total_seconds() * 1000)
     done: list[bool] = []
     input_keys: list[str] = []
@@ -342,5 +342,5 @@ async def complete_in(
     if usage:
         await tx.run_many(INSERT_USAGE, usage)
     for task in webhooks:  # in the order the tasks ended
-        await enqueue_callback(tx, task, settings, storage, now)
+        await publish_ended(outbox, tx, task, settings, storage, now)
     return done

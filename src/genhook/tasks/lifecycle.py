@@ -16,17 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import delete, exists, or_, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook import metrics, wakeups
 from genhook.config import Settings
-from genhook.db import Blob, Database, Task, now_ms
+from genhook.db import Blob, Database, Task, WebhookDelivery, now_ms
 from genhook.db.driver import SessionTx, Tx
 from genhook.errors import ErrorCode
 from genhook.faults import is_infrastructure_error
 from genhook.files import disk_problem
-from genhook.sender.events import enqueue_processing
-from genhook.sender.outbox import enqueue_delivery, event_type_for
 from genhook.storage import BlobStore
 from genhook.task_states import (
     ACTIVE,
@@ -37,6 +36,7 @@ from genhook.task_states import (
     FAILED,
     NOT_STARTED_MESSAGE,
     PROCESSING,
+    TERMINAL,
     TIMEOUT,
     TIMEOUT_MESSAGE,
 )
@@ -59,21 +59,14 @@ from genhook.tasks.hot_path import (
     usage_row,
 )
 from genhook.tasks.liveness import LIVE_SUFFIX, DeathWatch
-from genhook.tasks.views import prediction_view
+from genhook.tasks.outbox import Outbox, TaskStarted, publish_ended, webhook_outbox
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Lifecycle", "enqueue_callback"]
+__all__ = ["Completion", "Lifecycle"]
 
-
-async def enqueue_callback(
-    tx: Tx | AsyncSession, task: Task, settings: Settings, storage: BlobStore, now: int
-) -> None:
-    """Write the outbox row of ``task``'s terminal callback, with the payload polling shows."""
-    payload = await prediction_view(task, settings, storage, for_webhook=True)
-    await enqueue_delivery(
-        tx, task=task, event_type=event_type_for(task.kind), payload=payload, now=now
-    )
+# The most tasks one reconciliation pass publishes missing terminal events for.
+MISSING_BATCH = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +91,8 @@ class Lifecycle:
     _outage_since: int | None = None
     # Standalone workers on PostgreSQL whose database session is gone (``tasks/liveness.py``).
     _deaths: DeathWatch = field(default_factory=DeathWatch)
+    # Where the task's events go: webhook deliveries (``tasks/outbox.py``).
+    outbox: Outbox = field(default_factory=webhook_outbox)
 
     async def claim(
         self,
@@ -151,7 +146,9 @@ class Lifecycle:
         claimed task (or None) and whether yet another was runnable.
         """
         async with self.db.transaction() as tx:
-            done = await complete_in(tx, self.settings, self.storage, worker_id, items, now_ms())
+            done = await complete_in(
+                tx, self.settings, self.storage, self.outbox, worker_id, items, now_ms()
+            )
             if not models:
                 return done, None, False
             task, more = await self._claim_in(
@@ -180,7 +177,7 @@ class Lifecycle:
             return None, False
         (task,) = claimed([row])
         if task.webhook_events:
-            await enqueue_processing(tx, task, params["now"])  # opt-in progress event
+            await self.outbox.task_started(tx, TaskStarted(task, params["now"]))
         if inputs is not None:
             await read_inputs(tx, [task], inputs)
         more = look_on and await tx.first(runnable_one(key), params) is not None
@@ -256,7 +253,7 @@ class Lifecycle:
         tasks = sorted(claimed(rows), key=lambda task: (task.available_at, task.created_at))
         for task in tasks:
             if task.webhook_events:
-                await enqueue_processing(tx, task, params["now"])  # opt-in progress event
+                await self.outbox.task_started(tx, TaskStarted(task, params["now"]))
         if inputs is not None:
             await read_inputs(tx, tasks, inputs)
         metrics.tasks_started(tasks)
@@ -305,7 +302,7 @@ class Lifecycle:
             tasks = claimed(await tx.rows(TAKE_IDS, params | {"ids": ids}))
             for task in tasks:
                 if task.webhook_events:
-                    await enqueue_processing(tx, task, now)  # opt-in progress event
+                    await self.outbox.task_started(tx, TaskStarted(task, now))
             if inputs is not None:
                 await read_inputs(tx, tasks, inputs)
             metrics.tasks_started(tasks)
@@ -417,7 +414,9 @@ class Lifecycle:
         """Several completions in one transaction: group commit for I/O-bound engines,
         whose many tasks in flight would otherwise each pay for a commit."""
         async with self.db.transaction() as tx:
-            return await complete_in(tx, self.settings, self.storage, worker_id, items, now_ms())
+            return await complete_in(
+                tx, self.settings, self.storage, self.outbox, worker_id, items, now_ms()
+            )
 
     async def _finish(
         self,
@@ -477,7 +476,45 @@ class Lifecycle:
         if task.status == COMPLETED and task.charge:
             await session.execute(INSERT_USAGE, [usage_row(task, now, upstream_cost_micros)])
         if task.webhook_url:
-            await enqueue_callback(session, task, self.settings, self.storage, now)
+            await publish_ended(
+                self.outbox, SessionTx(session), task, self.settings, self.storage, now
+            )
+
+    async def enqueue_missing(self, since: int, now: int) -> tuple[int, int | None]:
+        """Reconciliation: publish ``TaskEnded`` for tasks that ended between ``since`` and
+        ``now`` with a webhook but without a terminal delivery, a transaction each; returns
+        how many, and where the next pass resumes when a full batch was found."""
+        missing = (
+            select(Task)
+            .outerjoin(
+                WebhookDelivery,
+                (WebhookDelivery.task_id == Task.id)
+                & WebhookDelivery.event_type.like("%.task.terminal"),
+            )
+            .where(
+                Task.finished_at >= since,
+                Task.finished_at <= now,
+                Task.status.in_(TERMINAL),
+                Task.webhook_url.is_not(None),
+                WebhookDelivery.id.is_(None),
+            )
+            .order_by(Task.finished_at)
+            .limit(MISSING_BATCH)
+        )
+        async with self.db.read() as session:
+            tasks = (await session.scalars(missing)).all()
+        enqueued = 0
+        for task in tasks:
+            try:
+                async with self.db.write() as session:
+                    await publish_ended(
+                        self.outbox, SessionTx(session), task, self.settings, self.storage, now
+                    )
+            except IntegrityError:
+                continue  # enqueued meanwhile by the task's own transaction or another sweeper
+            enqueued += 1
+        resume = tasks[-1].finished_at if len(tasks) == MISSING_BATCH else None
+        return enqueued, resume
 
     async def sweep(self) -> int:
         """Requeue or fail tasks whose lease expired, and time out tasks past their deadline.
@@ -648,9 +685,10 @@ class Lifecycle:
                 input_keys = [i["blob"] for task in tasks for i in task.inputs if "blob" in i]
                 if input_keys:
                     await session.execute(delete(Blob).where(Blob.key.in_(input_keys)))
+                tx = SessionTx(session)
                 for task in tasks:
                     if task.webhook_url:
-                        await enqueue_callback(session, task, self.settings, self.storage, now)
+                        await publish_ended(self.outbox, tx, task, self.settings, self.storage, now)
             metrics.tasks_finished(tasks)
             if tasks:
                 log.info("%d task(s) timed out: %s", len(tasks), message)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import delete, exists, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -31,15 +31,15 @@ from genhook.db import (
     IdempotencyKey,
     Task,
     TaskEvent,
-    WebhookAttempt,
     WebhookDelivery,
     now_ms,
 )
+from genhook.db.driver import SessionTx
 from genhook.errors import Gone
-from genhook.sender.queue import delete_attempts, delete_deliveries_of
 from genhook.storage import BlobStore
 from genhook.storage.inputs import keeps_inputs
 from genhook.task_states import TERMINAL
+from genhook.tasks.outbox import Outbox, TasksDeleted, webhook_outbox
 from genhook.tasks.views import iso_ms
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ class Pruner:
     storage: BlobStore
     batch: int = 1000
     max_batches: int = 20
+    outbox: Outbox = field(default_factory=webhook_outbox)
 
     async def prune(self, now: int | None = None) -> tuple[int, int]:
         """One round: (webhook attempts deleted, tasks deleted)."""
@@ -80,26 +81,7 @@ class Pruner:
         return attempts, tasks
 
     async def prune_attempts(self, before: int) -> int:
-        deleted = 0
-        for _ in range(self.max_batches):
-            # Ids grow with time: the oldest attempts come first, no index on started_at needed.
-            oldest = (
-                select(WebhookAttempt.id)
-                .where(WebhookAttempt.started_at < before)
-                .order_by(WebhookAttempt.id)
-                .limit(self.batch)
-            )
-            async with self.db.read() as session:  # read first: an idle pass writes nothing
-                if await session.scalar(oldest.limit(1)) is None:
-                    break
-            async with self.db.write() as session:
-                ids = list((await session.scalars(oldest)).all())
-                if ids:
-                    await delete_attempts(session, ids)
-            deleted += len(ids)
-            if len(ids) < self.batch:
-                break
-        return deleted
+        return await self.outbox.prune_attempts(self.db, before, self.batch, self.max_batches)
 
     async def prune_tasks(self, before: int) -> int:
         """Finished tasks (with their deliveries, attempts and outputs) older than ``before``;
@@ -122,7 +104,7 @@ class Pruner:
                 rows = (await session.execute(old)).all()
                 ids = [task_id for task_id, _ in rows]
                 if ids:
-                    await delete_deliveries_of(session, ids)
+                    await self.outbox.tasks_deleted(SessionTx(session), TasksDeleted(ids))
                     await session.execute(delete(TaskEvent).where(TaskEvent.task_id.in_(ids)))
                     await session.execute(delete(Task).where(Task.id.in_(ids)))
             # Outputs go once their rows are gone: a crash in between leaves a stray blob,
@@ -148,11 +130,13 @@ class RetentionReport:
 
 
 class Retention:
-    def __init__(self, settings: Settings, db: Database, storage: BlobStore) -> None:
+    def __init__(
+        self, settings: Settings, db: Database, storage: BlobStore, outbox: Outbox | None = None
+    ) -> None:
         self.settings = settings
         self.db = db
         self.storage = storage
-        self.pruner = Pruner(settings, db, storage)
+        self.pruner = Pruner(settings, db, storage, outbox=outbox or webhook_outbox())
 
     async def run_once(self, *, now: int | None = None) -> RetentionReport:
         moment = now if now is not None else now_ms()

@@ -26,7 +26,6 @@ from genhook.errors import FieldError, InvalidRequest, ServiceUnavailable
 from genhook.faults import RETRY_AFTER_SECONDS
 from genhook.files import disk_problem
 from genhook.media import CONTENT_TYPES, pixel_budget_problem
-from genhook.sender.events import take_webhook_events
 from genhook.services import Services
 from genhook.storage.inputs import discard_blobs, stage_inputs
 from genhook.task_states import CREATED
@@ -306,3 +305,37 @@ def field_errors(exc: ValidationError) -> list[FieldError]:
             FieldError(path, describe(path, error["type"], error.get("ctx"), error["msg"]))
         )
     return errors
+
+
+WEBHOOK_EVENTS = ("processing", "terminal")
+
+
+def _refuse(message: str) -> InvalidRequest:
+    return InvalidRequest(message, [FieldError("webhook_events", message)])
+
+
+def take_webhook_events(body: Any) -> tuple[Any, str | None]:
+    """Remove ``webhook_events`` from a submit body (engines never see it) and check it.
+
+    Returns the body and the extra events to store (``"processing"``), or None for the
+    default (the terminal event only).
+    """
+    if not isinstance(body, dict) or "webhook_events" not in body:
+        return body, None
+    body = dict(body)
+    raw = body.pop("webhook_events")
+    if raw is None:
+        return body, None
+    if not isinstance(raw, list) or not all(isinstance(e, str) for e in raw):
+        raise _refuse("webhook_events must be a list of event names")
+    unknown = sorted(set(raw) - set(WEBHOOK_EVENTS))
+    if unknown:
+        raise _refuse(f"unknown webhook event {unknown[0]!r}; known: {', '.join(WEBHOOK_EVENTS)}")
+    if len(set(raw)) != len(raw):
+        raise _refuse("webhook_events lists an event twice")
+    if "terminal" not in raw:
+        raise _refuse("webhook_events must include terminal: the terminal event is always sent")
+    if body.get("webhook_url") is None:
+        raise _refuse("webhook_events needs a webhook_url")
+    extra = [e for e in raw if e != "terminal"]
+    return body, ",".join(extra) or None
