@@ -15,13 +15,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, exists, or_, select, update
+from sqlalchemy import exists, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook import metrics, wakeups
 from genhook.config import Settings
-from genhook.db import Blob, Database, Task, WebhookDelivery, now_ms
+from genhook.db import Database, Task, WebhookDelivery, now_ms
 from genhook.db.driver import SessionTx, Tx
 from genhook.errors import ErrorCode
 from genhook.faults import is_infrastructure_error
@@ -31,7 +31,6 @@ from genhook.task_states import (
     ACTIVE,
     CANCELED,
     CANCELED_MESSAGE,
-    COMPLETED,
     CREATED,
     FAILED,
     NOT_STARTED_MESSAGE,
@@ -40,26 +39,23 @@ from genhook.task_states import (
     TIMEOUT,
     TIMEOUT_MESSAGE,
 )
-from genhook.tasks.hot_path import (
+from genhook.tasks.liveness import LIVE_SUFFIX, DeathWatch
+from genhook.tasks.outbox import Outbox, TaskStarted, publish_ended, webhook_outbox
+from genhook.tasks.store.hot_path import (
     HEARTBEAT,
     HELD,
-    INSERT_USAGE,
     TAKE_IDS,
     claim_candidates,
     claim_one,
     claim_params,
     claimed,
-    complete_in,
-    delete_blobs,
     keys_params,
     read_inputs,
     runnable_one,
     runnable_params,
     take_ids,
-    usage_row,
 )
-from genhook.tasks.liveness import LIVE_SUFFIX, DeathWatch
-from genhook.tasks.outbox import Outbox, TaskStarted, publish_ended, webhook_outbox
+from genhook.tasks.store.terminal import complete_in, end_where
 
 log = logging.getLogger(__name__)
 
@@ -445,40 +441,17 @@ class Lifecycle:
         values: dict[str, Any],
         upstream_cost_micros: int | None,
     ) -> Task | None:
-        now = now_ms()
-        retention_ms = int(self.settings.output_retention.total_seconds() * 1000)
-        stmt = (
-            update(Task)
-            .where(*conditions)
-            .values(
-                **values,
-                lease_owner=None,
-                lease_expires_at=None,
-                finished_at=now,
-                updated_at=now,
-                outputs_expire_at=now + retention_ms,
-            )
-            .returning(Task)
-            .execution_options(synchronize_session=False)
+        ended = await end_where(
+            session,
+            conditions,
+            values,
+            now_ms(),
+            self.settings,
+            self.storage,
+            self.outbox,
+            upstream_cost_micros,
         )
-        task = (await session.execute(stmt)).scalars().first()
-        if task is None:
-            return None
-        await self._on_terminal(session, task, now, upstream_cost_micros)
-        return task
-
-    async def _on_terminal(
-        self, session: AsyncSession, task: Task, now: int, upstream_cost_micros: int | None = None
-    ) -> None:
-        input_keys = [item["blob"] for item in task.inputs if "blob" in item]
-        if input_keys:
-            await session.execute(delete_blobs(len(input_keys)), keys_params(input_keys))
-        if task.status == COMPLETED and task.charge:
-            await session.execute(INSERT_USAGE, [usage_row(task, now, upstream_cost_micros)])
-        if task.webhook_url:
-            await publish_ended(
-                self.outbox, SessionTx(session), task, self.settings, self.storage, now
-            )
+        return ended[0] if ended else None
 
     async def enqueue_missing(self, since: int, now: int) -> tuple[int, int | None]:
         """Reconciliation: publish ``TaskEnded`` for tasks that ended between ``since`` and
@@ -656,7 +629,6 @@ class Lifecycle:
         self, now: int, conditions: list[Any], message: str, batch: int, max_batches: int
     ) -> int:
         changed = 0
-        retention_ms = int(self.settings.output_retention.total_seconds() * 1000)
         for _ in range(max_batches):
             async with self.db.read() as session:  # read first: an idle sweep writes nothing
                 if await session.scalar(select(Task.id).where(*conditions).limit(1)) is None:
@@ -664,31 +636,17 @@ class Lifecycle:
             chosen = (
                 select(Task.id).where(*conditions).limit(batch).with_for_update(skip_locked=True)
             )
-            stmt = (
-                update(Task)
-                .where(Task.id.in_(chosen.scalar_subquery()), *conditions)
-                .values(
-                    status=TIMEOUT,
-                    error_code=int(ErrorCode.TIMEOUT),
-                    error_message=message,
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    finished_at=now,
-                    updated_at=now,
-                    outputs_expire_at=now + retention_ms,
-                )
-                .returning(Task)
-                .execution_options(synchronize_session=False)
-            )
+            values = dict(status=TIMEOUT, error_code=int(ErrorCode.TIMEOUT), error_message=message)
             async with self.db.write() as session:
-                tasks = list((await session.execute(stmt)).scalars().all())
-                input_keys = [i["blob"] for task in tasks for i in task.inputs if "blob" in i]
-                if input_keys:
-                    await session.execute(delete(Blob).where(Blob.key.in_(input_keys)))
-                tx = SessionTx(session)
-                for task in tasks:
-                    if task.webhook_url:
-                        await publish_ended(self.outbox, tx, task, self.settings, self.storage, now)
+                tasks = await end_where(
+                    session,
+                    [Task.id.in_(chosen.scalar_subquery()), *conditions],
+                    values,
+                    now,
+                    self.settings,
+                    self.storage,
+                    self.outbox,
+                )
             metrics.tasks_finished(tasks)
             if tasks:
                 log.info("%d task(s) timed out: %s", len(tasks), message)
