@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import exists, or_, select, update
+from sqlalchemy import exists, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -41,6 +41,7 @@ from genhook.task_states import (
 )
 from genhook.tasks.liveness import LIVE_SUFFIX, DeathWatch
 from genhook.tasks.outbox import Outbox, TaskStarted, publish_ended, webhook_outbox
+from genhook.tasks.store import writes
 from genhook.tasks.store.hot_path import (
     HEARTBEAT,
     HELD,
@@ -333,23 +334,14 @@ class Lifecycle:
         database fault that is the service's own); ``delay_seconds`` before it is claimable."""
         now = now_ms()
         async with self.db.write() as session:
-            result = await session.execute(
-                update(Task)
-                .where(Task.id == task_id, Task.status == PROCESSING, Task.lease_owner == worker_id)
-                .values(
-                    status=CREATED,
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    available_at=now + int(delay_seconds * 1000),
-                    updated_at=now,
-                )
-                .execution_options(synchronize_session=False)
+            released = await writes.release(
+                session, task_id, worker_id, now, now + int(delay_seconds * 1000)
             )
             # A delayed task is not claimable yet: a worker woken for it alone would claim
             # at once and find nothing. The poll finds it when it is due.
-            if result.rowcount and delay_seconds <= 0:  # type: ignore[attr-defined]
+            if released and delay_seconds <= 0:
                 await wakeups.notify(session, wakeups.TASKS)
-        return bool(result.rowcount)  # type: ignore[attr-defined]
+        return bool(released)
 
     async def complete(
         self,
@@ -518,44 +510,10 @@ class Lifecycle:
         back the time it had left when it began, and a task whose lease ran out inside it is
         requeued without counting a lost lease (its worker could not renew it either)."""
         outage = now - since
-        active = [Task.status.in_(ACTIVE), Task.deadline_at >= since, Task.deadline_at < now]
-        expired = [
-            Task.status == PROCESSING,
-            Task.lease_expires_at >= since,
-            Task.lease_expires_at < now,
-        ]
         async with self.db.write() as session:
-            extended = await session.execute(
-                update(Task)
-                .where(*active)
-                .values(deadline_at=Task.deadline_at + outage, updated_at=now)
-                .execution_options(synchronize_session=False)
-            )
-            await session.execute(
-                update(Task)
-                .where(
-                    Task.status == CREATED,
-                    Task.start_deadline_at >= since,
-                    Task.start_deadline_at < now,
-                )
-                .values(start_deadline_at=Task.start_deadline_at + outage)
-                .execution_options(synchronize_session=False)
-            )
-            requeued = await session.execute(
-                update(Task)
-                .where(*expired)
-                .values(
-                    status=CREATED,
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    available_at=now,
-                    updated_at=now,
-                )
-                .execution_options(synchronize_session=False)
-            )
-            if requeued.rowcount:  # type: ignore[attr-defined]
+            counts = await writes.forgive_outage(session, since, now)
+            if counts[1]:
                 await wakeups.notify(session, wakeups.TASKS)
-        counts = (extended.rowcount, requeued.rowcount)  # type: ignore[attr-defined]
         log.log(
             logging.WARNING if any(counts) else logging.INFO,
             "an outage of %.1f s is over: %d deadline(s) extended, %d task(s) requeued uncharged",
@@ -701,26 +659,11 @@ class Lifecycle:
             if failed:
                 metrics.lease_lost(failed=True)
             return failed
-        conditions = [Task.id == task_id, Task.status == PROCESSING, Task.lease_owner == owner]
-        if expired:
-            conditions.append(Task.lease_expires_at < now)
         async with self.db.write() as session:
-            result = await session.execute(
-                update(Task)
-                .where(*conditions)
-                .values(
-                    status=CREATED,
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    lease_losses=Task.lease_losses + 1,
-                    available_at=now,
-                    updated_at=now,
-                )
-                .execution_options(synchronize_session=False)
-            )
-            if result.rowcount:  # type: ignore[attr-defined]
+            requeued = await writes.requeue_lost(session, task_id, owner, now, expired=expired)
+            if requeued:
                 await wakeups.notify(session, wakeups.TASKS)
-        if result.rowcount:  # type: ignore[attr-defined]
+        if requeued:
             log.warning("task %s lost its lease (worker %s); requeued", task_id, owner)
             metrics.lease_lost(failed=False)
             return True

@@ -19,13 +19,12 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
-from sqlalchemy import delete, exists, select, update
+from sqlalchemy import delete, exists, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from genhook.config import Settings
 from genhook.db import (
-    Blob,
     Database,
     ExpiredOutput,
     IdempotencyKey,
@@ -40,6 +39,7 @@ from genhook.storage import BlobStore
 from genhook.storage.inputs import keeps_inputs
 from genhook.task_states import TERMINAL
 from genhook.tasks.outbox import Outbox, TasksDeleted, webhook_outbox
+from genhook.tasks.store import writes
 from genhook.tasks.views import iso_ms
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class Pruner:
                 if ids:
                     await self.outbox.tasks_deleted(SessionTx(session), TasksDeleted(ids))
                     await session.execute(delete(TaskEvent).where(TaskEvent.task_id.in_(ids)))
-                    await session.execute(delete(Task).where(Task.id.in_(ids)))
+                    await writes.delete_tasks(session, ids)
             # Outputs go once their rows are gone: a crash in between leaves a stray blob,
             # never a task pointing at a missing one.
             for _, outputs in rows:
@@ -173,15 +173,8 @@ class Retention:
                 for key in input_keys:
                     await self.storage.delete(key)
             async with self.db.write() as session:
-                if input_keys:
-                    await session.execute(delete(Blob).where(Blob.key.in_(input_keys)))
-                await session.execute(
-                    update(Task)
-                    .where(Task.id.in_([task_id for task_id, _, _ in due]))
-                    .where(Task.outputs_purged_at.is_(None))
-                    .values(outputs_purged_at=moment)
-                    .execution_options(synchronize_session=False)
-                )
+                ids = [task_id for task_id, _, _ in due]
+                await writes.purge_outputs(session, ids, input_keys, moment)
             report.tasks = len(due)
             report.outputs = len(tombstones)
         report.idempotency_keys = await self._drop_expired_keys(moment, batch)
@@ -209,14 +202,7 @@ class Retention:
             return 0
         async with self.db.write() as session:
             for account_id, key in keys:
-                result = await session.execute(
-                    delete(IdempotencyKey).where(
-                        IdempotencyKey.account_id == account_id,
-                        IdempotencyKey.key == key,
-                        IdempotencyKey.expires_at <= now,
-                    )
-                )
-                dropped += int(result.rowcount)  # type: ignore[attr-defined]
+                dropped += await writes.drop_expired_key(session, account_id, key, now)
         return dropped
 
     async def run_forever(self, stop: asyncio.Event) -> None:
