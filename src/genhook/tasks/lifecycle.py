@@ -4,8 +4,9 @@ created -> processing -> completed | failed | timeout | canceled; processing -> 
 a lease is lost (up to ``max_lease_losses``); the states live in ``genhook.task_states``.
 Every transition is one conditional UPDATE, so two workers or two sweepers racing on one
 task cannot both win, and a terminal state is final.
-The terminal transition writes the usage line and the webhook outbox row in the same
-transaction.
+The terminal transition deletes the input blobs, writes the usage line and publishes the
+outbox event in the same transaction (``tasks/store/terminal.py``); every statement that
+writes a task runs in the task store (``tasks/store/``).
 """
 
 from __future__ import annotations
