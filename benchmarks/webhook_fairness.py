@@ -51,6 +51,7 @@ from genhook.sender.destinations import list_destinations
 from genhook.sender.fairness import destination_of, endpoint_of
 from genhook.sender.outbox import build_body, enqueue_delivery
 from genhook.sender.service import WebhookService
+from genhook.wiring import webhook_service
 
 HANG_SECONDS = 5.0
 
@@ -263,7 +264,7 @@ async def main(args: argparse.Namespace) -> int:
         else:
             await enqueue_hostile(db, hostile.never_url, "never", args.hostile, hostile_account)
             await enqueue_hostile(db, hostile.slow_url, "slow", args.hostile, hostile_account)
-        service = WebhookService(settings, db)
+        service = webhook_service(settings, db)
         run = asyncio.create_task(service.run(stop))
         await dispatcher_ready(service)
         begin = time.perf_counter()

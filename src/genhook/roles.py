@@ -128,12 +128,12 @@ class DispatcherRole:
     """
 
     def __init__(self, state: Services, *, owner: str | None = None) -> None:
-        from genhook.sender.service import WebhookService
+        from genhook.wiring import lifecycle, webhook_service
 
         self.state = state
         # The same policy (and resolver) as submit-time checks guards every delivery.
-        self.webhooks = WebhookService(state.settings, state.db, policy=state.policy, owner=owner)
-        self.lifecycle = Lifecycle(state.settings, state.db, state.storage)
+        self.webhooks = webhook_service(state.settings, state.db, policy=state.policy, owner=owner)
+        self.lifecycle = lifecycle(state.settings, state.db, state.storage)
 
     @property
     def started(self) -> bool:

@@ -24,7 +24,7 @@ from genhook.sender.feed import LocalFeed
 from genhook.sender.keys import KeyRing
 from genhook.sender.outbox import enqueue_delivery
 from genhook.sender.queue import DeliveryQueue, Outcome, Ticked, delivery_queue
-from genhook.sender.service import WebhookService
+from genhook.wiring import webhook_service
 from tests.support.webhook_receiver import (
     FeedWrapper,
     Receiver,
@@ -77,7 +77,7 @@ async def running(settings: Settings, db: Database) -> AsyncIterator[ExchangeLog
     """A dispatcher woken by deliveries enqueued (as the service runs it), with its feed's
     exchanges noted; stopped on the way out."""
     dispatcher = Dispatcher(
-        settings, db, policy=WebhookService(settings, db).policy, keyring=KeyRing(db, settings)
+        settings, db, policy=webhook_service(settings, db).policy, keyring=KeyRing(db, settings)
     )
     log = ExchangeLog(dispatcher.feed, dispatcher)
     dispatcher.feed = log  # type: ignore[assignment]

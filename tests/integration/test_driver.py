@@ -17,7 +17,7 @@ from genhook import wakeups
 from genhook.db import Database, Task, UsageLine, now_ms
 from genhook.db.driver import SessionTx, Tx, compiled
 from genhook.faults import is_infrastructure_error
-from genhook.tasks.hot_path import INSERT_USAGE
+from genhook.tasks.store.hot_path import INSERT_USAGE
 from tests.support.postgres import PostgresServer
 from tests.support.queued import queued_rows
 from tests.support.webhook_receiver import add_account, create_schema

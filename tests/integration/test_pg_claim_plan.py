@@ -14,7 +14,7 @@ from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 
 from genhook.accounts import create_account
 from genhook.db import Blob, Database, Task, now_ms
-from genhook.tasks.hot_path import claim_candidates, claim_params
+from genhook.tasks.store.hot_path import claim_candidates, claim_params
 from tests.support.migrated import migrate
 from tests.support.queued import queued_rows
 

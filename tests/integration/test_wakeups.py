@@ -16,7 +16,7 @@ from sqlalchemy import text
 
 from genhook import wakeups
 from genhook.db import Database
-from genhook.sender.service import WebhookService
+from genhook.wiring import webhook_service
 from tests.support.webhook_receiver import (
     Receiver,
     add_account,
@@ -84,7 +84,7 @@ async def test_a_scheduled_retry_is_sent_when_due_without_polling(
     )
     receiver = await Receiver(sequence(500, 200)).start()
     await add_account(database)
-    service = WebhookService(settings, database)
+    service = webhook_service(settings, database)
     stop = asyncio.Event()
     run = asyncio.create_task(service.run(stop))
     try:

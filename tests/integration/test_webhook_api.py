@@ -21,9 +21,9 @@ from genhook.db import Database, WebhookDelivery
 from genhook.engines.registry import build_registry
 from genhook.net._policy import DEV_MODE_HINT
 from genhook.sender.keys import ensure_signing_key, load_encryption_key
-from genhook.sender.service import WebhookService
 from genhook.signature import b64url_decode, hmac_hex
 from genhook.tasks import Worker
+from genhook.wiring import webhook_service
 from tests.support.images import data_url
 from tests.support.webhook_receiver import (
     Receiver,
@@ -70,7 +70,7 @@ async def app(tmp_path: Path, database_url: str) -> AsyncIterator[App]:
 
 async def run_service(app: App, until: Any, timeout: float = 20.0) -> None:
     stop = asyncio.Event()
-    task = asyncio.create_task(WebhookService(app.state.settings, app.state.db).run(stop))
+    task = asyncio.create_task(webhook_service(app.state.settings, app.state.db).run(stop))
     try:
         async with asyncio.timeout(timeout):
             while not await until():

@@ -22,6 +22,7 @@ from genhook.net import AddressPolicy
 from genhook.sender.keys import ensure_signing_key, jwks, rotate_signing_key
 from genhook.sender.service import WebhookService
 from genhook.signature import b64url_decode
+from genhook.wiring import webhook_service
 from tests.support.webhook_receiver import (
     MapResolver,
     Receiver,
@@ -111,7 +112,7 @@ async def test_signed_delivery_migration_mode(env: tuple[Settings, Database]) ->
     try:
         task = terminal_task("task_ok", f"http://127.0.0.1:{receiver.port}/hook")
         delivery_id = await enqueue(db, task)
-        async with Running(WebhookService(settings, db)):
+        async with Running(webhook_service(settings, db)):
             row = await settle(db, delivery_id)
         assert row.status == "delivered"
         [got] = receiver.received
@@ -183,7 +184,7 @@ async def test_ed25519_mode_over_https(env: tuple[Settings, Database], tmp_path:
         bad = await enqueue(
             db, terminal_task("task_badname", f"https://wrong.test:{receiver.port}/")
         )
-        async with Running(WebhookService(settings, db, resolver=resolver)):
+        async with Running(webhook_service(settings, db, resolver=resolver)):
             assert (await settle(db, ok)).status == "delivered"
             await receiver.wait_for(1)
             while not await attempts(db, bad):
@@ -214,7 +215,7 @@ async def test_retries_then_success_and_attempt_log(env: tuple[Settings, Databas
         delivery_id = await enqueue(
             db, terminal_task("task_retry", f"http://127.0.0.1:{receiver.port}/")
         )
-        async with Running(WebhookService(settings, db)):
+        async with Running(webhook_service(settings, db)):
             row = await settle(db, delivery_id)
         assert row.status == "delivered" and row.attempts == 3
         log = await attempts(db, delivery_id)
@@ -235,7 +236,7 @@ async def test_gone_stops_and_max_attempts_give_up(env: tuple[Settings, Database
     try:
         a = await enqueue(db, terminal_task("task_gone", f"http://127.0.0.1:{gone.port}/"))
         b = await enqueue(db, terminal_task("task_fail", f"http://127.0.0.1:{failing.port}/"))
-        async with Running(WebhookService(settings, db)):
+        async with Running(webhook_service(settings, db)):
             assert (await settle(db, a)).status == "undeliverable"
             assert (await settle(db, b)).status == "undeliverable"
         assert len(gone.received) == 1
@@ -253,7 +254,7 @@ async def test_retry_after_is_honoured(env: tuple[Settings, Database]) -> None:
         delivery_id = await enqueue(
             db, terminal_task("task_429", f"http://127.0.0.1:{receiver.port}/")
         )
-        async with Running(WebhookService(settings, db)):
+        async with Running(webhook_service(settings, db)):
             await receiver.wait_for(1)
             while (row := await delivery(db, delivery_id)).attempts < 1:
                 await asyncio.sleep(0.02)
@@ -266,7 +267,7 @@ async def test_retry_after_is_honoured(env: tuple[Settings, Database]) -> None:
             r = await session.get(WebhookDelivery, delivery_id)
             assert r is not None
             r.next_attempt_at = 0
-        async with Running(WebhookService(settings2, db)):
+        async with Running(webhook_service(settings2, db)):
             await receiver.wait_for(2)
             while (row := await delivery(db, delivery_id)).attempts < 2:
                 await asyncio.sleep(0.02)
@@ -300,7 +301,7 @@ async def test_timeout_redirect_and_refused_connection(env: tuple[Settings, Data
         a = await enqueue(db, terminal_task("t_hang", f"http://127.0.0.1:{slow.port}/"))
         b = await enqueue(db, terminal_task("t_redirect", f"http://127.0.0.1:{mover.port}/"))
         c = await enqueue(db, terminal_task("t_closed", f"http://127.0.0.1:{closed.port}/"))
-        async with Running(WebhookService(settings, db)):
+        async with Running(webhook_service(settings, db)):
             rows = [await settle(db, x) for x in (a, b, c)]
         release.set()
         assert [r.status for r in rows] == ["undeliverable"] * 3
@@ -330,7 +331,7 @@ async def test_dns_rebinding_refused_at_delivery(
         await policy.check_webhook_url(url)  # public at submit time
         resolver.table["rebind.test"] = ["127.0.0.1"]  # private at delivery time
         delivery_id = await enqueue(db, terminal_task("t_rebind", url))
-        async with Running(WebhookService(settings, db, policy=policy)):
+        async with Running(webhook_service(settings, db, policy=policy)):
             row = await settle(db, delivery_id)
         assert row.status == "undeliverable"
         log = await attempts(db, delivery_id)
@@ -359,7 +360,7 @@ async def test_key_rotation_while_deliveries_pending(env: tuple[Settings, Databa
         delivery_id = await enqueue(
             db, terminal_task("t_rot", f"http://127.0.0.1:{receiver.port}/")
         )
-        async with Running(WebhookService(settings, db)):
+        async with Running(webhook_service(settings, db)):
             await receiver.wait_for(1)
             new_kid = await rotate_signing_key(db, settings)
             row = await settle(db, delivery_id)
@@ -391,8 +392,8 @@ async def test_two_services_deliver_each_exactly_once(env: tuple[Settings, Datab
             for i in range(120)
         ]
         async with (
-            Running(WebhookService(settings, db, owner="a")),
-            Running(WebhookService(settings, db, owner="b")),
+            Running(webhook_service(settings, db, owner="a")),
+            Running(webhook_service(settings, db, owner="b")),
         ):
             await receiver.wait_for(120)
             for delivery_id in ids:
@@ -414,7 +415,7 @@ async def test_binary_answers_are_logged_safely(env: tuple[Settings, Database]) 
         delivery_id = await enqueue(
             db, terminal_task("t_bin", f"http://127.0.0.1:{receiver.port}/")
         )
-        async with Running(WebhookService(settings, db)):
+        async with Running(webhook_service(settings, db)):
             row = await settle(db, delivery_id)
         assert row.status == "delivered"
         first = (await attempts(db, delivery_id))[0]
@@ -455,7 +456,7 @@ async def test_the_next_due_read_waits_for_the_attempt_in_flight(
     try:
         task = terminal_task("task_read", f"http://127.0.0.1:{receiver.port}/hook")
         delivery_id = await enqueue(db, task)
-        async with Running(WebhookService(settings, db)):
+        async with Running(webhook_service(settings, db)):
             assert (await settle(db, delivery_id)).status == "delivered"
             async with asyncio.timeout(10):
                 while not reads:
@@ -479,7 +480,7 @@ async def test_a_retry_falls_due_without_a_read_of_its_own(
     try:
         task = terminal_task("task_retry", f"http://127.0.0.1:{receiver.port}/hook")
         delivery_id = await enqueue(db, task)
-        async with Running(WebhookService(settings, db)):
+        async with Running(webhook_service(settings, db)):
             row = await settle(db, delivery_id, timeout=10.0)
         assert row.status == "delivered"
         assert [a.status_code for a in await attempts(db, delivery_id)] == [500, 204]

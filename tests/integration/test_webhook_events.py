@@ -19,8 +19,8 @@ from genhook.api import AppState, build_state, create_app
 from genhook.db import Database
 from genhook.engines.registry import build_registry
 from genhook.sender.keys import ensure_signing_key
-from genhook.sender.service import WebhookService
 from genhook.tasks import Worker
+from genhook.wiring import webhook_service
 from tests.support.images import data_url
 from tests.support.webhook_receiver import Receiver, create_schema, status, webhook_settings
 
@@ -67,7 +67,7 @@ async def app(tmp_path: Path, database_url: str) -> AsyncIterator[App]:
 
 async def run_until(app: App, receiver: Receiver, count: int) -> None:
     stop = asyncio.Event()
-    service = WebhookService(app.state.settings, app.state.db)
+    service = webhook_service(app.state.settings, app.state.db)
     running = asyncio.create_task(service.run(stop))
     try:
         while service.dispatcher is None:

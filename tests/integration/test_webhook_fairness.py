@@ -15,7 +15,7 @@ from genhook.config import Settings
 from genhook.db import Database, WebhookAttempt, WebhookDelivery
 from genhook.sender.destinations import list_destinations
 from genhook.sender.fairness import destination_of
-from genhook.sender.service import WebhookService
+from genhook.wiring import webhook_service
 from tests.support.webhook_receiver import (
     Receiver,
     enqueue,
@@ -84,7 +84,7 @@ async def test_a_hanging_destination_does_not_hold_the_others(
             )
             for i in range(30)
         ]
-        run = asyncio.create_task(WebhookService(settings, db).run(stop))
+        run = asyncio.create_task(webhook_service(settings, db).run(stop))
 
         async def healthy_done() -> bool:
             return await statuses(db, fine) == ["delivered"] * 30
@@ -131,7 +131,7 @@ async def test_a_dead_destination_is_backed_off_and_probed_back(
     url = f"http://127.0.0.1:{port}/hook"
     ids = [await enqueue(db, terminal_task(f"t_dead_{i}", url)) for i in range(6)]
     stop = asyncio.Event()
-    run = asyncio.create_task(WebhookService(settings, db).run(stop))
+    run = asyncio.create_task(webhook_service(settings, db).run(stop))
     runner: web.AppRunner | None = None
     try:
 

@@ -15,7 +15,7 @@ from genhook.sender.dispatcher import Dispatcher
 from genhook.sender.feed import LocalFeed
 from genhook.sender.keys import KeyRing
 from genhook.sender.queue import Outcome
-from genhook.sender.service import WebhookService
+from genhook.wiring import webhook_service
 from tests.support.webhook_receiver import (
     FeedWrapper,
     Receiver,
@@ -54,7 +54,7 @@ async def test_acknowledgement_survives_a_full_disk(tmp_path: Path, database_url
         dispatcher = Dispatcher(
             settings,
             db,
-            policy=WebhookService(settings, db).policy,
+            policy=webhook_service(settings, db).policy,
             keyring=KeyRing(db, settings),
             lease_margin_seconds=0.2,
         )

@@ -19,7 +19,7 @@ from genhook.config import Settings
 from genhook.db import Database, WebhookAttempt, WebhookDelivery
 from genhook.sender.destinations import list_destinations, record_transitions
 from genhook.sender.fairness import Transition
-from genhook.sender.service import WebhookService
+from genhook.wiring import webhook_service
 from tests.conftest import make_harness, make_settings
 from tests.integration.test_console import signed_in
 from tests.support.webhook_receiver import (
@@ -72,7 +72,7 @@ def all_in(db: Database, ids: list[str], status: str) -> Callable[[], Awaitable[
 
 async def serve(settings: Settings, db: Database, work: Callable[[], Awaitable[None]]) -> None:
     stop = asyncio.Event()
-    run = asyncio.create_task(WebhookService(settings, db).run(stop))
+    run = asyncio.create_task(webhook_service(settings, db).run(stop))
     try:
         await work()
     finally:

@@ -20,8 +20,9 @@ from genhook.db import Database, WebhookAttempt, WebhookDelivery, now_ms
 from genhook.sender import queue
 from genhook.sender.dispatcher import Dispatcher
 from genhook.sender.keys import KeyRing
-from genhook.sender.reconcile import Reconciler
 from genhook.sender.service import WebhookService
+from genhook.wiring import reconciler as wired_reconciler
+from genhook.wiring import webhook_service
 from tests.support.webhook_receiver import (
     Receiver,
     delivery_database,
@@ -105,7 +106,7 @@ async def test_sender_killed_mid_flight_delivery_still_arrives(
         async with db.read() as session:
             row = await session.get(WebhookDelivery, delivery_id)
             assert row is not None and row.status == "pending" and row.lease_owner is not None
-        service = WebhookService(settings, db, lease_margin_seconds=0.5)
+        service = webhook_service(settings, db, lease_margin_seconds=0.5)
         await run_until(service, wait_status(db, delivery_id, "delivered"))
         first, second = receiver.received
         assert first.headers["X-Service-Webhook-Id"] == "t_killed"
@@ -158,7 +159,7 @@ async def test_reconciler_enqueues_missing_and_clears_expired(
                     updated_at=old,
                 )
             )
-        reconciler = Reconciler(settings, db)
+        reconciler = wired_reconciler(settings, db)
         report = await reconciler.run_once()
         assert (report.enqueued, report.expired_leases) == (1, 1)
         again = await reconciler.run_once()
@@ -173,7 +174,7 @@ async def test_reconciler_enqueues_missing_and_clears_expired(
         assert body["status"] == "ERROR" and body["payload"]["status"] == "timeout"
         assert body["error"] == "The task did not finish before its deadline."
         assert body["payload"]["error_code"] == 4002
-        service = WebhookService(settings, db)
+        service = webhook_service(settings, db)
         await run_until(service, wait_status(db, row.id, "delivered"))
         await wait_status(db, "whd_stuck", "delivered")
         ids = sorted(r.headers["X-Service-Webhook-Id"] for r in receiver.received)
@@ -198,7 +199,7 @@ async def test_graceful_stop_releases_nothing_in_flight(env: tuple[Settings, Dat
             db, terminal_task("t_graceful", f"http://127.0.0.1:{receiver.port}/")
         )
         stop = asyncio.Event()
-        run = asyncio.create_task(WebhookService(settings, db).run(stop))
+        run = asyncio.create_task(webhook_service(settings, db).run(stop))
         await asyncio.wait_for(gate.wait(), 20)
         stop.set()
         await run
@@ -217,7 +218,7 @@ async def test_due_and_missing_queries_use_indexes(env: tuple[Settings, Database
     if not db.is_sqlite:
         pytest.skip("EXPLAIN QUERY PLAN is SQLite's")
     dispatcher = Dispatcher(
-        settings, db, policy=WebhookService(settings, db).policy, keyring=KeyRing(db, settings)
+        settings, db, policy=webhook_service(settings, db).policy, keyring=KeyRing(db, settings)
     )
     assert (await dispatcher.feed.exchange((), 10)).claimed == []
     await dispatcher.feed.close()

@@ -17,7 +17,7 @@ from genhook.api import AppState, build_state, create_app
 from genhook.db import Database
 from genhook.engines.registry import build_registry
 from genhook.sender.keys import ensure_signing_key
-from genhook.sender.service import WebhookService
+from genhook.wiring import webhook_service
 from tests.support.webhook_receiver import (
     Receiver,
     create_schema,
@@ -63,7 +63,7 @@ async def app(tmp_path: Path, database_url: str) -> AsyncIterator[App]:
 
 async def deliver_until(app: App, until: Any) -> None:
     stop = asyncio.Event()
-    run = asyncio.create_task(WebhookService(app.state.settings, app.state.db).run(stop))
+    run = asyncio.create_task(webhook_service(app.state.settings, app.state.db).run(stop))
     try:
         async with asyncio.timeout(20):
             while not await until():

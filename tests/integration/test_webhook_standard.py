@@ -17,8 +17,8 @@ from genhook.client import standard_secret
 from genhook.config import Settings
 from genhook.db import Account, Database, WebhookDelivery
 from genhook.sender.keys import ensure_signing_key, jwks
-from genhook.sender.service import WebhookService
 from genhook.signature import b64url_decode, hmac_hex
+from genhook.wiring import webhook_service
 from tests.support.webhook_receiver import (
     Receiver,
     add_account,
@@ -71,7 +71,7 @@ async def test_per_account_standard_headers_stable_across_retries(
         b = await enqueue(
             db, terminal_task("t_plain", f"http://127.0.0.1:{plain.port}/", account_id="acct_2")
         )
-        run = asyncio.create_task(WebhookService(settings, db).run(stop))
+        run = asyncio.create_task(webhook_service(settings, db).run(stop))
         await settle(db, [a, b])
         stop.set()
         await run

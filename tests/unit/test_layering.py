@@ -1,6 +1,8 @@
 """Handlers stay free of SQL: every query lives in its table's home module (``tasks/``,
 ``accounts.py``, ``sender/``, ...), and a route or CLI command only calls it. The webhook
-delivery tables have one writer, ``sender/queue.py``.
+delivery tables have one writer, ``sender/queue.py``; the task tables (``tasks``, ``blobs``,
+``usage_lines``, ``idempotency_keys``) have one, the task store (``tasks/store/``). The
+webhook side never imports the task domain.
 
 Read from the source, so a handler that grows a query fails here before review.
 """
@@ -8,6 +10,7 @@ Read from the source, so a handler that grows a query fails here before review.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -100,3 +103,130 @@ def test_only_the_queue_writes_the_delivery_tables() -> None:
             writers[name] = found
     assert writers == {}
     assert delivery_writes((PACKAGE / "sender" / "queue.py").read_text())
+
+
+def imported_modules(source: str) -> list[str]:
+    """Every module ``source`` imports, at any depth (a late import counts too)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append(node.module)
+            found += [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+    return found
+
+
+def imports_of(source: str, package: str) -> list[str]:
+    return sorted(
+        {
+            name
+            for name in imported_modules(source)
+            if name == package or name.startswith(package + ".")
+        }
+    )
+
+
+TASK_MODELS = {"Task", "Blob", "UsageLine", "IdempotencyKey"}
+TASK_TABLES = ("tasks", "blobs", "usage_lines", "idempotency_keys")
+# What builds a write statement: SQLAlchemy's constructs, the dialects' upserts under the
+# names the code imports them as, and the driver path's ``bound_insert``.
+WRITE_CALLS = {"insert", "update", "delete", "pg_insert", "sqlite_insert", "upsert", "bound_insert"}
+RAW_WRITE = re.compile(
+    r"\b(INSERT\s+(OR\s+\w+\s+)?INTO|UPDATE|DELETE\s+FROM|REPLACE\s+INTO)\s+[\"`]?("
+    + "|".join(TASK_TABLES)
+    + r")\b",
+    re.IGNORECASE,
+)
+
+
+def _names_in(node: ast.AST) -> set[str]:
+    return {child.id for child in ast.walk(node) if isinstance(child, ast.Name)}
+
+
+def task_table_writes(source: str) -> list[str]:
+    """Statements that write a task table: a write construct on one of its models (also as
+    ``Model.__table__``), a task model's ``__table__`` taken at all (how a Core statement on
+    it is built), or SQL text that writes one of the tables."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            if name in WRITE_CALLS and node.args:
+                models = sorted(_names_in(node.args[0]) & TASK_MODELS)
+                if models:
+                    found.append(f"line {node.lineno}: {name}({models[0]})")
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr == "__table__"
+            and isinstance(node.value, ast.Name)
+            and node.value.id in TASK_MODELS
+        ):
+            found.append(f"line {node.lineno}: {node.value.id}.__table__")
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and (match := RAW_WRITE.search(node.value))
+        ):
+            found.append(f"line {node.lineno}: {match.group(0)!r}")
+    return sorted(set(found), key=lambda line: int(line.split(":")[0].split()[1]))
+
+
+def test_only_the_store_writes_the_task_tables() -> None:
+    writers: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE).as_posix()
+        if name.startswith("tasks/store/") or "/migrations/" in name:
+            continue
+        if found := task_table_writes(path.read_text()):
+            writers[name] = found
+    assert writers == {}
+    store = "".join(path.read_text() for path in (PACKAGE / "tasks" / "store").glob("*.py"))
+    assert task_table_writes(store)
+
+
+def test_the_check_finds_a_task_table_write() -> None:
+    source = (
+        "stmt = update(Task).where(Task.id == 1)\n"
+        "table = cast(Table, Blob.__table__)\n"
+        "await session.execute(delete(IdempotencyKey))\n"
+        "upsert = pg_insert(UsageLine)\n"
+        "select(Task.id)\n"
+        "update(WebhookDelivery)\n"
+        'sql = "UPDATE tasks SET status = 1"\n'
+        'read = "SELECT * FROM tasks"\n'
+    )
+    assert task_table_writes(source) == [
+        "line 1: update(Task)",
+        "line 2: Blob.__table__",
+        "line 3: delete(IdempotencyKey)",
+        "line 4: pg_insert(UsageLine)",
+        "line 7: 'UPDATE tasks'",
+    ]
+
+
+def test_the_sender_never_imports_the_task_domain() -> None:
+    """``tasks/`` publishes through its outbox port; ``sender/`` implements it without
+    knowing the task domain (``genhook.wiring`` puts the two together)."""
+    found: dict[str, list[str]] = {}
+    for path in sorted((PACKAGE / "sender").rglob("*.py")):
+        if names := imports_of(path.read_text(), "genhook.tasks"):
+            found[path.relative_to(PACKAGE).as_posix()] = names
+    assert found == {}
+
+
+def test_the_import_check_finds_a_late_import() -> None:
+    source = (
+        "from genhook.db import Task\n"
+        "def late():\n"
+        "    from genhook.tasks.lifecycle import Lifecycle\n"
+        "    import genhook.tasks.views\n"
+        "from genhook import tasks\n"
+    )
+    assert imports_of(source, "genhook.tasks") == [
+        "genhook.tasks",
+        "genhook.tasks.lifecycle",
+        "genhook.tasks.lifecycle.Lifecycle",
+        "genhook.tasks.views",
+    ]

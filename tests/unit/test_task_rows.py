@@ -8,7 +8,7 @@ import sys
 
 SCRIPT = """
 from genhook.db import Task
-from genhook.tasks.hot_path import claimed
+from genhook.tasks.store.hot_path import claimed
 
 columns = {column.key: None for column in Task.__table__.columns}
 row = columns | {"id": "t-1", "webhook_events": "processing"}

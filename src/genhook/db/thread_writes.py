@@ -7,7 +7,8 @@ pages to the WAL, for hundreds of milliseconds in which the loop would answer no
 ``ThreadWriter`` runs such a transaction in a worker thread instead, holding the process's
 write turn (``Database.write_turn``) as the delivery queue does, and writes each large value
 through SQLite's incremental blob I/O in 256 KiB pieces: SQLite releases the interpreter
-lock while it works, so no single call holds it for long.
+lock while it works, so no single call holds it for long. The statements are the task
+store's (``genhook.tasks.store.writes.write_task_rows``).
 """
 
 from __future__ import annotations
@@ -18,12 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, create_engine, event, func, insert, literal_column
-from sqlalchemy import select as sql_select
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.pool import StaticPool
 
 from genhook.db.database import Database, open_sqlite
-from genhook.db.models import Blob, IdempotencyKey, Task
 
 T = TypeVar("T")
 # A value larger than this makes a transaction worth the hand-over to the thread.
@@ -77,37 +76,3 @@ def _engine(path: str) -> Engine:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
-
-
-def insert_blobs(connection: Connection, blobs: list[dict[str, Any]]) -> None:
-    """Insert rows of ``blobs``; a large value is written in pieces, never bound whole."""
-    small = [blob for blob in blobs if len(blob["data"]) <= LARGE_VALUE_BYTES]
-    if small:
-        connection.execute(insert(Blob), small)
-    for blob in blobs:
-        data = blob["data"]
-        if len(data) <= LARGE_VALUE_BYTES:
-            continue
-        connection.execute(insert(Blob).values({**blob, "data": func.zeroblob(len(data))}))
-        rowid: int = connection.execute(
-            sql_select(literal_column("rowid")).select_from(Blob).where(Blob.key == blob["key"])
-        ).scalar_one()
-        raw = connection.connection.driver_connection
-        assert raw is not None
-        view = memoryview(data)
-        with raw.blobopen("blobs", "data", rowid) as handle:
-            for offset in range(0, len(data), PIECE_BYTES):
-                handle.write(view[offset : offset + PIECE_BYTES])
-
-
-def write_task_rows(
-    connection: Connection,
-    task: dict[str, Any],
-    blobs: list[dict[str, Any]],
-    keys: list[dict[str, Any]],
-) -> None:
-    """A submit's rows: its task, its input blobs and its idempotency key."""
-    connection.execute(insert(Task), [task])
-    insert_blobs(connection, blobs)
-    if keys:
-        connection.execute(insert(IdempotencyKey), keys)

@@ -23,7 +23,7 @@ from genhook.sender.fairness import destination_of
 from genhook.sender.outbox import wake_dispatchers
 from genhook.sender.queue import rearm_deliveries, rearm_delivery
 from genhook.statuses import DeliveryStatus
-from genhook.tasks.views import iso_ms
+from genhook.times import iso_ms
 
 MAX_PAGE = 200
 # One bulk redelivery touches at most this many deliveries; repeat it for more.

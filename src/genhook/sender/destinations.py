@@ -19,7 +19,7 @@ from genhook.db import Database, WebhookDelivery, WebhookDestination, now_ms
 from genhook.sender.fairness import Transition
 from genhook.sender.queue import defer_circuit
 from genhook.statuses import DeliveryStatus
-from genhook.tasks.views import iso_ms
+from genhook.times import iso_ms
 
 # Destinations with a delivery this recent (or one still pending) are listed.
 WINDOW_MS = 24 * 3600 * 1000

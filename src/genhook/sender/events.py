@@ -1,4 +1,5 @@
-"""Opt-in progress events: ``webhook_events`` on submit and the ``*.task.processing`` event.
+"""Opt-in progress events: the ``*.task.processing`` event a submit's ``webhook_events`` asks
+for (parsed with the submit, ``tasks/submission.py``).
 
 The contract's single terminal event stays the default and is always sent. A task that
 asks for ``"processing"`` also gets ``<kind>.task.processing`` when a worker starts it: an
@@ -26,7 +27,6 @@ from sqlalchemy.orm import aliased
 
 from genhook.db import Task, WebhookDelivery
 from genhook.db.driver import Tx
-from genhook.errors import FieldError, InvalidRequest
 from genhook.sender.outbox import wake_dispatchers
 from genhook.sender.queue import (
     event_enqueued,
@@ -36,40 +36,7 @@ from genhook.sender.queue import (
 )
 from genhook.statuses import DeliveryStatus, TaskStatus
 
-# The processing event is named after the state it announces.
-EVENTS = (TaskStatus.PROCESSING, "terminal")
 SUPERSEDED = "superseded by the terminal event"
-
-
-def _refuse(message: str) -> InvalidRequest:
-    return InvalidRequest(message, [FieldError("webhook_events", message)])
-
-
-def take_webhook_events(body: Any) -> tuple[Any, str | None]:
-    """Remove ``webhook_events`` from a submit body (engines never see it) and check it.
-
-    Returns the body and the extra events to store (``"processing"``), or None for the
-    default (the terminal event only).
-    """
-    if not isinstance(body, dict) or "webhook_events" not in body:
-        return body, None
-    body = dict(body)
-    raw = body.pop("webhook_events")
-    if raw is None:
-        return body, None
-    if not isinstance(raw, list) or not all(isinstance(e, str) for e in raw):
-        raise _refuse("webhook_events must be a list of event names")
-    unknown = sorted(set(raw) - set(EVENTS))
-    if unknown:
-        raise _refuse(f"unknown webhook event {unknown[0]!r}; known: {', '.join(EVENTS)}")
-    if len(set(raw)) != len(raw):
-        raise _refuse("webhook_events lists an event twice")
-    if "terminal" not in raw:
-        raise _refuse("webhook_events must include terminal: the terminal event is always sent")
-    if body.get("webhook_url") is None:
-        raise _refuse("webhook_events needs a webhook_url")
-    extra = [e for e in raw if e != "terminal"]
-    return body, ",".join(extra) or None
 
 
 def wants(task: Task, event: str) -> bool:

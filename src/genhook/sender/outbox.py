@@ -1,24 +1,77 @@
 """The transactional outbox: the delivery row commits with the task's terminal state.
 
-The body is serialized once, here, and every attempt sends exactly
-these bytes; only the timestamp and signatures change per attempt.
+``WebhookOutbox`` is the webhook side of the task domain's outbox port
+(``genhook.tasks.outbox.Outbox``): it reads the events it is given through protocols of its
+own, so this package never imports the task domain. The body is serialized once, here, and
+every attempt sends exactly these bytes; only the timestamp and signatures change per
+attempt.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook import wakeups
-from genhook.db import Task
+from genhook.db import Database, Task
 from genhook.db.driver import Tx, as_tx
-from genhook.sender.queue import insert_delivery
+from genhook.sender.queue import delete_deliveries_of, insert_delivery, prune_attempts
 from genhook.statuses import TaskStatus
 from genhook.task_states import TIMEOUT_MESSAGE, is_terminal
 
 FAILED_ERROR = "The task failed."
+
+
+class Started(Protocol):
+    """A task a worker just claimed."""
+
+    @property
+    def task(self) -> Task: ...
+
+    @property
+    def now(self) -> int: ...
+
+
+class Ended(Started, Protocol):
+    """A task that just ended, with its prediction response."""
+
+    @property
+    def payload(self) -> Mapping[str, Any]: ...
+
+
+class Deleted(Protocol):
+    """Finished tasks that retention deleted."""
+
+    @property
+    def task_ids(self) -> Sequence[str]: ...
+
+
+class WebhookOutbox:
+    """Task events as webhook deliveries, each in the caller's transaction."""
+
+    async def task_started(self, tx: Tx, event: Started) -> None:
+        from genhook.sender.events import enqueue_processing
+
+        await enqueue_processing(tx, event.task, event.now)  # opt-in progress event
+
+    async def task_ended(self, tx: Tx, event: Ended) -> None:
+        task = event.task
+        await enqueue_delivery(
+            tx,
+            task=task,
+            event_type=event_type_for(task.kind),
+            payload=dict(event.payload),
+            now=event.now,
+        )
+
+    async def tasks_deleted(self, tx: Tx, event: Deleted) -> None:
+        await delete_deliveries_of(tx, event.task_ids)
+
+    async def prune_attempts(self, db: Database, before: int, batch: int, max_batches: int) -> int:
+        return await prune_attempts(db, before, batch, max_batches)
 
 
 def event_type_for(kind: str) -> str:

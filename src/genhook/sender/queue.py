@@ -955,12 +955,37 @@ async def delete_attempts(session: AsyncSession, ids: Sequence[int]) -> None:
     await session.execute(delete(WebhookAttempt).where(WebhookAttempt.id.in_(ids)))
 
 
-async def delete_deliveries_of(session: AsyncSession, task_ids: Sequence[str]) -> None:
+async def prune_attempts(db: Database, before: int, batch: int, max_batches: int) -> int:
+    """Delete attempts started before ``before``, ``batch`` per short transaction and at most
+    ``max_batches`` transactions (retention); returns how many went."""
+    deleted = 0
+    for _ in range(max_batches):
+        # Ids grow with time: the oldest attempts come first, no index on started_at needed.
+        oldest = (
+            select(WebhookAttempt.id)
+            .where(WebhookAttempt.started_at < before)
+            .order_by(WebhookAttempt.id)
+            .limit(batch)
+        )
+        async with db.read() as session:  # read first: an idle pass writes nothing
+            if await session.scalar(oldest.limit(1)) is None:
+                break
+        async with db.write() as session:
+            ids = list((await session.scalars(oldest)).all())
+            if ids:
+                await delete_attempts(session, ids)
+        deleted += len(ids)
+        if len(ids) < batch:
+            break
+    return deleted
+
+
+async def delete_deliveries_of(tx: Tx, task_ids: Sequence[str]) -> None:
     """Every delivery of these tasks, with its attempts and replays (tasks being pruned)."""
     deliveries = select(WebhookDelivery.id).where(WebhookDelivery.task_id.in_(task_ids))
-    await session.execute(delete(WebhookAttempt).where(WebhookAttempt.delivery_id.in_(deliveries)))
-    await session.execute(delete(WebhookReplay).where(WebhookReplay.delivery_id.in_(deliveries)))
-    await session.execute(delete(WebhookDelivery).where(WebhookDelivery.task_id.in_(task_ids)))
+    await tx.run(delete(WebhookAttempt).where(WebhookAttempt.delivery_id.in_(deliveries)), {})
+    await tx.run(delete(WebhookReplay).where(WebhookReplay.delivery_id.in_(deliveries)), {})
+    await tx.run(delete(WebhookDelivery).where(WebhookDelivery.task_id.in_(task_ids)), {})
 
 
 async def release_deliveries(db: Database, owner: str) -> int:

@@ -11,20 +11,17 @@ it finds, not to the size of the tables.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from sqlalchemy import and_, func, select
-from sqlalchemy.exc import IntegrityError
 
 from genhook.config import Settings
-from genhook.db import Database, Task, WebhookDelivery, now_ms
+from genhook.db import Database, WebhookDelivery, now_ms
 from genhook.sender.events import stale_progress_exists, supersede_stale_progress
 from genhook.sender.keys import retire_expired_keys
 from genhook.sender.queue import clear_expired_leases
 from genhook.statuses import DeliveryStatus
-from genhook.storage import open_blob_store
-from genhook.task_states import TERMINAL
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +32,7 @@ INITIAL_LOOKBACK_MS = 86_400_000
 OVERLAP_MS = 2 * 60_000
 # A due delivery this late is reported as missed by the fast path.
 OVERDUE_MS = 60_000
-BATCH = 500
+BATCH = 500  # overdue deliveries counted at most
 
 
 @dataclass
@@ -46,21 +43,34 @@ class PassReport:
     retired_keys: int = 0
 
 
+# Publishes the terminal events of tasks that ended between ``since`` and ``now`` without one;
+# returns how many, and where the next pass resumes (None: from ``now`` less the overlap).
+# The task domain supplies it (``Lifecycle.enqueue_missing``, wired in ``genhook.wiring``).
+MissingEvents = Callable[[int, int], Awaitable[tuple[int, int | None]]]
+
+
 class Reconciler:
     def __init__(
-        self, settings: Settings, db: Database, *, wake: Callable[[], None] | None = None
+        self,
+        settings: Settings,
+        db: Database,
+        *,
+        wake: Callable[[], None] | None = None,
+        missing: MissingEvents | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
         self.wake = wake
+        self.missing = missing
         self.since: int | None = None
-        self.storage = open_blob_store(settings, db)
 
     async def run_once(self, *, now: int | None = None) -> PassReport:
         moment = now if now is not None else now_ms()
         report = PassReport()
         since = self.since if self.since is not None else moment - INITIAL_LOOKBACK_MS
-        report.enqueued, resume = await self._enqueue_missing(since, moment)
+        resume = None
+        if self.missing is not None:
+            report.enqueued, resume = await self.missing(since, moment)
         # A full batch means more may be missing: continue from there on the next pass.
         self.since = resume if resume is not None else moment - OVERLAP_MS
         report.expired_leases = await self._clear_expired_leases(moment)
@@ -82,40 +92,6 @@ class Reconciler:
                 report.overdue,
             )
         return report
-
-    async def _enqueue_missing(self, since: int, now: int) -> tuple[int, int | None]:
-        # The task domain imports the outbox, so the outbox side imports it late.
-        from genhook.tasks.lifecycle import enqueue_callback
-
-        missing = (
-            select(Task)
-            .outerjoin(
-                WebhookDelivery,
-                (WebhookDelivery.task_id == Task.id)
-                & WebhookDelivery.event_type.like("%.task.terminal"),
-            )
-            .where(
-                Task.finished_at >= since,
-                Task.finished_at <= now,
-                Task.status.in_(TERMINAL),
-                Task.webhook_url.is_not(None),
-                WebhookDelivery.id.is_(None),
-            )
-            .order_by(Task.finished_at)
-            .limit(BATCH)
-        )
-        async with self.db.read() as session:
-            tasks = (await session.scalars(missing)).all()
-        enqueued = 0
-        for task in tasks:
-            try:
-                async with self.db.write() as session:
-                    await enqueue_callback(session, task, self.settings, self.storage, now)
-            except IntegrityError:
-                continue  # enqueued meanwhile by the task's own transaction or another sweeper
-            enqueued += 1
-        resume = tasks[-1].finished_at if len(tasks) == BATCH else None
-        return enqueued, resume
 
     async def _clear_expired_leases(self, now: int) -> int:
         expired = (

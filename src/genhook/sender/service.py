@@ -1,6 +1,8 @@
 """The webhook delivery service: dispatcher and reconciliation sweeper, in one process.
 
 Run it in as many processes and machines as needed against one database; claims are safe.
+What it needs of the task domain (the reconciler's missing terminal events, the retention
+job that runs beside it) is handed in by the composition root, ``genhook.wiring``.
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from genhook import wakeups
 from genhook.config import Settings
@@ -17,15 +20,14 @@ from genhook.db import Database
 from genhook.net import AddressPolicy, Resolver
 from genhook.sender.dispatcher import LEASE_MARGIN_SECONDS, Dispatcher
 from genhook.sender.keys import KeyRing, ensure_signing_key
-from genhook.sender.reconcile import Reconciler
-from genhook.storage import open_blob_store
-
-if TYPE_CHECKING:
-    from genhook.tasks.retention import Retention
+from genhook.sender.reconcile import MissingEvents, Reconciler
 
 __all__ = ["WebhookService", "ensure_signing_key"]
 
 log = logging.getLogger(__name__)
+
+# A job run beside the dispatcher until the event is set (retention).
+Job = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 
 
 class WebhookService:
@@ -39,6 +41,8 @@ class WebhookService:
         ssl_context: ssl.SSLContext | None = None,
         owner: str | None = None,
         lease_margin_seconds: float = LEASE_MARGIN_SECONDS,
+        missing: MissingEvents | None = None,
+        jobs: Sequence[Job] = (),
     ) -> None:
         self.settings = settings
         self.db = db
@@ -49,7 +53,8 @@ class WebhookService:
         self._owner = owner
         self._lease_margin = lease_margin_seconds
         self.dispatcher: Dispatcher | None = None
-        self.reconciler = Reconciler(settings, db, wake=self.wake)
+        self.reconciler = Reconciler(settings, db, wake=self.wake, missing=missing)
+        self._jobs = list(jobs)
 
     def wake(self) -> None:
         """Look for due deliveries now instead of at the next poll."""
@@ -73,21 +78,16 @@ class WebhookService:
         wake = wakeups.subscribe(self.db.url, wakeups.DELIVERIES, dispatcher.wake)
         sweeper = asyncio.create_task(self._reconcile_forever(stop))
         # Output retention runs on this role too, beside reconciliation.
-        retention = asyncio.create_task(self._retention().run_forever(stop))
+        others = [asyncio.create_task(job(stop)) for job in self._jobs]
         try:
             await dispatcher.run(stop)
         finally:
             wake.close()
             if not stop.is_set():
                 sweeper.cancel()
-                retention.cancel()
-            await asyncio.gather(sweeper, retention, return_exceptions=True)
-
-    def _retention(self) -> Retention:
-        # The task domain imports the outbox, so this side imports it late.
-        from genhook.tasks.retention import Retention
-
-        return Retention(self.settings, self.db, open_blob_store(self.settings, self.db))
+                for other in others:
+                    other.cancel()
+            await asyncio.gather(sweeper, *others, return_exceptions=True)
 
     async def _reconcile_forever(self, stop: asyncio.Event) -> None:
         interval = self.settings.webhook_reconcile_interval_seconds

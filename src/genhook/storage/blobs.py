@@ -9,9 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from sqlalchemy import delete, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import select
 
 from genhook.config import Settings
 from genhook.db import Blob, Database, now_ms
@@ -143,14 +141,11 @@ class DatabaseBlobStore:
     async def put(self, key: str, data: bytes, content_type: str) -> None:
         if not valid_key(key):
             raise ValueError(f"invalid blob key {key!r}")
+        from genhook.tasks.store.writes import put_blob  # the blobs table's one writer
+
         values = {"key": key, "content_type": content_type, "data": data, "created_at": now_ms()}
-        insert = pg_insert if self.db.is_postgres else sqlite_insert
-        stmt = insert(Blob).values(**values)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[Blob.key], set_={"content_type": content_type, "data": data}
-        )
         async with self.db.write() as session:
-            await session.execute(stmt)
+            await put_blob(session, values, postgres=self.db.is_postgres)
 
     async def get(self, key: str) -> tuple[bytes, str] | None:
         async with self.db.read() as session:
@@ -160,8 +155,10 @@ class DatabaseBlobStore:
         return (bytes(row[0]), row[1]) if row else None
 
     async def delete(self, key: str) -> None:
+        from genhook.tasks.store.writes import delete_blob
+
         async with self.db.write() as session:
-            await session.execute(delete(Blob).where(Blob.key == key))
+            await delete_blob(session, key)
 
 
 async def close_blob_store(store: BlobStore) -> None:

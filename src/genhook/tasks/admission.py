@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
@@ -25,9 +25,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from genhook import wakeups
 from genhook.config import Settings
 from genhook.data_urls import InlineData
-from genhook.db import AccountLimit, Blob, Database, IdempotencyKey, Task
+from genhook.db import AccountLimit, Database, IdempotencyKey, Task
+from genhook.db.driver import SessionTx
 from genhook.errors import Conflict, FieldError, InvalidRequest, TooManyRequests
 from genhook.task_states import ACTIVE
+from genhook.tasks.store.writes import drop_expired_key, insert_keys, insert_tasks, task_values
 
 if TYPE_CHECKING:
     from genhook.tasks.submission import GroupInserter
@@ -139,13 +141,7 @@ class Admission:
         if row is not None:
             # Past its time: free the key for this request.
             async with self.db.write() as session:
-                await session.execute(
-                    delete(IdempotencyKey).where(
-                        IdempotencyKey.account_id == account_id,
-                        IdempotencyKey.key == key,
-                        IdempotencyKey.expires_at <= now,
-                    )
-                )
+                await drop_expired_key(session, account_id, key, now)
         return None
 
     async def insert(
@@ -181,16 +177,11 @@ class Admission:
                 await self.inserter.insert(task, blobs, keys)
                 return task
             async with self.db.write() as session:
+                tx = SessionTx(session)
                 # The key first: a parallel retry waits here for this transaction's outcome.
-                if keys:
-                    await session.execute(insert(IdempotencyKey), keys)
+                await insert_keys(tx, keys)
                 await self._take_slot(session, task.account_id, limits, now)
-                columns = [column.key for column in Task.__table__.columns]
-                await session.execute(
-                    insert(Task), [{name: getattr(task, name) for name in columns}]
-                )
-                if blobs:
-                    await session.execute(insert(Blob), blobs)
+                await insert_tasks(tx, [task_values(task)], blobs)
                 await wakeups.notify(session, wakeups.TASKS)
         except IntegrityError:
             if key is None:

@@ -4,8 +4,9 @@ created -> processing -> completed | failed | timeout | canceled; processing -> 
 a lease is lost (up to ``max_lease_losses``); the states live in ``genhook.task_states``.
 Every transition is one conditional UPDATE, so two workers or two sweepers racing on one
 task cannot both win, and a terminal state is final.
-The terminal transition writes the usage line and the webhook outbox row in the same
-transaction.
+The terminal transition deletes the input blobs, writes the usage line and publishes the
+outbox event in the same transaction (``tasks/store/terminal.py``); every statement that
+writes a task runs in the task store (``tasks/store/``).
 """
 
 from __future__ import annotations
@@ -15,55 +16,51 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, exists, or_, select, update
+from sqlalchemy import exists, or_, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook import metrics, wakeups
 from genhook.config import Settings
-from genhook.db import Blob, Database, Task, now_ms
+from genhook.db import Database, Task, WebhookDelivery, now_ms
 from genhook.db.driver import SessionTx, Tx
 from genhook.errors import ErrorCode
 from genhook.faults import is_infrastructure_error
 from genhook.files import disk_problem
-from genhook.sender.events import enqueue_processing
-from genhook.sender.outbox import enqueue_delivery, event_type_for
 from genhook.statuses import TaskStatus
 from genhook.storage import BlobStore
-from genhook.task_states import ACTIVE, CANCELED_MESSAGE, NOT_STARTED_MESSAGE, TIMEOUT_MESSAGE
-from genhook.tasks.hot_path import (
+from genhook.task_states import (
+    ACTIVE,
+    CANCELED_MESSAGE,
+    NOT_STARTED_MESSAGE,
+    TERMINAL,
+    TIMEOUT_MESSAGE,
+)
+from genhook.tasks.liveness import LIVE_SUFFIX, DeathWatch
+from genhook.tasks.outbox import Outbox, TaskStarted, publish_ended, webhook_outbox
+from genhook.tasks.store import writes
+from genhook.tasks.store.hot_path import (
     HEARTBEAT,
     HELD,
-    INSERT_USAGE,
     TAKE_IDS,
     claim_candidates,
     claim_one,
     claim_params,
     claimed,
-    complete_in,
-    delete_blobs,
     keys_params,
     read_inputs,
     runnable_one,
     runnable_params,
     take_ids,
-    usage_row,
 )
-from genhook.tasks.liveness import LIVE_SUFFIX, DeathWatch
-from genhook.tasks.views import prediction_view
+from genhook.tasks.store.terminal import complete_in, end_where
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Lifecycle", "enqueue_callback"]
+__all__ = ["Completion", "Lifecycle"]
 
-
-async def enqueue_callback(
-    tx: Tx | AsyncSession, task: Task, settings: Settings, storage: BlobStore, now: int
-) -> None:
-    """Write the outbox row of ``task``'s terminal callback, with the payload polling shows."""
-    payload = await prediction_view(task, settings, storage, for_webhook=True)
-    await enqueue_delivery(
-        tx, task=task, event_type=event_type_for(task.kind), payload=payload, now=now
-    )
+# The most tasks one reconciliation pass publishes missing terminal events for.
+MISSING_BATCH = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +85,8 @@ class Lifecycle:
     _outage_since: int | None = None
     # Standalone workers on PostgreSQL whose database session is gone (``tasks/liveness.py``).
     _deaths: DeathWatch = field(default_factory=DeathWatch)
+    # Where the task's events go: webhook deliveries (``tasks/outbox.py``).
+    outbox: Outbox = field(default_factory=webhook_outbox)
 
     async def claim(
         self,
@@ -141,7 +140,9 @@ class Lifecycle:
         claimed task (or None) and whether yet another was runnable.
         """
         async with self.db.transaction() as tx:
-            done = await complete_in(tx, self.settings, self.storage, worker_id, items, now_ms())
+            done = await complete_in(
+                tx, self.settings, self.storage, self.outbox, worker_id, items, now_ms()
+            )
             if not models:
                 return done, None, False
             task, more = await self._claim_in(
@@ -170,7 +171,7 @@ class Lifecycle:
             return None, False
         (task,) = claimed([row])
         if task.webhook_events:
-            await enqueue_processing(tx, task, params["now"])  # opt-in progress event
+            await self.outbox.task_started(tx, TaskStarted(task, params["now"]))
         if inputs is not None:
             await read_inputs(tx, [task], inputs)
         more = look_on and await tx.first(runnable_one(key), params) is not None
@@ -246,7 +247,7 @@ class Lifecycle:
         tasks = sorted(claimed(rows), key=lambda task: (task.available_at, task.created_at))
         for task in tasks:
             if task.webhook_events:
-                await enqueue_processing(tx, task, params["now"])  # opt-in progress event
+                await self.outbox.task_started(tx, TaskStarted(task, params["now"]))
         if inputs is not None:
             await read_inputs(tx, tasks, inputs)
         metrics.tasks_started(tasks)
@@ -295,7 +296,7 @@ class Lifecycle:
             tasks = claimed(await tx.rows(TAKE_IDS, params | {"ids": ids}))
             for task in tasks:
                 if task.webhook_events:
-                    await enqueue_processing(tx, task, now)  # opt-in progress event
+                    await self.outbox.task_started(tx, TaskStarted(task, now))
             if inputs is not None:
                 await read_inputs(tx, tasks, inputs)
             metrics.tasks_started(tasks)
@@ -330,27 +331,14 @@ class Lifecycle:
         database fault that is the service's own); ``delay_seconds`` before it is claimable."""
         now = now_ms()
         async with self.db.write() as session:
-            result = await session.execute(
-                update(Task)
-                .where(
-                    Task.id == task_id,
-                    Task.status == TaskStatus.PROCESSING,
-                    Task.lease_owner == worker_id,
-                )
-                .values(
-                    status=TaskStatus.CREATED,
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    available_at=now + int(delay_seconds * 1000),
-                    updated_at=now,
-                )
-                .execution_options(synchronize_session=False)
+            released = await writes.release(
+                session, task_id, worker_id, now, now + int(delay_seconds * 1000)
             )
             # A delayed task is not claimable yet: a worker woken for it alone would claim
             # at once and find nothing. The poll finds it when it is due.
-            if result.rowcount and delay_seconds <= 0:  # type: ignore[attr-defined]
+            if released and delay_seconds <= 0:
                 await wakeups.notify(session, wakeups.TASKS)
-        return bool(result.rowcount)  # type: ignore[attr-defined]
+        return bool(released)
 
     async def complete(
         self,
@@ -417,7 +405,9 @@ class Lifecycle:
         """Several completions in one transaction: group commit for I/O-bound engines,
         whose many tasks in flight would otherwise each pay for a commit."""
         async with self.db.transaction() as tx:
-            return await complete_in(tx, self.settings, self.storage, worker_id, items, now_ms())
+            return await complete_in(
+                tx, self.settings, self.storage, self.outbox, worker_id, items, now_ms()
+            )
 
     async def _finish(
         self,
@@ -446,38 +436,53 @@ class Lifecycle:
         values: dict[str, Any],
         upstream_cost_micros: int | None,
     ) -> Task | None:
-        now = now_ms()
-        retention_ms = int(self.settings.output_retention.total_seconds() * 1000)
-        stmt = (
-            update(Task)
-            .where(*conditions)
-            .values(
-                **values,
-                lease_owner=None,
-                lease_expires_at=None,
-                finished_at=now,
-                updated_at=now,
-                outputs_expire_at=now + retention_ms,
-            )
-            .returning(Task)
-            .execution_options(synchronize_session=False)
+        ended = await end_where(
+            session,
+            conditions,
+            values,
+            now_ms(),
+            self.settings,
+            self.storage,
+            self.outbox,
+            upstream_cost_micros,
         )
-        task = (await session.execute(stmt)).scalars().first()
-        if task is None:
-            return None
-        await self._on_terminal(session, task, now, upstream_cost_micros)
-        return task
+        return ended[0] if ended else None
 
-    async def _on_terminal(
-        self, session: AsyncSession, task: Task, now: int, upstream_cost_micros: int | None = None
-    ) -> None:
-        input_keys = [item["blob"] for item in task.inputs if "blob" in item]
-        if input_keys:
-            await session.execute(delete_blobs(len(input_keys)), keys_params(input_keys))
-        if task.status == TaskStatus.COMPLETED and task.charge:
-            await session.execute(INSERT_USAGE, [usage_row(task, now, upstream_cost_micros)])
-        if task.webhook_url:
-            await enqueue_callback(session, task, self.settings, self.storage, now)
+    async def enqueue_missing(self, since: int, now: int) -> tuple[int, int | None]:
+        """Reconciliation: publish ``TaskEnded`` for tasks that ended between ``since`` and
+        ``now`` with a webhook but without a terminal delivery, a transaction each; returns
+        how many, and where the next pass resumes when a full batch was found."""
+        missing = (
+            select(Task)
+            .outerjoin(
+                WebhookDelivery,
+                (WebhookDelivery.task_id == Task.id)
+                & WebhookDelivery.event_type.like("%.task.terminal"),
+            )
+            .where(
+                Task.finished_at >= since,
+                Task.finished_at <= now,
+                Task.status.in_(TERMINAL),
+                Task.webhook_url.is_not(None),
+                WebhookDelivery.id.is_(None),
+            )
+            .order_by(Task.finished_at)
+            .limit(MISSING_BATCH)
+        )
+        async with self.db.read() as session:
+            tasks = (await session.scalars(missing)).all()
+        enqueued = 0
+        for task in tasks:
+            try:
+                async with self.db.write() as session:
+                    await publish_ended(
+                        self.outbox, SessionTx(session), task, self.settings, self.storage, now
+                    )
+            except IntegrityError:
+                continue  # enqueued meanwhile by the task's own transaction or another sweeper
+            enqueued += 1
+        resume = tasks[-1].finished_at if len(tasks) == MISSING_BATCH else None
+        return enqueued, resume
 
     async def sweep(self) -> int:
         """Requeue or fail tasks whose lease expired, and time out tasks past their deadline.
@@ -508,44 +513,10 @@ class Lifecycle:
         back the time it had left when it began, and a task whose lease ran out inside it is
         requeued without counting a lost lease (its worker could not renew it either)."""
         outage = now - since
-        active = [Task.status.in_(ACTIVE), Task.deadline_at >= since, Task.deadline_at < now]
-        expired = [
-            Task.status == TaskStatus.PROCESSING,
-            Task.lease_expires_at >= since,
-            Task.lease_expires_at < now,
-        ]
         async with self.db.write() as session:
-            extended = await session.execute(
-                update(Task)
-                .where(*active)
-                .values(deadline_at=Task.deadline_at + outage, updated_at=now)
-                .execution_options(synchronize_session=False)
-            )
-            await session.execute(
-                update(Task)
-                .where(
-                    Task.status == TaskStatus.CREATED,
-                    Task.start_deadline_at >= since,
-                    Task.start_deadline_at < now,
-                )
-                .values(start_deadline_at=Task.start_deadline_at + outage)
-                .execution_options(synchronize_session=False)
-            )
-            requeued = await session.execute(
-                update(Task)
-                .where(*expired)
-                .values(
-                    status=TaskStatus.CREATED,
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    available_at=now,
-                    updated_at=now,
-                )
-                .execution_options(synchronize_session=False)
-            )
-            if requeued.rowcount:  # type: ignore[attr-defined]
+            counts = await writes.forgive_outage(session, since, now)
+            if counts[1]:
                 await wakeups.notify(session, wakeups.TASKS)
-        counts = (extended.rowcount, requeued.rowcount)  # type: ignore[attr-defined]
         log.log(
             logging.WARNING if any(counts) else logging.INFO,
             "an outage of %.1f s is over: %d deadline(s) extended, %d task(s) requeued uncharged",
@@ -623,7 +594,6 @@ class Lifecycle:
         self, now: int, conditions: list[Any], message: str, batch: int, max_batches: int
     ) -> int:
         changed = 0
-        retention_ms = int(self.settings.output_retention.total_seconds() * 1000)
         for _ in range(max_batches):
             async with self.db.read() as session:  # read first: an idle sweep writes nothing
                 if await session.scalar(select(Task.id).where(*conditions).limit(1)) is None:
@@ -631,30 +601,19 @@ class Lifecycle:
             chosen = (
                 select(Task.id).where(*conditions).limit(batch).with_for_update(skip_locked=True)
             )
-            stmt = (
-                update(Task)
-                .where(Task.id.in_(chosen.scalar_subquery()), *conditions)
-                .values(
-                    status=TaskStatus.TIMEOUT,
-                    error_code=int(ErrorCode.TIMEOUT),
-                    error_message=message,
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    finished_at=now,
-                    updated_at=now,
-                    outputs_expire_at=now + retention_ms,
-                )
-                .returning(Task)
-                .execution_options(synchronize_session=False)
+            values = dict(
+                status=TaskStatus.TIMEOUT, error_code=int(ErrorCode.TIMEOUT), error_message=message
             )
             async with self.db.write() as session:
-                tasks = list((await session.execute(stmt)).scalars().all())
-                input_keys = [i["blob"] for task in tasks for i in task.inputs if "blob" in i]
-                if input_keys:
-                    await session.execute(delete(Blob).where(Blob.key.in_(input_keys)))
-                for task in tasks:
-                    if task.webhook_url:
-                        await enqueue_callback(session, task, self.settings, self.storage, now)
+                tasks = await end_where(
+                    session,
+                    [Task.id.in_(chosen.scalar_subquery()), *conditions],
+                    values,
+                    now,
+                    self.settings,
+                    self.storage,
+                    self.outbox,
+                )
             metrics.tasks_finished(tasks)
             if tasks:
                 log.info("%d task(s) timed out: %s", len(tasks), message)
@@ -709,30 +668,11 @@ class Lifecycle:
             if failed:
                 metrics.lease_lost(failed=True)
             return failed
-        conditions = [
-            Task.id == task_id,
-            Task.status == TaskStatus.PROCESSING,
-            Task.lease_owner == owner,
-        ]
-        if expired:
-            conditions.append(Task.lease_expires_at < now)
         async with self.db.write() as session:
-            result = await session.execute(
-                update(Task)
-                .where(*conditions)
-                .values(
-                    status=TaskStatus.CREATED,
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    lease_losses=Task.lease_losses + 1,
-                    available_at=now,
-                    updated_at=now,
-                )
-                .execution_options(synchronize_session=False)
-            )
-            if result.rowcount:  # type: ignore[attr-defined]
+            requeued = await writes.requeue_lost(session, task_id, owner, now, expired=expired)
+            if requeued:
                 await wakeups.notify(session, wakeups.TASKS)
-        if result.rowcount:  # type: ignore[attr-defined]
+        if requeued:
             log.warning("task %s lost its lease (worker %s); requeued", task_id, owner)
             metrics.lease_lost(failed=False)
             return True

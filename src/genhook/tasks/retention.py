@@ -17,30 +17,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from sqlalchemy import delete, exists, select, update
+from sqlalchemy import delete, exists, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from genhook.config import Settings
 from genhook.db import (
-    Blob,
     Database,
     ExpiredOutput,
     IdempotencyKey,
     Task,
     TaskEvent,
-    WebhookAttempt,
     WebhookDelivery,
     now_ms,
 )
+from genhook.db.driver import SessionTx
 from genhook.errors import Gone
-from genhook.sender.queue import delete_attempts, delete_deliveries_of
 from genhook.statuses import DeliveryStatus
 from genhook.storage import BlobStore
 from genhook.storage.inputs import keeps_inputs
 from genhook.task_states import TERMINAL
+from genhook.tasks.outbox import Outbox, TasksDeleted, webhook_outbox
+from genhook.tasks.store import writes
 from genhook.tasks.views import iso_ms
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ class Pruner:
     storage: BlobStore
     batch: int = 1000
     max_batches: int = 20
+    outbox: Outbox = field(default_factory=webhook_outbox)
 
     async def prune(self, now: int | None = None) -> tuple[int, int]:
         """One round: (webhook attempts deleted, tasks deleted)."""
@@ -81,26 +82,7 @@ class Pruner:
         return attempts, tasks
 
     async def prune_attempts(self, before: int) -> int:
-        deleted = 0
-        for _ in range(self.max_batches):
-            # Ids grow with time: the oldest attempts come first, no index on started_at needed.
-            oldest = (
-                select(WebhookAttempt.id)
-                .where(WebhookAttempt.started_at < before)
-                .order_by(WebhookAttempt.id)
-                .limit(self.batch)
-            )
-            async with self.db.read() as session:  # read first: an idle pass writes nothing
-                if await session.scalar(oldest.limit(1)) is None:
-                    break
-            async with self.db.write() as session:
-                ids = list((await session.scalars(oldest)).all())
-                if ids:
-                    await delete_attempts(session, ids)
-            deleted += len(ids)
-            if len(ids) < self.batch:
-                break
-        return deleted
+        return await self.outbox.prune_attempts(self.db, before, self.batch, self.max_batches)
 
     async def prune_tasks(self, before: int) -> int:
         """Finished tasks (with their deliveries, attempts and outputs) older than ``before``;
@@ -123,9 +105,9 @@ class Pruner:
                 rows = (await session.execute(old)).all()
                 ids = [task_id for task_id, _ in rows]
                 if ids:
-                    await delete_deliveries_of(session, ids)
+                    await self.outbox.tasks_deleted(SessionTx(session), TasksDeleted(ids))
                     await session.execute(delete(TaskEvent).where(TaskEvent.task_id.in_(ids)))
-                    await session.execute(delete(Task).where(Task.id.in_(ids)))
+                    await writes.delete_tasks(session, ids)
             # Outputs go once their rows are gone: a crash in between leaves a stray blob,
             # never a task pointing at a missing one.
             for _, outputs in rows:
@@ -149,11 +131,13 @@ class RetentionReport:
 
 
 class Retention:
-    def __init__(self, settings: Settings, db: Database, storage: BlobStore) -> None:
+    def __init__(
+        self, settings: Settings, db: Database, storage: BlobStore, outbox: Outbox | None = None
+    ) -> None:
         self.settings = settings
         self.db = db
         self.storage = storage
-        self.pruner = Pruner(settings, db, storage)
+        self.pruner = Pruner(settings, db, storage, outbox=outbox or webhook_outbox())
 
     async def run_once(self, *, now: int | None = None) -> RetentionReport:
         moment = now if now is not None else now_ms()
@@ -190,15 +174,8 @@ class Retention:
                 for key in input_keys:
                     await self.storage.delete(key)
             async with self.db.write() as session:
-                if input_keys:
-                    await session.execute(delete(Blob).where(Blob.key.in_(input_keys)))
-                await session.execute(
-                    update(Task)
-                    .where(Task.id.in_([task_id for task_id, _, _ in due]))
-                    .where(Task.outputs_purged_at.is_(None))
-                    .values(outputs_purged_at=moment)
-                    .execution_options(synchronize_session=False)
-                )
+                ids = [task_id for task_id, _, _ in due]
+                await writes.purge_outputs(session, ids, input_keys, moment)
             report.tasks = len(due)
             report.outputs = len(tombstones)
         report.idempotency_keys = await self._drop_expired_keys(moment, batch)
@@ -226,14 +203,7 @@ class Retention:
             return 0
         async with self.db.write() as session:
             for account_id, key in keys:
-                result = await session.execute(
-                    delete(IdempotencyKey).where(
-                        IdempotencyKey.account_id == account_id,
-                        IdempotencyKey.key == key,
-                        IdempotencyKey.expires_at <= now,
-                    )
-                )
-                dropped += int(result.rowcount)  # type: ignore[attr-defined]
+                dropped += await writes.drop_expired_key(session, account_id, key, now)
         return dropped
 
     async def run_forever(self, stop: asyncio.Event) -> None:

@@ -10,15 +10,14 @@ import asyncio
 import secrets
 import sys
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
-from sqlalchemy import Table, insert
 
 from genhook import metrics, tracing, wakeups
 from genhook.data_urls import INLINE_DATA, InlineData
-from genhook.db import Blob, Database, IdempotencyKey, Task, now_ms
-from genhook.db.thread_writes import ThreadWriter, write_task_rows
+from genhook.db import Database, Task, now_ms
+from genhook.db.thread_writes import ThreadWriter
 from genhook.engines.base import ModelKind
 from genhook.engines.edit_request import IMAGE_REFS, ImageItemsError, ImageRef, parse_image_ref
 from genhook.engines.registry import PATH_KINDS, submit_paths
@@ -26,11 +25,11 @@ from genhook.errors import FieldError, InvalidRequest, ServiceUnavailable
 from genhook.faults import RETRY_AFTER_SECONDS
 from genhook.files import disk_problem
 from genhook.media import CONTENT_TYPES, pixel_budget_problem
-from genhook.sender.events import take_webhook_events
 from genhook.services import Services
 from genhook.statuses import TaskStatus
 from genhook.storage.inputs import discard_blobs, stage_inputs
 from genhook.tasks.admission import Admission, request_hash
+from genhook.tasks.store.writes import insert_tasks, task_values, write_task_rows
 from genhook.validation import describe
 
 
@@ -55,7 +54,7 @@ class GroupInserter:
         """``keys``: the submit's ``idempotency_keys`` row, written in the same transaction."""
         if self._thread_writer.wanted(blobs):
             # Megabytes of input on SQLite: a transaction of its own, off the event loop.
-            values = _values(task)
+            values = task_values(task)
             await self._thread_writer.run(lambda c: write_task_rows(c, values, blobs, keys or []))
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -88,25 +87,11 @@ class GroupInserter:
         blobs = [blob for _, task_blobs, _ in rows for blob in task_blobs]
         keys = [key for _, _, task_keys in rows for key in task_keys]
         async with self.db.transaction() as tx:
-            # Core inserts on the driver connection (``genhook.db.driver``): the ORM's bulk
-            # insert path, and even a session's Core path, cost more CPU than the statements.
-            await tx.run_many(_INSERT_TASKS, [_values(task) for task, _, _ in rows])
-            if blobs:
-                await tx.run_many(_INSERT_BLOBS, blobs)
-            if keys:
-                await tx.run_many(_INSERT_KEYS, keys)
+            await insert_tasks(tx, [task_values(task) for task, _, _ in rows], blobs, keys)
             await tx.notify(wakeups.TASKS)
 
 
 _Row = tuple[Task, list[dict[str, Any]], list[dict[str, Any]]]
-_COLUMNS = [column.key for column in Task.__table__.columns]
-_INSERT_TASKS = insert(cast(Table, Task.__table__))
-_INSERT_BLOBS = insert(cast(Table, Blob.__table__))
-_INSERT_KEYS = insert(cast(Table, IdempotencyKey.__table__))
-
-
-def _values(row: Task) -> dict[str, Any]:
-    return {name: getattr(row, name) for name in _COLUMNS}
 
 
 def _settle(batch: list[tuple[_Row, asyncio.Future[None]]], error: BaseException | None) -> None:
@@ -306,3 +291,38 @@ def field_errors(exc: ValidationError) -> list[FieldError]:
             FieldError(path, describe(path, error["type"], error.get("ctx"), error["msg"]))
         )
     return errors
+
+
+# The processing event is named after the state it announces.
+WEBHOOK_EVENTS = (TaskStatus.PROCESSING, "terminal")
+
+
+def _refuse(message: str) -> InvalidRequest:
+    return InvalidRequest(message, [FieldError("webhook_events", message)])
+
+
+def take_webhook_events(body: Any) -> tuple[Any, str | None]:
+    """Remove ``webhook_events`` from a submit body (engines never see it) and check it.
+
+    Returns the body and the extra events to store (``"processing"``), or None for the
+    default (the terminal event only).
+    """
+    if not isinstance(body, dict) or "webhook_events" not in body:
+        return body, None
+    body = dict(body)
+    raw = body.pop("webhook_events")
+    if raw is None:
+        return body, None
+    if not isinstance(raw, list) or not all(isinstance(e, str) for e in raw):
+        raise _refuse("webhook_events must be a list of event names")
+    unknown = sorted(set(raw) - set(WEBHOOK_EVENTS))
+    if unknown:
+        raise _refuse(f"unknown webhook event {unknown[0]!r}; known: {', '.join(WEBHOOK_EVENTS)}")
+    if len(set(raw)) != len(raw):
+        raise _refuse("webhook_events lists an event twice")
+    if "terminal" not in raw:
+        raise _refuse("webhook_events must include terminal: the terminal event is always sent")
+    if body.get("webhook_url") is None:
+        raise _refuse("webhook_events needs a webhook_url")
+    extra = [e for e in raw if e != "terminal"]
+    return body, ",".join(extra) or None

@@ -4,7 +4,6 @@ so a callback always carries the same shape as polling."""
 from __future__ import annotations
 
 import base64
-from datetime import UTC, datetime
 from typing import Any
 
 from genhook.config import Settings
@@ -13,11 +12,7 @@ from genhook.errors import ErrorCode
 from genhook.statuses import TaskStatus
 from genhook.storage import BlobStore
 from genhook.task_states import TIMEOUT_MESSAGE, UNSUCCESSFUL
-
-
-def iso_ms(epoch_ms: int) -> str:
-    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+from genhook.times import iso_ms as iso_ms
 
 
 def result_url(settings: Settings, task_id: str) -> str:

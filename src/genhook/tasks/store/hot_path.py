@@ -7,14 +7,14 @@ transaction of its own. Completing a task is the service's most frequent write: 
 conditional UPDATE of its own (a Core statement, not an ORM object), while a group commit's
 tasks share one DELETE of their input blobs and one multi-row INSERT of their usage lines. The
 UPDATE returns the whole finished row, so a task with a webhook renders its callback (what
-polling shows) from it, without reading the task again.
+polling shows) from it, without reading the task again (``terminal.complete_in``).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from sqlalchemy import (
     BigInteger,
@@ -35,15 +35,9 @@ from sqlalchemy.orm import configure_mappers
 from sqlalchemy.orm.attributes import instance_dict
 from sqlalchemy.orm.instrumentation import manager_of_class
 
-from genhook import metrics
-from genhook.config import Settings
 from genhook.db import Blob, Task, UsageLine
 from genhook.db.driver import Tx, bound_insert
 from genhook.statuses import TaskStatus
-from genhook.storage import BlobStore
-
-if TYPE_CHECKING:
-    from genhook.tasks.lifecycle import Completion
 
 _tasks = cast(Table, Task.__table__)
 _blobs = cast(Table, Blob.__table__)
@@ -293,54 +287,3 @@ def usage_row(row: Any, now: int, upstream_cost_micros: int | None) -> dict[str,
         "upstream_cost_micros": upstream_cost_micros,
         "created_at": now,
     }
-
-
-async def complete_in(
-    tx: Tx,
-    settings: Settings,
-    storage: BlobStore,
-    worker_id: str,
-    items: Sequence[Completion],
-    now: int,
-) -> list[bool]:
-    """End ``items`` as completed in the caller's transaction; per item, whether it was still
-    this worker's to end (processing under its lease)."""
-    from genhook.tasks.lifecycle import enqueue_callback
-
-    expire_at = now + int(settings.output_retention.total_seconds() * 1000)
-    done: list[bool] = []
-    input_keys: list[str] = []
-    usage: list[dict[str, Any]] = []
-    webhooks: list[Task] = []
-    for item in items:
-        params = {
-            "task_id": item.task_id,
-            "owner": worker_id,
-            "outputs": item.outputs,
-            "nsfw": item.nsfw,
-            "info": item.info,
-            "now": now,
-            "expire_at": expire_at,
-        }
-        if item.stt_result is None:
-            row = await tx.first(COMPLETE, params)
-        else:
-            params["stt_result"] = item.stt_result
-            row = await tx.first(COMPLETE_WITH_STT, params)
-        done.append(row is not None)
-        if row is None:
-            continue
-        (task,) = claimed([row])
-        metrics.finished(task.model, TaskStatus.COMPLETED, task.started_at, now)
-        input_keys += [entry["blob"] for entry in task.inputs if "blob" in entry]
-        if task.charge:
-            usage.append(usage_row(task, now, item.upstream_cost_micros))
-        if task.webhook_url:
-            webhooks.append(task)
-    if input_keys:
-        await tx.run(delete_blobs(len(input_keys)), keys_params(input_keys))
-    if usage:
-        await tx.run_many(INSERT_USAGE, usage)
-    for task in webhooks:  # in the order the tasks ended
-        await enqueue_callback(tx, task, settings, storage, now)
-    return done
