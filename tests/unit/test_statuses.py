@@ -103,3 +103,15 @@ def test_the_sets_are_built_from_the_members() -> None:
     assert {s for stored in POLLED_STATUSES.values() for s in stored} == set(TaskStatus)
     for status in (*ACTIVE, *TERMINAL, *POLLED_STATUSES):
         assert isinstance(status, TaskStatus)
+
+
+def test_the_typescript_sdk_spells_the_same_task_statuses() -> None:
+    """The TypeScript SDK cannot import the enum, so its copy is checked against it here."""
+    source = (
+        Path(__file__).resolve().parents[2] / "sdks" / "typescript" / "src" / "models.ts"
+    ).read_text()
+    union = re.search(r"export type TaskStatus =([^;]*);", source)
+    terminal = re.search(r"TERMINAL_STATUSES[^=]*= new Set\(\[([^\]]*)\]", source)
+    assert union is not None and terminal is not None
+    assert re.findall(r'"(\w+)"', union.group(1)) == [status.value for status in TaskStatus]
+    assert set(re.findall(r'"(\w+)"', terminal.group(1))) == set(TERMINAL)
