@@ -13,10 +13,10 @@ import pytest
 from sqlalchemy import Table, bindparam, func, insert, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from genhook import wakeups
 from genhook.db import Database, Task, UsageLine, now_ms
 from genhook.db.driver import SessionTx, Tx, compiled
 from genhook.faults import is_infrastructure_error
+from genhook.runtime import wakeups
 from genhook.tasks.hot_path import INSERT_USAGE
 from tests.support.postgres import PostgresServer
 from tests.support.queued import queued_rows

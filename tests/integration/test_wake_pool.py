@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from genhook import wakeups
 from genhook.db import Database, Task
-from genhook.wakeups import Waiter, Wake
+from genhook.runtime import wakeups
+from genhook.runtime.wakeups import Waiter, Wake
 from tests.conftest import Harness, make_harness, make_settings
 from tests.integration.test_hot_path import counting, submit
 from tests.support.settled import settled
 
 WRITER = (
-    "import sys; from pathlib import Path; from genhook.wakeups import send_wakeups; "
+    "import sys; from pathlib import Path; from genhook.runtime.wakeups import send_wakeups; "
     "print(send_wakeups(Path(sys.argv[1])))"
 )
 

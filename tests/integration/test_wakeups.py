@@ -1,4 +1,4 @@
-"""genhook.wakeups: announcements at commit (never on rollback), scheduled retries without
+"""genhook.runtime.wakeups: announcements at commit (never on rollback), scheduled retries without
 polling, stale and long socket paths, and the PostgreSQL listener's reconnect."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from genhook import wakeups
 from genhook.db import Database
+from genhook.runtime import wakeups
 from genhook.sender.service import WebhookService
 from tests.support.webhook_receiver import (
     Receiver,
@@ -130,7 +130,8 @@ async def test_a_socket_path_too_long_for_sun_path_still_wakes(tmp_path: Path) -
         assert len(os.fsencode(entry)) > wakeups.SUN_PATH_MAX
         assert entry.stat().st_mode & 0o777 == 0o600
         script = (
-            "import sys; from pathlib import Path; from genhook.wakeups import send_wakeups; "
+            "import sys; from pathlib import Path; "
+            "from genhook.runtime.wakeups import send_wakeups; "
             "print(send_wakeups(Path(sys.argv[1])))"
         )
         sent = subprocess.run(

@@ -30,7 +30,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from genhook import wakeups
+from genhook.runtime import wakeups
 
 Row = dict[str, Any]
 

@@ -11,9 +11,9 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from genhook import wakeups
 from genhook.db import Task
 from genhook.db.driver import Tx, as_tx
+from genhook.runtime import wakeups
 from genhook.sender.queue import insert_delivery
 from genhook.task_states import COMPLETED, TIMEOUT, TIMEOUT_MESSAGE, is_terminal
 

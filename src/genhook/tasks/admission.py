@@ -22,11 +22,11 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from genhook import wakeups
 from genhook.config import Settings
 from genhook.data_urls import InlineData
 from genhook.db import AccountLimit, Blob, Database, IdempotencyKey, Task
 from genhook.errors import Conflict, FieldError, InvalidRequest, TooManyRequests
+from genhook.runtime import wakeups
 from genhook.task_states import ACTIVE
 
 if TYPE_CHECKING:

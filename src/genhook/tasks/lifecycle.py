@@ -18,13 +18,14 @@ from typing import Any
 from sqlalchemy import delete, exists, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from genhook import metrics, wakeups
+from genhook import metrics
 from genhook.config import Settings
 from genhook.db import Blob, Database, Task, now_ms
 from genhook.db.driver import SessionTx, Tx
 from genhook.errors import ErrorCode
 from genhook.faults import is_infrastructure_error
 from genhook.files import disk_problem
+from genhook.runtime import wakeups
 from genhook.sender.events import enqueue_processing
 from genhook.sender.outbox import enqueue_delivery, event_type_for
 from genhook.storage import BlobStore

@@ -15,7 +15,7 @@ from typing import Any, cast
 from pydantic import BaseModel, ValidationError
 from sqlalchemy import Table, insert
 
-from genhook import metrics, tracing, wakeups
+from genhook import metrics, tracing
 from genhook.data_urls import INLINE_DATA, InlineData
 from genhook.db import Blob, Database, IdempotencyKey, Task, now_ms
 from genhook.db.thread_writes import ThreadWriter, write_task_rows
@@ -26,8 +26,9 @@ from genhook.errors import FieldError, InvalidRequest, ServiceUnavailable
 from genhook.faults import RETRY_AFTER_SECONDS
 from genhook.files import disk_problem
 from genhook.media import CONTENT_TYPES, pixel_budget_problem
+from genhook.runtime import wakeups
+from genhook.runtime.services import Services
 from genhook.sender.events import take_webhook_events
-from genhook.services import Services
 from genhook.storage.inputs import discard_blobs, stage_inputs
 from genhook.task_states import CREATED
 from genhook.tasks.admission import Admission, request_hash

@@ -1,14 +1,13 @@
-"""The service's process roles and ``genhook serve``, the supervisor of all of them.
+"""The service's process roles, and the release process of ``genhook serve``.
 
 ``genhook api`` answers HTTP, ``genhook worker`` runs engines and ``genhook dispatcher``
 delivers webhooks and sweeps leases; each runs any number of times against one database.
-``genhook serve`` migrates, bootstraps, then becomes the supervisor (``genhook.supervisor``,
-standard library only) of one api, ``workers`` workers and ``dispatchers`` dispatchers, child
-processes that die with it (see ``genhook.lifeline``).
-A child that dies is restarted; the tasks a dead worker held and the deliveries a dead
-dispatcher held are given back at once (their leases are the safety net when nobody is left
-to do that). SIGTERM or Ctrl-C stops every claim at once, lets in-flight work finish within
-``shutdown_grace_seconds``, and exits 0.
+``genhook serve`` (``genhook.runtime.serve``) runs them all as children of its supervisor
+(``genhook.runtime.supervisor``), processes that die with it (see
+``genhook.runtime.lifeline``). A child that dies is restarted; the tasks a dead worker held
+and the deliveries a dead dispatcher held are given back at once (their leases are the
+safety net when nobody is left to do that). SIGTERM or Ctrl-C stops every claim at once,
+lets in-flight work finish within ``shutdown_grace_seconds``, and exits 0.
 """
 
 from __future__ import annotations
@@ -16,23 +15,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import logging
 import os
 import signal
 import socket
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from genhook.config import Settings
 from genhook.files import private_dir, tighten_data
-from genhook.supervisor import dispatcher_owner_for, exec_supervisor, worker_id_for
+from genhook.runtime.supervisor import dispatcher_owner_for, worker_id_for
 
 if TYPE_CHECKING:
     from genhook.db import Database
-    from genhook.services import Services
+    from genhook.runtime.services import Services
     from genhook.storage import BlobStore
+    from genhook.tasks.lifecycle import Lifecycle
     from genhook.tasks.worker import Worker
 
 log = logging.getLogger("genhook")
@@ -46,42 +44,6 @@ def configure_logging(settings: Settings, role: str = "serve") -> None:
 
     configure(settings, role)
     tracing.setup(role)
-
-
-async def bootstrap(settings: Settings) -> dict[str, str] | None:
-    """Seal signing secrets left in clear; on an empty database, create the default account
-    and write its secrets to a 0600 file."""
-    from sqlalchemy import func, select
-
-    from genhook.accounts import create_account
-    from genhook.db import Account, Database
-    from genhook.sender.keys import load_encryption_key
-    from genhook.sender.secret_box import seal_plaintext_secrets
-
-    db = Database(settings.resolved_database_url)
-    encryption_key = load_encryption_key(settings)
-    try:
-        sealed = await seal_plaintext_secrets(db, encryption_key)
-        if sealed:
-            log.info("encrypted %d signing secrets stored in clear by an older version", sealed)
-        async with db.read() as session:
-            count = (await session.execute(select(func.count()).select_from(Account))).scalar_one()
-        if count:
-            return None
-        account = await create_account(db, "default", encryption_key=encryption_key)
-    finally:
-        await db.dispose()
-    credentials = {
-        "account_id": account.account_id,
-        "api_key": account.api_key,
-        "signing_secret": account.signing_secret,
-    }
-    path = settings.data_dir / "credentials.json"
-    private_dir(path.parent)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(credentials, handle, indent=2)
-    return credentials
 
 
 EXIT_TAINTED = 3
@@ -118,7 +80,7 @@ def require_migrated(settings: Settings) -> None:
 
 def _watch_parent(parent: int | None, on_orphaned: Any) -> None:
     """Call ``on_orphaned`` when the supervisor ``parent`` dies (the kernel signals it)."""
-    from genhook.lifeline import ORPHAN_SIGNAL
+    from genhook.runtime.lifeline import ORPHAN_SIGNAL
 
     if parent is None:
         return
@@ -166,8 +128,8 @@ def worker_main(settings: Settings, index: int, parent: int | None = None) -> No
 
 async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
     # Not the API's state: a worker without FastAPI and the console is ~27 MB smaller.
-    from genhook.roles import health_port
-    from genhook.services import open_services, ready_problems
+    from genhook.runtime.health import health_port
+    from genhook.runtime.services import open_services, ready_problems
     from genhook.storage.blobs import close_blob_store
     from genhook.tasks.liveness import LIVE_SUFFIX, hold_liveness
     from genhook.tasks.worker import Worker
@@ -234,6 +196,53 @@ def run_worker(settings: Settings) -> None:
 # -- dispatcher -----------------------------------------------------------------------------
 
 
+async def sweep_forever(lifecycle: Lifecycle, interval: float, stop: asyncio.Event) -> None:
+    """Expire leases of vanished workers and end overdue tasks, every ``interval``."""
+    from genhook.faults import is_infrastructure_error
+
+    while not stop.is_set():
+        try:
+            await lifecycle.sweep()
+        except Exception as error:
+            if not is_infrastructure_error(error):
+                log.exception("sweep failed; retrying")
+            else:  # planned: one line with the cause, folded while it lasts (genhook.logs)
+                log.warning("sweep failed; retrying (%s)", error)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+
+
+class DispatcherRole:
+    """Webhook delivery, reconciliation, retention and the task sweeper, until ``stop``.
+
+    Run it in any number of processes against one database: deliveries are claimed under
+    leases and the sweeper's updates are idempotent.
+    """
+
+    def __init__(self, state: Services, *, owner: str | None = None) -> None:
+        from genhook.sender.service import WebhookService
+        from genhook.tasks.lifecycle import Lifecycle
+
+        self.state = state
+        # The same policy (and resolver) as submit-time checks guards every delivery.
+        self.webhooks = WebhookService(state.settings, state.db, policy=state.policy, owner=owner)
+        self.lifecycle = Lifecycle(state.settings, state.db, state.storage)
+
+    @property
+    def started(self) -> bool:
+        dispatcher = self.webhooks.dispatcher
+        return dispatcher is not None and dispatcher.started.is_set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        interval = self.state.settings.sweep_interval_seconds
+        sweeper = asyncio.create_task(sweep_forever(self.lifecycle, interval, stop))
+        try:
+            await self.webhooks.run(stop)
+        finally:
+            stop.set()
+            await asyncio.gather(sweeper, return_exceptions=True)
+
+
 def dispatcher_main(settings: Settings, index: int, parent: int | None = None) -> None:
     """Entry point of one dispatcher process: webhook delivery, reconciliation, retention
     and the task sweeper."""
@@ -254,8 +263,8 @@ def _fast_loop() -> Any:
 
 
 async def _dispatcher(settings: Settings, index: int, parent: int | None) -> None:
-    from genhook.roles import DispatcherRole, health_port
-    from genhook.services import open_services, ready_problems
+    from genhook.runtime.health import health_port
+    from genhook.runtime.services import open_services, ready_problems
 
     stop = asyncio.Event()
     _stop_on_signals(stop.set)
@@ -287,9 +296,9 @@ async def _dispatcher(settings: Settings, index: int, parent: int | None) -> Non
 
 async def _release_requests(state: Services) -> None:
     """Give back what a dead sibling held as soon as the supervisor asks, on standard input
-    (``genhook.supervisor.RELEASE`` lines): this process is running and connected, where a
+    (``genhook.runtime.supervisor.RELEASE`` lines): this process is running and connected, where a
     fresh release process would take seconds to start."""
-    from genhook.supervisor import RELEASE
+    from genhook.runtime.supervisor import RELEASE
 
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -427,64 +436,6 @@ def run_api(settings: Settings) -> None:
     """``genhook api``: HTTP only; workers and dispatchers run elsewhere."""
     _prepare_role(settings, "api")
     api_main(settings)
-
-
-# -- the supervisor -------------------------------------------------------------------------
-
-
-def serve_children(settings: Settings) -> list[tuple[str, int]]:
-    """The processes ``genhook serve`` runs: one api, the workers, the dispatchers."""
-    return (
-        [("api", 0)]
-        + [("worker", index) for index in range(settings.workers)]
-        + [("dispatcher", index) for index in range(settings.dispatchers)]
-    )
-
-
-def listen_socket(settings: Settings) -> socket.socket:
-    """The API's listening socket, bound here once and inherited by each API process."""
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((settings.host, settings.port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
-
-
-def serve(settings: Settings) -> None:
-    """``genhook serve``: everything on one machine, under one supervisor."""
-    configure_logging(settings)
-    # Everything the service creates (database, WAL, blobs, key file) is its user's alone.
-    os.umask(0o077)
-    private_dir(settings.data_dir)
-    tighten_data(settings)
-    from genhook import metrics
-
-    metrics.use_directory(*metrics.serve_directory(settings))  # every child counts there too
-    from genhook.db.migrate import upgrade
-
-    upgrade(settings.resolved_database_url)
-    credentials = asyncio.run(bootstrap(settings))
-    if credentials:
-        path = Path(settings.data_dir / "credentials.json").resolve()
-        print("Created the default account. Keep these; they are shown once:", flush=True)
-        print(f"  API key:        {credentials['api_key']}", flush=True)
-        print(f"  signing secret: {credentials['signing_secret']}", flush=True)
-        print(f"  (also written to {path}, mode 0600)", flush=True)
-    sock = listen_socket(settings)
-    # One health port per machine would collide between children: serve's own API process
-    # answers /readyz for all of them.
-    payload = settings.model_copy(update={"health_port": 0}).model_dump_json().encode()
-    exec_supervisor(
-        settings.data_dir,
-        serve_children(settings),
-        payload,
-        listen_fd=sock.fileno(),
-        grace=settings.shutdown_grace_seconds,
-        log_level=settings.log_level,
-        log_format=settings.log_format,
-    )
 
 
 def release_main(settings: Settings, what: str, owner: str, *, lost: bool) -> None:
