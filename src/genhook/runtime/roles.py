@@ -20,13 +20,14 @@ import os
 import signal
 import socket
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from genhook.config import Settings
 from genhook.files import private_dir, tighten_data
 from genhook.runtime.supervisor import dispatcher_owner_for, worker_id_for
 
 if TYPE_CHECKING:
+    from genhook.api.deps import AppState
     from genhook.db import Database
     from genhook.runtime.services import Services
     from genhook.storage import BlobStore
@@ -95,7 +96,105 @@ def _stop_on_signals(stop: Any) -> None:
         loop.add_signal_handler(sig, stop)
 
 
+# -- the shape of a role --------------------------------------------------------------------
+
+
+class Role(Protocol):
+    """What one process runs: the api, a worker or a dispatcher, on its own (``genhook api``,
+    ``genhook worker``, ``genhook dispatcher``) or as a child of ``genhook serve``'s
+    supervisor. ``_run_role`` drives one."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Do the role's work until ``stop`` is set, then finish or give back what it holds."""
+        ...
+
+    async def ready(self) -> list[str]:
+        """What keeps this process from doing its work now: empty when it is ready
+        (``/readyz``, on the API's port or the role's health port)."""
+        ...
+
+    def release(self) -> None:
+        """The supervisor is gone: let go at once of what this process holds (a worker's
+        task, the API's port, a dispatcher's leases), so that nothing of this generation
+        keeps working beside the supervisor's successor."""
+        ...
+
+
+async def _run_role(
+    role: Role, settings: Settings, parent: int | None, stop: asyncio.Event, *, health: bool
+) -> None:
+    """Run ``role`` until ``stop``; ``release`` it when the supervisor ``parent`` dies.
+    ``health``: with the role's health port (``GENHOOK_HEALTH_PORT``), if one is set."""
+    from genhook.runtime.health import health_port
+
+    _watch_parent(parent, role.release)
+    if not health:
+        await role.run(stop)
+        return
+    async with health_port(settings, role.ready):
+        await role.run(stop)
+
+
 # -- worker ---------------------------------------------------------------------------------
+
+
+class WorkerRole:
+    """Claims tasks and runs engines (``genhook.tasks.worker.Worker``) until ``stop``.
+
+    ``liveness``: a standalone worker on PostgreSQL, whose database session tells the
+    sweeper it is alive (``genhook.tasks.liveness``) while it runs.
+    """
+
+    def __init__(self, state: Services, *, worker_id: str, liveness: bool = False) -> None:
+        from genhook.tasks.worker import Worker
+
+        self.state = state
+        self.liveness = liveness
+        self.worker = worker = Worker.sharing(state, worker_id=worker_id)
+        settings = state.settings
+        if settings.worker_concurrency:
+            # Only models that allow several calls at once (I/O-bound engines, thread-safe
+            # synchronous ones) take it; the others keep one.
+            worker.limits = {
+                model: settings.worker_concurrency if limit > 1 else limit
+                for model, limit in worker.limits.items()
+            }
+        self._done = False
+        self._leaving: asyncio.Task[None] | None = None
+
+    @property
+    def tainted(self) -> bool:
+        """An abandoned engine thread is still computing: the process must not wait for it."""
+        return self.worker.tainted
+
+    async def run(self, stop: asyncio.Event) -> None:
+        from genhook.tasks.liveness import hold_liveness
+
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                if self.liveness:
+                    await stack.enter_async_context(
+                        hold_liveness(
+                            self.state.settings.resolved_database_url, self.worker.worker_id
+                        )
+                    )
+                await self.worker.run(stop)
+        finally:
+            self._done = True
+            if self._leaving is not None:
+                self._leaving.cancel()
+
+    async def ready(self) -> list[str]:
+        from genhook.runtime.services import ready_problems
+
+        problems = await ready_problems(self.state)
+        if not self.worker.preloaded:
+            problems.append("the worker is still loading its --preload models")
+        return problems
+
+    def release(self) -> None:
+        if not self._done and self._leaving is None:
+            self._leaving = asyncio.create_task(_leave_when_orphaned(self.worker))
 
 
 def _prepare_role(settings: Settings, role: str) -> None:
@@ -128,11 +227,9 @@ def worker_main(settings: Settings, index: int, parent: int | None = None) -> No
 
 async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
     # Not the API's state: a worker without FastAPI and the console is ~27 MB smaller.
-    from genhook.runtime.health import health_port
-    from genhook.runtime.services import open_services, ready_problems
+    from genhook.runtime.services import open_services
     from genhook.storage.blobs import close_blob_store
-    from genhook.tasks.liveness import LIVE_SUFFIX, hold_liveness
-    from genhook.tasks.worker import Worker
+    from genhook.tasks.liveness import LIVE_SUFFIX
 
     stop = asyncio.Event()
     _stop_on_signals(stop.set)
@@ -142,43 +239,18 @@ async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
     liveness = parent is None and state.db.is_postgres
     if liveness:
         worker_id += LIVE_SUFFIX
-    worker = Worker.sharing(state, worker_id=worker_id)
-    if settings.worker_concurrency:
-        # Only models that allow several calls at once (I/O-bound engines, thread-safe
-        # synchronous ones) take it; the others keep one.
-        worker.limits = {
-            model: settings.worker_concurrency if limit > 1 else limit
-            for model, limit in worker.limits.items()
-        }
-    orphaned = asyncio.Event()
-    _watch_parent(parent, orphaned.set)
-    orphan_watch = asyncio.create_task(_leave_when_orphaned(worker, orphaned))
+    role = WorkerRole(state, worker_id=worker_id, liveness=liveness)
     try:
-
-        async def ready() -> list[str]:
-            problems = await ready_problems(state)
-            if not worker.preloaded:
-                problems.append("the worker is still loading its --preload models")
-            return problems
-
-        async with contextlib.AsyncExitStack() as stack:
-            if liveness:
-                await stack.enter_async_context(
-                    hold_liveness(settings.resolved_database_url, worker_id)
-                )
-            await stack.enter_async_context(health_port(settings, ready))
-            await worker.run(stop)
+        await _run_role(role, settings, parent, stop, health=True)
     finally:
-        orphan_watch.cancel()
         await close_blob_store(state.storage)
         await state.db.dispose()
-    return worker.tainted
+    return role.tainted
 
 
-async def _leave_when_orphaned(worker: Worker, orphaned: asyncio.Event) -> None:
+async def _leave_when_orphaned(worker: Worker) -> None:
     """The supervisor died (the kernel signalled it): give back the task in hand and exit at
     once, so nothing of this generation keeps claiming next to the supervisor's successor."""
-    await orphaned.wait()
     log.warning("worker %s: the supervisor is gone; leaving", worker.worker_id)
     worker.lifecycle.closed = True  # a claim in flight takes nothing now
     with contextlib.suppress(Exception):
@@ -227,13 +299,35 @@ class DispatcherRole:
         # The same policy (and resolver) as submit-time checks guards every delivery.
         self.webhooks = WebhookService(state.settings, state.db, policy=state.policy, owner=owner)
         self.lifecycle = Lifecycle(state.settings, state.db, state.storage)
+        self._stop: asyncio.Event | None = None
+        self._released = False
 
     @property
     def started(self) -> bool:
         dispatcher = self.webhooks.dispatcher
         return dispatcher is not None and dispatcher.started.is_set()
 
+    async def ready(self) -> list[str]:
+        from genhook.runtime.services import ready_problems
+
+        problems = await ready_problems(self.state)
+        if not self.started:
+            problems.append("the webhook dispatcher has not started")
+        return problems
+
+    def release(self) -> None:
+        """Stop, as on SIGTERM: the last callbacks go out and the leases are let go of."""
+        import multiprocessing
+
+        log.warning("%s: the supervisor is gone; leaving", multiprocessing.current_process().name)
+        self._released = True
+        if self._stop is not None:
+            self._stop.set()
+
     async def run(self, stop: asyncio.Event) -> None:
+        self._stop = stop
+        if self._released:
+            stop.set()
         interval = self.state.settings.sweep_interval_seconds
         sweeper = asyncio.create_task(sweep_forever(self.lifecycle, interval, stop))
         try:
@@ -263,30 +357,15 @@ def _fast_loop() -> Any:
 
 
 async def _dispatcher(settings: Settings, index: int, parent: int | None) -> None:
-    from genhook.runtime.health import health_port
-    from genhook.runtime.services import open_services, ready_problems
+    from genhook.runtime.services import open_services
 
     stop = asyncio.Event()
     _stop_on_signals(stop.set)
     state = open_services(settings, claims=True)
     role = DispatcherRole(state, owner=dispatcher_owner_for(os.getpid(), index))
-
-    def orphaned() -> None:
-        log.warning("dispatcher-%d: the supervisor is gone; leaving", index)
-        stop.set()
-
-    _watch_parent(parent, orphaned)
-
-    async def ready() -> list[str]:
-        problems = await ready_problems(state)
-        if not role.started:
-            problems.append("the webhook dispatcher has not started")
-        return problems
-
     requests = asyncio.create_task(_release_requests(state)) if parent is not None else None
     try:
-        async with health_port(settings, ready):
-            await role.run(stop)
+        await _run_role(role, settings, parent, stop, health=True)
     finally:
         if requests is not None:
             requests.cancel()
@@ -410,26 +489,53 @@ async def _api(settings: Settings, parent: int | None, fd: int | None) -> None:
     )
     quiet_accept_errors(asyncio.get_running_loop())
     logging.getLogger("uvicorn.error").addFilter(RepeatFilter())
-    server = _server_class()(config)
+    sockets = [socket.socket(fileno=fd)] if fd is not None else None
+    role = ApiRole(state, _server_class()(config), sockets)
     # Everything imported and built so far lives for the whole process: keep it out of
     # the collector's full passes, which otherwise stall requests for milliseconds.
     gc.collect()
     gc.freeze()
+    # A second signal stops at once (uvicorn's force exit), so it goes to the role itself.
+    _stop_on_signals(role.request_exit)
+    await _run_role(role, settings, parent, asyncio.Event(), health=False)
 
-    def request_exit() -> None:
-        server.request_exit()
-        state.watcher.close()
 
-    def orphaned() -> None:
+class ApiRole:
+    """The HTTP API: uvicorn serving the FastAPI app on ``sockets`` (inherited from the
+    supervisor) or on the configured port, until ``stop`` or ``request_exit``. Its own
+    port answers ``/healthz`` and ``/readyz``, so it opens no health port."""
+
+    def __init__(self, state: AppState, server: Any, sockets: list[socket.socket] | None) -> None:
+        self.state = state
+        self.server = server
+        self.sockets = sockets
+
+    def request_exit(self) -> None:
+        """Stop taking requests and finish those in flight; a second call stops at once."""
+        self.server.request_exit()
+        self.state.watcher.close()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async def exit_on_stop() -> None:
+            await stop.wait()
+            self.request_exit()
+
+        stopping = asyncio.create_task(exit_on_stop())
+        try:
+            await self.server.serve(sockets=self.sockets)
+        finally:
+            stopping.cancel()
+
+    async def ready(self) -> list[str]:
+        from genhook.runtime.services import ready_problems
+
+        return await ready_problems(self.state)
+
+    def release(self) -> None:
         # The supervisor's successor opens the port again: let go of it now.
         log.warning("api: the supervisor is gone; leaving")
         logging.shutdown()
         os._exit(0)
-
-    _stop_on_signals(request_exit)
-    _watch_parent(parent, orphaned)
-    sockets = [socket.socket(fileno=fd)] if fd is not None else None
-    await server.serve(sockets=sockets)
 
 
 def run_api(settings: Settings) -> None:
