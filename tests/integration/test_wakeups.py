@@ -16,6 +16,7 @@ from sqlalchemy import text
 
 from genhook.db import Database
 from genhook.runtime import wakeups
+from genhook.runtime.wakeups.postgres import PostgresHub
 from genhook.sender.service import WebhookService
 from tests.support.webhook_receiver import (
     Receiver,
@@ -50,7 +51,7 @@ async def test_a_commit_wakes_listeners_and_a_rollback_does_not(database: Databa
     try:
         hub = wakeups.hub_for(database.url)
         if database.is_postgres:
-            assert isinstance(hub, wakeups._PostgresHub)
+            assert isinstance(hub, PostgresHub)
             await _wait(hub.connected)
             await asyncio.sleep(0.2)
         for event in woken.values():
@@ -154,7 +155,7 @@ async def test_the_postgres_listener_reconnects(pg_url: str) -> None:
     subscription = wakeups.subscribe(db.url, wakeups.DELIVERIES, woken.set)
     try:
         hub = wakeups.hub_for(db.url)
-        assert isinstance(hub, wakeups._PostgresHub)
+        assert isinstance(hub, PostgresHub)
         await _wait(hub.connected, 10)
         first = hub.connections
         # The database drops the listening connection (as a restart would).
