@@ -83,8 +83,8 @@ def is_service(pid: int) -> bool:
 def role_of(pid: int) -> str:
     """``serve`` for the supervisor, else the role and index from the lifeline's argv."""
     args = [a.decode(errors="replace") for a in argv(pid)]
-    if "genhook.lifeline" in args:
-        at = args.index("genhook.lifeline")
+    if "genhook.runtime.lifeline" in args:
+        at = args.index("genhook.runtime.lifeline")
         return "-".join(args[at + 2 : at + 4])
     return "serve"
 

@@ -88,7 +88,7 @@ async def api_phase(args: argparse.Namespace, data_dir: str, sql_dir: Path) -> N
         (supervisor,) = [
             pid
             for pid in children(os.getpid())
-            if {b"genhook.cli", b"genhook.supervisor"} & set(argv(pid))
+            if {b"genhook.cli", b"genhook.runtime.supervisor"} & set(argv(pid))
         ]
         server = api_process(supervisor)  # the supervisor only supervises
         await submit(base, key, args.warmup, args.connections)

@@ -59,7 +59,7 @@ def role_pids(service: LiveService, role: str = "worker") -> list[int]:
     for pid in out.split():
         with contextlib.suppress(OSError):
             args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            if b"genhook.lifeline" in args and role.encode() in args:
+            if b"genhook.runtime.lifeline" in args and role.encode() in args:
                 pids.append(int(pid))
     return pids
 

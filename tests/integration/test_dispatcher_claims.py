@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from genhook import wakeups
 from genhook.config import Settings
 from genhook.db import Database, WebhookDelivery, now_ms
 from genhook.db.driver import PostgresTx
+from genhook.runtime import wakeups
 from genhook.sender import dispatcher as dispatcher_module
 from genhook.sender.dispatcher import Dispatcher
 from genhook.sender.events import enqueue_processing

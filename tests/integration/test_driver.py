@@ -13,10 +13,11 @@ import pytest
 from sqlalchemy import Table, bindparam, func, insert, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from genhook import wakeups
 from genhook.db import Database, Task, UsageLine, now_ms
 from genhook.db.driver import SessionTx, Tx, compiled
 from genhook.faults import is_infrastructure_error
+from genhook.runtime import wakeups
+from genhook.runtime.wakeups.postgres import PostgresHub
 from genhook.tasks.store.hot_path import INSERT_USAGE
 from tests.support.postgres import PostgresServer
 from tests.support.queued import queued_rows
@@ -109,7 +110,7 @@ async def test_a_wake_up_goes_out_after_the_commit_and_never_on_rollback(db: Dat
     try:
         hub = wakeups.hub_for(db.url)
         if db.is_postgres:
-            assert isinstance(hub, wakeups._PostgresHub)
+            assert isinstance(hub, PostgresHub)
             async with asyncio.timeout(10):
                 await hub.connected.wait()
             await asyncio.sleep(0.2)

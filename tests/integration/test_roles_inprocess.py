@@ -9,7 +9,7 @@ from sqlalchemy import update
 
 from genhook.api import build_state, create_app
 from genhook.db import Task, now_ms
-from genhook.roles import DispatcherRole
+from genhook.runtime.roles import DispatcherRole
 from genhook.tasks import Lifecycle
 from tests.conftest import Harness
 from tests.integration.test_lifecycle import MODEL, row, submit

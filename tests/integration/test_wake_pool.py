@@ -18,15 +18,16 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from genhook import wakeups
 from genhook.db import Database, Task
-from genhook.wakeups import Waiter, Wake
+from genhook.runtime import wakeups
+from genhook.runtime.wakeups import Waiter, Wake, sockets
+from genhook.runtime.wakeups.postgres import PostgresHub
 from tests.conftest import Harness, make_harness, make_settings
 from tests.integration.test_hot_path import counting, submit
 from tests.support.settled import settled
 
 WRITER = (
-    "import sys; from pathlib import Path; from genhook.wakeups import send_wakeups; "
+    "import sys; from pathlib import Path; from genhook.runtime.wakeups import send_wakeups; "
     "print(send_wakeups(Path(sys.argv[1])))"
 )
 
@@ -145,13 +146,13 @@ def test_a_listener_that_goes_idle_after_the_writer_looked_still_hears_it(
     idle and waits. The send follows the rename."""
     listeners.bind("1-a.busy.sock")
     directory = listeners.directory
-    send = wakeups._send_pooled
+    send = sockets._send_pooled
 
     def goes_idle_first(sender: socket.socket, where: Path, stem: str, data: bytes) -> bool:
         os.rename(where / f"{stem}.busy.sock", where / f"{stem}.idle.sock")
         return send(sender, where, stem, data)
 
-    monkeypatch.setattr(wakeups, "_send_pooled", goes_idle_first)
+    monkeypatch.setattr(sockets, "_send_pooled", goes_idle_first)
     assert wakeups.send_wakeups(directory) == 1
     assert listeners.received("1-a.busy.sock") == [b"!"]
     assert listeners.names() == ["1-a.idle.sock"]
@@ -295,7 +296,7 @@ async def test_a_worker_woken_by_notify_claims_without_reading_first(
             while not (hubs := [x for x in wakeups._hubs.values() if x.loop is loop]):
                 await asyncio.sleep(0.01)
             (hub,) = hubs
-            assert isinstance(hub, wakeups._PostgresHub)
+            assert isinstance(hub, PostgresHub)
         await settled(h.worker)
         task_id = await submit(h)
         with counting(h.state.db) as seen:

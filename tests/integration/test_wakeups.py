@@ -1,4 +1,4 @@
-"""genhook.wakeups: announcements at commit (never on rollback), scheduled retries without
+"""genhook.runtime.wakeups: announcements at commit (never on rollback), scheduled retries without
 polling, stale and long socket paths, and the PostgreSQL listener's reconnect."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from genhook import wakeups
 from genhook.db import Database
+from genhook.runtime import wakeups
+from genhook.runtime.wakeups.postgres import PostgresHub
 from genhook.wiring import webhook_service
 from tests.support.webhook_receiver import (
     Receiver,
@@ -50,7 +51,7 @@ async def test_a_commit_wakes_listeners_and_a_rollback_does_not(database: Databa
     try:
         hub = wakeups.hub_for(database.url)
         if database.is_postgres:
-            assert isinstance(hub, wakeups._PostgresHub)
+            assert isinstance(hub, PostgresHub)
             await _wait(hub.connected)
             await asyncio.sleep(0.2)
         for event in woken.values():
@@ -130,7 +131,8 @@ async def test_a_socket_path_too_long_for_sun_path_still_wakes(tmp_path: Path) -
         assert len(os.fsencode(entry)) > wakeups.SUN_PATH_MAX
         assert entry.stat().st_mode & 0o777 == 0o600
         script = (
-            "import sys; from pathlib import Path; from genhook.wakeups import send_wakeups; "
+            "import sys; from pathlib import Path; "
+            "from genhook.runtime.wakeups import send_wakeups; "
             "print(send_wakeups(Path(sys.argv[1])))"
         )
         sent = subprocess.run(
@@ -153,7 +155,7 @@ async def test_the_postgres_listener_reconnects(pg_url: str) -> None:
     subscription = wakeups.subscribe(db.url, wakeups.DELIVERIES, woken.set)
     try:
         hub = wakeups.hub_for(db.url)
-        assert isinstance(hub, wakeups._PostgresHub)
+        assert isinstance(hub, PostgresHub)
         await _wait(hub.connected, 10)
         first = hub.connections
         # The database drops the listening connection (as a restart would).

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from genhook import wakeups
+from genhook.runtime import wakeups
+from genhook.runtime.wakeups import TASKS
 from genhook.tasks.worker import Worker
-from genhook.wakeups import TASKS
 
 
 async def settled(worker: Worker, timeout: float = 30.0) -> None:

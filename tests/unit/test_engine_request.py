@@ -13,7 +13,7 @@ from genhook.engines.base import EngineJob, stored_request
 from genhook.engines.edit_request import EditRequest
 from genhook.engines.registry import IMAGE_EDIT_MODEL_ID, build_registry
 from genhook.engines.video_request import VideoRequest
-from genhook.services import open_services
+from genhook.runtime.services import open_services
 from genhook.tasks.worker import Worker
 
 TTS = "genhook/text-to-speech"

@@ -2,7 +2,7 @@
 holds costs its memory in every copy of that role, so a module-level import of a heavy one
 where a lazy one does is a regression.
 
-Each case builds a role's objects the way ``genhook.server`` does, in a fresh interpreter,
+Each case builds a role's objects the way ``genhook.runtime.roles`` does, in a fresh interpreter,
 then lists the top-level packages it loaded.
 """
 
@@ -20,12 +20,12 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 BUILD = {
     "bare": "",
-    "supervisor": "import genhook.supervisor",
+    "supervisor": "import genhook.runtime.supervisor",
     "worker": """
 import asyncio
 from genhook.config import Settings
-from genhook.roles import health_port
-from genhook.services import open_services
+from genhook.runtime.health import health_port
+from genhook.runtime.services import open_services
 from genhook.tasks.worker import Worker
 
 async def build():
@@ -38,8 +38,8 @@ asyncio.run(build())
     "dispatcher": """
 import asyncio
 from genhook.config import Settings
-from genhook.roles import DispatcherRole
-from genhook.services import open_services
+from genhook.runtime.roles import DispatcherRole
+from genhook.runtime.services import open_services
 
 async def build():
     state = open_services(Settings())

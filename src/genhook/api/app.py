@@ -2,7 +2,7 @@
 
 ``create_app`` builds the app around an ``AppState``. An API process answers HTTP and runs
 no background writer: webhook delivery and the lease/deadline sweeper are the dispatcher
-role's (``genhook.roles``), so API replicas add request capacity and nothing else.
+role's (``genhook.runtime.roles``), so API replicas add request capacity and nothing else.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from genhook.engines.registry import Registry
 from genhook.faults import RETRY_AFTER_SECONDS
 from genhook.logs import FOLD
 from genhook.net import Resolver
-from genhook.services import open_services
+from genhook.runtime.services import open_services
 from genhook.storage.blobs import close_blob_store
 
 log = logging.getLogger(__name__)

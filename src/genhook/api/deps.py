@@ -10,7 +10,7 @@ from fastapi import Depends, Request
 from genhook.accounts import AuthCache, authenticate
 from genhook.api.held import HeldRequests
 from genhook.db import Account
-from genhook.services import Services
+from genhook.runtime.services import Services
 from genhook.tasks import Submitter
 from genhook.tasks.watch import TaskWatcher
 

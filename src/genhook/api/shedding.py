@@ -12,7 +12,7 @@ import json
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from genhook.faults import RETRY_AFTER_SECONDS
-from genhook.services import ready_problems
+from genhook.runtime.services import ready_problems
 
 __all__ = ["LoadShedding", "ready_problems"]
 

@@ -75,7 +75,7 @@ def serve(
     ),
 ) -> None:
     """Migrate, then run one api, the workers and the dispatchers under one supervisor."""
-    from genhook.server import serve as run_server
+    from genhook.runtime.serve import serve as run_server
 
     settings = _settings(
         host=host,
@@ -124,7 +124,7 @@ def api(
     port: int | None = typer.Option(None, help="Port to listen on (GENHOOK_PORT)."),
 ) -> None:
     """Run the HTTP API alone; workers and dispatchers run as their own commands."""
-    from genhook.server import run_api
+    from genhook.runtime.roles import run_api
 
     run_api(_settings(host=host, port=port))
 
@@ -149,7 +149,7 @@ def worker(
     ),
 ) -> None:
     """Run one worker process: claims tasks and runs their engines."""
-    from genhook.server import run_worker
+    from genhook.runtime.roles import run_worker
 
     if device is not None:
         from genhook.engines.local._config import check_device
@@ -173,7 +173,7 @@ def dispatcher(
     health_port: int | None = typer.Option(None, min=0, max=65535, help=_HEALTH_PORT_HELP),
 ) -> None:
     """Run one dispatcher process: webhook delivery, reconciliation and lease sweeping."""
-    from genhook.server import run_dispatcher
+    from genhook.runtime.roles import run_dispatcher
 
     run_dispatcher(_settings(health_port=health_port))
 

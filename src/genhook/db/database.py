@@ -48,9 +48,9 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.util.concurrency import await_
 
-from genhook import wakeups
 from genhook.db.driver import PostgresTx, SessionTx, SQLiteTx, Tx
 from genhook.files import FILE_MODE, private_sqlite
+from genhook.runtime import wakeups
 
 
 def now_ms() -> int:

@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from genhook import wakeups
 from genhook.db import Database, Task
 from genhook.db.driver import Tx, as_tx
+from genhook.runtime import wakeups
 from genhook.sender.queue import delete_deliveries_of, insert_delivery, prune_attempts
 from genhook.statuses import TaskStatus
 from genhook.task_states import TIMEOUT_MESSAGE, is_terminal

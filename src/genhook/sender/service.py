@@ -14,10 +14,10 @@ import ssl
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from genhook import wakeups
 from genhook.config import Settings
 from genhook.db import Database
 from genhook.net import AddressPolicy, Resolver
+from genhook.runtime import wakeups
 from genhook.sender.dispatcher import LEASE_MARGIN_SECONDS, Dispatcher
 from genhook.sender.keys import KeyRing, ensure_signing_key
 from genhook.sender.reconcile import MissingEvents, Reconciler

@@ -22,12 +22,12 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from genhook import wakeups
 from genhook.config import Settings
 from genhook.data_urls import InlineData
 from genhook.db import AccountLimit, Database, IdempotencyKey, Task
 from genhook.db.driver import SessionTx
 from genhook.errors import Conflict, FieldError, InvalidRequest, TooManyRequests
+from genhook.runtime import wakeups
 from genhook.task_states import ACTIVE
 from genhook.tasks.store.writes import drop_expired_key, insert_keys, insert_tasks, task_values
 

@@ -30,10 +30,10 @@ from genhook.db import Task, now_ms
 from genhook.engines.base import BatchEngine, Engine, EngineJob, EngineResult, ModelSpec
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.faults import is_infrastructure_error, retry_infrastructure
+from genhook.runtime.wakeups import Waiter, Wake
 from genhook.storage.inputs import discard_inputs
 from genhook.tasks.lifecycle import Completion
 from genhook.tasks.progress import ProgressRecorder
-from genhook.wakeups import Waiter, Wake
 
 if TYPE_CHECKING:
     from genhook.tasks.worker import Worker

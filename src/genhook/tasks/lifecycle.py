@@ -20,13 +20,14 @@ from sqlalchemy import exists, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from genhook import metrics, wakeups
+from genhook import metrics
 from genhook.config import Settings
 from genhook.db import Database, Task, WebhookDelivery, now_ms
 from genhook.db.driver import SessionTx, Tx
 from genhook.errors import ErrorCode
 from genhook.faults import is_infrastructure_error
 from genhook.files import disk_problem
+from genhook.runtime import wakeups
 from genhook.statuses import TaskStatus
 from genhook.storage import BlobStore
 from genhook.task_states import (

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from genhook import metrics, tracing, wakeups
+from genhook import metrics, tracing
 from genhook.data_urls import INLINE_DATA, InlineData
 from genhook.db import Database, Task, now_ms
 from genhook.db.thread_writes import ThreadWriter
@@ -25,7 +25,8 @@ from genhook.errors import FieldError, InvalidRequest, ServiceUnavailable
 from genhook.faults import RETRY_AFTER_SECONDS
 from genhook.files import disk_problem
 from genhook.media import CONTENT_TYPES, pixel_budget_problem
-from genhook.services import Services
+from genhook.runtime import wakeups
+from genhook.runtime.services import Services
 from genhook.statuses import TaskStatus
 from genhook.storage.inputs import discard_blobs, stage_inputs
 from genhook.tasks.admission import Admission, request_hash

@@ -34,7 +34,8 @@ from genhook.faults import is_infrastructure_error, retry_infrastructure
 from genhook.logs import bind_task, unbind
 from genhook.net import client_ssl_context
 from genhook.retry import backoff_delay
-from genhook.services import Services
+from genhook.runtime.services import Services
+from genhook.runtime.wakeups import TASKS, Waiter, Wake
 from genhook.storage import DatabaseBlobStore
 from genhook.storage.blobs import extension_of, new_blob_key
 from genhook.storage.inputs import discard_inputs, keeps_inputs
@@ -44,7 +45,6 @@ from genhook.tasks.group_complete import GroupCompleter
 from genhook.tasks.keeper import LeaseKeeper
 from genhook.tasks.lifecycle import Completion, Lifecycle
 from genhook.tasks.progress import ProgressRecorder
-from genhook.wakeups import TASKS, Waiter, Wake
 
 log = logging.getLogger(__name__)
 

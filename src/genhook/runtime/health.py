@@ -1,9 +1,8 @@
-"""What the worker and dispatcher roles run besides their main loop.
+"""The health port a worker or a dispatcher runs besides its main loop.
 
 The API answers ``/healthz`` and ``/readyz`` on its own port. A worker or a dispatcher has
 no HTTP server of its own, so each may open a small health port (``GENHOOK_HEALTH_PORT``)
-for an orchestrator's probes and a metrics scraper. The dispatcher role also owns the
-task sweeper (expired leases, overdue tasks): the API runs no background writer.
+for an orchestrator's probes and a metrics scraper.
 """
 
 from __future__ import annotations
@@ -15,10 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from genhook.config import Settings
-from genhook.faults import is_infrastructure_error
 from genhook.logs import FOLD
-from genhook.services import Services
-from genhook.tasks.lifecycle import Lifecycle
 
 if TYPE_CHECKING:
     # Imported where used: a worker imports this module for its health port, and needs
@@ -104,47 +100,3 @@ async def health_port(settings: Settings, ready: ReadyCheck) -> AsyncIterator[No
         yield
     finally:
         await port.close()
-
-
-async def sweep_forever(lifecycle: Lifecycle, interval: float, stop: asyncio.Event) -> None:
-    """Expire leases of vanished workers and end overdue tasks, every ``interval``."""
-    while not stop.is_set():
-        try:
-            await lifecycle.sweep()
-        except Exception as error:
-            if not is_infrastructure_error(error):
-                log.exception("sweep failed; retrying")
-            else:  # planned: one line with the cause, folded while it lasts (genhook.logs)
-                log.warning("sweep failed; retrying (%s)", error)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), interval)
-
-
-class DispatcherRole:
-    """Webhook delivery, reconciliation, retention and the task sweeper, until ``stop``.
-
-    Run it in any number of processes against one database: deliveries are claimed under
-    leases and the sweeper's updates are idempotent.
-    """
-
-    def __init__(self, state: Services, *, owner: str | None = None) -> None:
-        from genhook.wiring import lifecycle, webhook_service
-
-        self.state = state
-        # The same policy (and resolver) as submit-time checks guards every delivery.
-        self.webhooks = webhook_service(state.settings, state.db, policy=state.policy, owner=owner)
-        self.lifecycle = lifecycle(state.settings, state.db, state.storage)
-
-    @property
-    def started(self) -> bool:
-        dispatcher = self.webhooks.dispatcher
-        return dispatcher is not None and dispatcher.started.is_set()
-
-    async def run(self, stop: asyncio.Event) -> None:
-        interval = self.state.settings.sweep_interval_seconds
-        sweeper = asyncio.create_task(sweep_forever(self.lifecycle, interval, stop))
-        try:
-            await self.webhooks.run(stop)
-        finally:
-            stop.set()
-            await asyncio.gather(sweeper, return_exceptions=True)

@@ -1,7 +1,7 @@
 """The supervisor of ``genhook serve``: starts, restarts and stops the role processes.
 
 ``genhook serve`` migrates and bootstraps with the whole service imported, binds the API's
-socket, then replaces itself (``os.execv``, same pid) with ``python -m genhook.supervisor
+socket, then replaces itself (``os.execv``, same pid) with ``python -m genhook.runtime.supervisor
 FD``: this module, which imports only the standard library, so the process that lives as
 long as the service holds about 22 MB instead of 100. ``FD`` is an open file holding the
 supervisor's configuration as JSON (see ``exec_supervisor``).
@@ -9,7 +9,7 @@ supervisor's configuration as JSON (see ``exec_supervisor``).
 What a dead child held in the database (a worker's tasks, a dispatcher's deliveries) is given
 back by a living dispatcher, which has a database handle and reads such requests on its
 standard input (``RELEASE`` lines), so a killed worker's task runs again within a fraction of
-a second. With no dispatcher alive, a short-lived ``genhook.lifeline`` process of role
+a second. With no dispatcher alive, a short-lived ``genhook.runtime.lifeline`` process of role
 ``release`` does it: the supervisor itself has no database handle.
 
 Stopping is bounded: workers and the api get ``grace`` seconds and ``STOP_MARGIN`` more to
@@ -81,7 +81,7 @@ class Child:
 class Supervisor:
     """Starts, restarts and stops role processes, and gives back what a dead one held.
 
-    Children are plain processes (``python -m genhook.lifeline PARENT ROLE INDEX``) started
+    Children are plain processes (``python -m genhook.runtime.lifeline PARENT ROLE INDEX``) started
     from the main thread, so the kernel's parent-death signal follows this process, not a
     helper thread; each reads ``payload`` (its settings as JSON) on standard input.
     ``listen_fd`` is the API's listening socket, opened once so that the port stays open
@@ -108,7 +108,7 @@ class Supervisor:
     ) -> subprocess.Popen[bytes]:
         """Start a child; its settings go first on its standard input, one line. A
         dispatcher's stays open for ``RELEASE`` requests."""
-        argv = [sys.executable, "-m", "genhook.lifeline", str(os.getpid()), *args]
+        argv = [sys.executable, "-m", "genhook.runtime.lifeline", str(os.getpid()), *args]
         process = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=fds)
         assert process.stdin is not None
         try:
@@ -289,7 +289,7 @@ def exec_supervisor(
     os.lseek(fd, 0, os.SEEK_SET)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", "genhook.supervisor", str(fd)])  # noqa: S606
+    os.execv(sys.executable, [sys.executable, "-m", "genhook.runtime.supervisor", str(fd)])  # noqa: S606
 
 
 def main() -> None:

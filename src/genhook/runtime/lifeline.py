@@ -1,7 +1,7 @@
-"""Entry point of the service's child processes: ``python -m genhook.lifeline PARENT ROLE
+"""Entry point of the service's child processes: ``python -m genhook.runtime.lifeline PARENT ROLE
 INDEX [FD]`` runs role ``ROLE`` (api, worker or dispatcher) number ``INDEX`` for the
 supervisor ``PARENT``; ``FD`` is the API's inherited listening socket. ``python -m
-genhook.lifeline PARENT release tasks|deliveries OWNER lost|stopped`` gives back what a dead
+genhook.runtime.lifeline PARENT release tasks|deliveries OWNER lost|stopped`` gives back what a dead
 child held, and exits.
 
 A child must never outlive its supervisor, whatever the moment the supervisor dies. So the
@@ -10,7 +10,7 @@ signal it when its parent dies (``PR_SET_PDEATHSIG``); then it checks that the p
 still the one that started it, which closes the window before that request took effect.
 Only then does a child read its settings (one line of JSON on standard input) and import the
 service; a dispatcher goes on reading its standard input for what to give back when a
-sibling dies (``genhook.supervisor.RELEASE``).
+sibling dies (``genhook.runtime.supervisor.RELEASE``).
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ def main() -> None:
     # One line, read unbuffered: what follows it on a dispatcher's input is read by the role.
     with os.fdopen(0, "rb", buffering=0, closefd=False) as stdin:
         payload = stdin.readline()
-    from genhook import server
     from genhook.config import Settings
+    from genhook.runtime import roles as server
 
     settings = Settings.model_validate_json(payload)
     if role == "release":

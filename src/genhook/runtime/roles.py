@@ -1,14 +1,13 @@
-"""The service's process roles and ``genhook serve``, the supervisor of all of them.
+"""The service's process roles, and the release process of ``genhook serve``.
 
 ``genhook api`` answers HTTP, ``genhook worker`` runs engines and ``genhook dispatcher``
 delivers webhooks and sweeps leases; each runs any number of times against one database.
-``genhook serve`` migrates, bootstraps, then becomes the supervisor (``genhook.supervisor``,
-standard library only) of one api, ``workers`` workers and ``dispatchers`` dispatchers, child
-processes that die with it (see ``genhook.lifeline``).
-A child that dies is restarted; the tasks a dead worker held and the deliveries a dead
-dispatcher held are given back at once (their leases are the safety net when nobody is left
-to do that). SIGTERM or Ctrl-C stops every claim at once, lets in-flight work finish within
-``shutdown_grace_seconds``, and exits 0.
+``genhook serve`` (``genhook.runtime.serve``) runs them all as children of its supervisor
+(``genhook.runtime.supervisor``), processes that die with it (see
+``genhook.runtime.lifeline``). A child that dies is restarted; the tasks a dead worker held
+and the deliveries a dead dispatcher held are given back at once (their leases are the
+safety net when nobody is left to do that). SIGTERM or Ctrl-C stops every claim at once,
+lets in-flight work finish within ``shutdown_grace_seconds``, and exits 0.
 """
 
 from __future__ import annotations
@@ -16,23 +15,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import logging
 import os
 import signal
 import socket
 from collections.abc import Iterator
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from genhook.config import Settings
 from genhook.files import private_dir, tighten_data
-from genhook.supervisor import dispatcher_owner_for, exec_supervisor, worker_id_for
+from genhook.runtime.supervisor import dispatcher_owner_for, worker_id_for
 
 if TYPE_CHECKING:
+    from genhook.api.deps import AppState
     from genhook.db import Database
-    from genhook.services import Services
+    from genhook.runtime.services import Services
     from genhook.storage import BlobStore
+    from genhook.tasks.lifecycle import Lifecycle
     from genhook.tasks.worker import Worker
 
 log = logging.getLogger("genhook")
@@ -46,42 +45,6 @@ def configure_logging(settings: Settings, role: str = "serve") -> None:
 
     configure(settings, role)
     tracing.setup(role)
-
-
-async def bootstrap(settings: Settings) -> dict[str, str] | None:
-    """Seal signing secrets left in clear; on an empty database, create the default account
-    and write its secrets to a 0600 file."""
-    from sqlalchemy import func, select
-
-    from genhook.accounts import create_account
-    from genhook.db import Account, Database
-    from genhook.sender.keys import load_encryption_key
-    from genhook.sender.secret_box import seal_plaintext_secrets
-
-    db = Database(settings.resolved_database_url)
-    encryption_key = load_encryption_key(settings)
-    try:
-        sealed = await seal_plaintext_secrets(db, encryption_key)
-        if sealed:
-            log.info("encrypted %d signing secrets stored in clear by an older version", sealed)
-        async with db.read() as session:
-            count = (await session.execute(select(func.count()).select_from(Account))).scalar_one()
-        if count:
-            return None
-        account = await create_account(db, "default", encryption_key=encryption_key)
-    finally:
-        await db.dispose()
-    credentials = {
-        "account_id": account.account_id,
-        "api_key": account.api_key,
-        "signing_secret": account.signing_secret,
-    }
-    path = settings.data_dir / "credentials.json"
-    private_dir(path.parent)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(credentials, handle, indent=2)
-    return credentials
 
 
 EXIT_TAINTED = 3
@@ -118,7 +81,7 @@ def require_migrated(settings: Settings) -> None:
 
 def _watch_parent(parent: int | None, on_orphaned: Any) -> None:
     """Call ``on_orphaned`` when the supervisor ``parent`` dies (the kernel signals it)."""
-    from genhook.lifeline import ORPHAN_SIGNAL
+    from genhook.runtime.lifeline import ORPHAN_SIGNAL
 
     if parent is None:
         return
@@ -133,7 +96,105 @@ def _stop_on_signals(stop: Any) -> None:
         loop.add_signal_handler(sig, stop)
 
 
+# -- the shape of a role --------------------------------------------------------------------
+
+
+class Role(Protocol):
+    """What one process runs: the api, a worker or a dispatcher, on its own (``genhook api``,
+    ``genhook worker``, ``genhook dispatcher``) or as a child of ``genhook serve``'s
+    supervisor. ``_run_role`` drives one."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Do the role's work until ``stop`` is set, then finish or give back what it holds."""
+        ...
+
+    async def ready(self) -> list[str]:
+        """What keeps this process from doing its work now: empty when it is ready
+        (``/readyz``, on the API's port or the role's health port)."""
+        ...
+
+    def release(self) -> None:
+        """The supervisor is gone: let go at once of what this process holds (a worker's
+        task, the API's port, a dispatcher's leases), so that nothing of this generation
+        keeps working beside the supervisor's successor."""
+        ...
+
+
+async def _run_role(
+    role: Role, settings: Settings, parent: int | None, stop: asyncio.Event, *, health: bool
+) -> None:
+    """Run ``role`` until ``stop``; ``release`` it when the supervisor ``parent`` dies.
+    ``health``: with the role's health port (``GENHOOK_HEALTH_PORT``), if one is set."""
+    from genhook.runtime.health import health_port
+
+    _watch_parent(parent, role.release)
+    if not health:
+        await role.run(stop)
+        return
+    async with health_port(settings, role.ready):
+        await role.run(stop)
+
+
 # -- worker ---------------------------------------------------------------------------------
+
+
+class WorkerRole:
+    """Claims tasks and runs engines (``genhook.tasks.worker.Worker``) until ``stop``.
+
+    ``liveness``: a standalone worker on PostgreSQL, whose database session tells the
+    sweeper it is alive (``genhook.tasks.liveness``) while it runs.
+    """
+
+    def __init__(self, state: Services, *, worker_id: str, liveness: bool = False) -> None:
+        from genhook.tasks.worker import Worker
+
+        self.state = state
+        self.liveness = liveness
+        self.worker = worker = Worker.sharing(state, worker_id=worker_id)
+        settings = state.settings
+        if settings.worker_concurrency:
+            # Only models that allow several calls at once (I/O-bound engines, thread-safe
+            # synchronous ones) take it; the others keep one.
+            worker.limits = {
+                model: settings.worker_concurrency if limit > 1 else limit
+                for model, limit in worker.limits.items()
+            }
+        self._done = False
+        self._leaving: asyncio.Task[None] | None = None
+
+    @property
+    def tainted(self) -> bool:
+        """An abandoned engine thread is still computing: the process must not wait for it."""
+        return self.worker.tainted
+
+    async def run(self, stop: asyncio.Event) -> None:
+        from genhook.tasks.liveness import hold_liveness
+
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                if self.liveness:
+                    await stack.enter_async_context(
+                        hold_liveness(
+                            self.state.settings.resolved_database_url, self.worker.worker_id
+                        )
+                    )
+                await self.worker.run(stop)
+        finally:
+            self._done = True
+            if self._leaving is not None:
+                self._leaving.cancel()
+
+    async def ready(self) -> list[str]:
+        from genhook.runtime.services import ready_problems
+
+        problems = await ready_problems(self.state)
+        if not self.worker.preloaded:
+            problems.append("the worker is still loading its --preload models")
+        return problems
+
+    def release(self) -> None:
+        if not self._done and self._leaving is None:
+            self._leaving = asyncio.create_task(_leave_when_orphaned(self.worker))
 
 
 def _prepare_role(settings: Settings, role: str) -> None:
@@ -166,11 +227,9 @@ def worker_main(settings: Settings, index: int, parent: int | None = None) -> No
 
 async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
     # Not the API's state: a worker without FastAPI and the console is ~27 MB smaller.
-    from genhook.roles import health_port
-    from genhook.services import open_services, ready_problems
+    from genhook.runtime.services import open_services
     from genhook.storage.blobs import close_blob_store
-    from genhook.tasks.liveness import LIVE_SUFFIX, hold_liveness
-    from genhook.tasks.worker import Worker
+    from genhook.tasks.liveness import LIVE_SUFFIX
 
     stop = asyncio.Event()
     _stop_on_signals(stop.set)
@@ -180,43 +239,18 @@ async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
     liveness = parent is None and state.db.is_postgres
     if liveness:
         worker_id += LIVE_SUFFIX
-    worker = Worker.sharing(state, worker_id=worker_id)
-    if settings.worker_concurrency:
-        # Only models that allow several calls at once (I/O-bound engines, thread-safe
-        # synchronous ones) take it; the others keep one.
-        worker.limits = {
-            model: settings.worker_concurrency if limit > 1 else limit
-            for model, limit in worker.limits.items()
-        }
-    orphaned = asyncio.Event()
-    _watch_parent(parent, orphaned.set)
-    orphan_watch = asyncio.create_task(_leave_when_orphaned(worker, orphaned))
+    role = WorkerRole(state, worker_id=worker_id, liveness=liveness)
     try:
-
-        async def ready() -> list[str]:
-            problems = await ready_problems(state)
-            if not worker.preloaded:
-                problems.append("the worker is still loading its --preload models")
-            return problems
-
-        async with contextlib.AsyncExitStack() as stack:
-            if liveness:
-                await stack.enter_async_context(
-                    hold_liveness(settings.resolved_database_url, worker_id)
-                )
-            await stack.enter_async_context(health_port(settings, ready))
-            await worker.run(stop)
+        await _run_role(role, settings, parent, stop, health=True)
     finally:
-        orphan_watch.cancel()
         await close_blob_store(state.storage)
         await state.db.dispose()
-    return worker.tainted
+    return role.tainted
 
 
-async def _leave_when_orphaned(worker: Worker, orphaned: asyncio.Event) -> None:
+async def _leave_when_orphaned(worker: Worker) -> None:
     """The supervisor died (the kernel signalled it): give back the task in hand and exit at
     once, so nothing of this generation keeps claiming next to the supervisor's successor."""
-    await orphaned.wait()
     log.warning("worker %s: the supervisor is gone; leaving", worker.worker_id)
     worker.lifecycle.closed = True  # a claim in flight takes nothing now
     with contextlib.suppress(Exception):
@@ -232,6 +266,74 @@ def run_worker(settings: Settings) -> None:
 
 
 # -- dispatcher -----------------------------------------------------------------------------
+
+
+async def sweep_forever(lifecycle: Lifecycle, interval: float, stop: asyncio.Event) -> None:
+    """Expire leases of vanished workers and end overdue tasks, every ``interval``."""
+    from genhook.faults import is_infrastructure_error
+
+    while not stop.is_set():
+        try:
+            await lifecycle.sweep()
+        except Exception as error:
+            if not is_infrastructure_error(error):
+                log.exception("sweep failed; retrying")
+            else:  # planned: one line with the cause, folded while it lasts (genhook.logs)
+                log.warning("sweep failed; retrying (%s)", error)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
+
+
+class DispatcherRole:
+    """Webhook delivery, reconciliation, retention and the task sweeper, until ``stop``.
+
+    Run it in any number of processes against one database: deliveries are claimed under
+    leases and the sweeper's updates are idempotent.
+    """
+
+    def __init__(self, state: Services, *, owner: str | None = None) -> None:
+        from genhook.wiring import lifecycle, webhook_service
+
+        self.state = state
+        # The same policy (and resolver) as submit-time checks guards every delivery.
+        self.webhooks = webhook_service(state.settings, state.db, policy=state.policy, owner=owner)
+        self.lifecycle = lifecycle(state.settings, state.db, state.storage)
+        self._stop: asyncio.Event | None = None
+        self._released = False
+
+    @property
+    def started(self) -> bool:
+        dispatcher = self.webhooks.dispatcher
+        return dispatcher is not None and dispatcher.started.is_set()
+
+    async def ready(self) -> list[str]:
+        from genhook.runtime.services import ready_problems
+
+        problems = await ready_problems(self.state)
+        if not self.started:
+            problems.append("the webhook dispatcher has not started")
+        return problems
+
+    def release(self) -> None:
+        """Stop, as on SIGTERM: the last callbacks go out and the leases are let go of."""
+        import multiprocessing
+
+        log.warning("%s: the supervisor is gone; leaving", multiprocessing.current_process().name)
+        self._released = True
+        if self._stop is not None:
+            self._stop.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self._stop = stop
+        if self._released:
+            stop.set()
+        interval = self.state.settings.sweep_interval_seconds
+        sweeper = asyncio.create_task(sweep_forever(self.lifecycle, interval, stop))
+        try:
+            await self.webhooks.run(stop)
+        finally:
+            stop.set()
+            await asyncio.gather(sweeper, return_exceptions=True)
 
 
 def dispatcher_main(settings: Settings, index: int, parent: int | None = None) -> None:
@@ -254,30 +356,15 @@ def _fast_loop() -> Any:
 
 
 async def _dispatcher(settings: Settings, index: int, parent: int | None) -> None:
-    from genhook.roles import DispatcherRole, health_port
-    from genhook.services import open_services, ready_problems
+    from genhook.runtime.services import open_services
 
     stop = asyncio.Event()
     _stop_on_signals(stop.set)
     state = open_services(settings, claims=True)
     role = DispatcherRole(state, owner=dispatcher_owner_for(os.getpid(), index))
-
-    def orphaned() -> None:
-        log.warning("dispatcher-%d: the supervisor is gone; leaving", index)
-        stop.set()
-
-    _watch_parent(parent, orphaned)
-
-    async def ready() -> list[str]:
-        problems = await ready_problems(state)
-        if not role.started:
-            problems.append("the webhook dispatcher has not started")
-        return problems
-
     requests = asyncio.create_task(_release_requests(state)) if parent is not None else None
     try:
-        async with health_port(settings, ready):
-            await role.run(stop)
+        await _run_role(role, settings, parent, stop, health=True)
     finally:
         if requests is not None:
             requests.cancel()
@@ -287,9 +374,9 @@ async def _dispatcher(settings: Settings, index: int, parent: int | None) -> Non
 
 async def _release_requests(state: Services) -> None:
     """Give back what a dead sibling held as soon as the supervisor asks, on standard input
-    (``genhook.supervisor.RELEASE`` lines): this process is running and connected, where a
+    (``genhook.runtime.supervisor.RELEASE`` lines): this process is running and connected, where a
     fresh release process would take seconds to start."""
-    from genhook.supervisor import RELEASE
+    from genhook.runtime.supervisor import RELEASE
 
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -401,90 +488,59 @@ async def _api(settings: Settings, parent: int | None, fd: int | None) -> None:
     )
     quiet_accept_errors(asyncio.get_running_loop())
     logging.getLogger("uvicorn.error").addFilter(RepeatFilter())
-    server = _server_class()(config)
+    sockets = [socket.socket(fileno=fd)] if fd is not None else None
+    role = ApiRole(state, _server_class()(config), sockets)
     # Everything imported and built so far lives for the whole process: keep it out of
     # the collector's full passes, which otherwise stall requests for milliseconds.
     gc.collect()
     gc.freeze()
+    # A second signal stops at once (uvicorn's force exit), so it goes to the role itself.
+    _stop_on_signals(role.request_exit)
+    await _run_role(role, settings, parent, asyncio.Event(), health=False)
 
-    def request_exit() -> None:
-        server.request_exit()
-        state.watcher.close()
 
-    def orphaned() -> None:
+class ApiRole:
+    """The HTTP API: uvicorn serving the FastAPI app on ``sockets`` (inherited from the
+    supervisor) or on the configured port, until ``stop`` or ``request_exit``. Its own
+    port answers ``/healthz`` and ``/readyz``, so it opens no health port."""
+
+    def __init__(self, state: AppState, server: Any, sockets: list[socket.socket] | None) -> None:
+        self.state = state
+        self.server = server
+        self.sockets = sockets
+
+    def request_exit(self) -> None:
+        """Stop taking requests and finish those in flight; a second call stops at once."""
+        self.server.request_exit()
+        self.state.watcher.close()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async def exit_on_stop() -> None:
+            await stop.wait()
+            self.request_exit()
+
+        stopping = asyncio.create_task(exit_on_stop())
+        try:
+            await self.server.serve(sockets=self.sockets)
+        finally:
+            stopping.cancel()
+
+    async def ready(self) -> list[str]:
+        from genhook.runtime.services import ready_problems
+
+        return await ready_problems(self.state)
+
+    def release(self) -> None:
         # The supervisor's successor opens the port again: let go of it now.
         log.warning("api: the supervisor is gone; leaving")
         logging.shutdown()
         os._exit(0)
-
-    _stop_on_signals(request_exit)
-    _watch_parent(parent, orphaned)
-    sockets = [socket.socket(fileno=fd)] if fd is not None else None
-    await server.serve(sockets=sockets)
 
 
 def run_api(settings: Settings) -> None:
     """``genhook api``: HTTP only; workers and dispatchers run elsewhere."""
     _prepare_role(settings, "api")
     api_main(settings)
-
-
-# -- the supervisor -------------------------------------------------------------------------
-
-
-def serve_children(settings: Settings) -> list[tuple[str, int]]:
-    """The processes ``genhook serve`` runs: one api, the workers, the dispatchers."""
-    return (
-        [("api", 0)]
-        + [("worker", index) for index in range(settings.workers)]
-        + [("dispatcher", index) for index in range(settings.dispatchers)]
-    )
-
-
-def listen_socket(settings: Settings) -> socket.socket:
-    """The API's listening socket, bound here once and inherited by each API process."""
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((settings.host, settings.port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
-
-
-def serve(settings: Settings) -> None:
-    """``genhook serve``: everything on one machine, under one supervisor."""
-    configure_logging(settings)
-    # Everything the service creates (database, WAL, blobs, key file) is its user's alone.
-    os.umask(0o077)
-    private_dir(settings.data_dir)
-    tighten_data(settings)
-    from genhook import metrics
-
-    metrics.use_directory(*metrics.serve_directory(settings))  # every child counts there too
-    from genhook.db.migrate import upgrade
-
-    upgrade(settings.resolved_database_url)
-    credentials = asyncio.run(bootstrap(settings))
-    if credentials:
-        path = Path(settings.data_dir / "credentials.json").resolve()
-        print("Created the default account. Keep these; they are shown once:", flush=True)
-        print(f"  API key:        {credentials['api_key']}", flush=True)
-        print(f"  signing secret: {credentials['signing_secret']}", flush=True)
-        print(f"  (also written to {path}, mode 0600)", flush=True)
-    sock = listen_socket(settings)
-    # One health port per machine would collide between children: serve's own API process
-    # answers /readyz for all of them.
-    payload = settings.model_copy(update={"health_port": 0}).model_dump_json().encode()
-    exec_supervisor(
-        settings.data_dir,
-        serve_children(settings),
-        payload,
-        listen_fd=sock.fileno(),
-        grace=settings.shutdown_grace_seconds,
-        log_level=settings.log_level,
-        log_format=settings.log_format,
-    )
 
 
 def release_main(settings: Settings, what: str, owner: str, *, lost: bool) -> None:
