@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook import metrics, wakeups
 from genhook.config import Settings
-from genhook.db import Database, Task, WebhookDelivery, now_ms
+from genhook.db import Database, Task, now_ms
 from genhook.db.driver import SessionTx, Tx
 from genhook.errors import ErrorCode
 from genhook.faults import is_infrastructure_error
@@ -455,7 +455,7 @@ class Lifecycle:
         how many, and where the next pass resumes when a full batch was found."""
         async with self.db.read() as session:
             tasks = await reads.ended_without(
-                session, since, now, MISSING_BATCH, _without_terminal_delivery
+                session, since, now, MISSING_BATCH, self.outbox.without_terminal_event
             )
         enqueued = 0
         for task in tasks:
@@ -629,11 +629,3 @@ class Lifecycle:
             metrics.lease_lost(failed=False)
             return True
         return False
-
-
-def _without_terminal_delivery(stmt: Any, task_id: Any) -> Any:
-    """Keep the tasks of ``stmt`` that have no terminal delivery (an anti-join)."""
-    return stmt.outerjoin(
-        WebhookDelivery,
-        (WebhookDelivery.task_id == task_id) & WebhookDelivery.event_type.like("%.task.terminal"),
-    ).where(WebhookDelivery.id.is_(None))

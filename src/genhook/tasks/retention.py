@@ -18,9 +18,8 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
-from sqlalchemy import ColumnElement, delete, exists
+from sqlalchemy import delete
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -29,12 +28,10 @@ from genhook.db import (
     Database,
     ExpiredOutput,
     TaskEvent,
-    WebhookDelivery,
     now_ms,
 )
 from genhook.db.driver import SessionTx
 from genhook.errors import Gone
-from genhook.statuses import DeliveryStatus
 from genhook.storage import BlobStore
 from genhook.storage.inputs import keeps_inputs
 from genhook.tasks.outbox import Outbox, TasksDeleted, webhook_outbox
@@ -85,13 +82,14 @@ class Pruner:
     async def prune_tasks(self, before: int) -> int:
         """Finished tasks (with their deliveries, attempts and outputs) older than ``before``;
         a task whose webhook is still being delivered waits for the delivery to end."""
+        pending = self.outbox.pending_event
         deleted = 0
         for _ in range(self.max_batches):
             async with self.db.read() as session:  # read first: an idle pass writes nothing
-                if not await reads.any_prunable(session, before, self.batch, _pending_delivery):
+                if not await reads.any_prunable(session, before, self.batch, pending):
                     break
             async with self.db.write() as session:
-                rows = await reads.prunable(session, before, self.batch, _pending_delivery)
+                rows = await reads.prunable(session, before, self.batch, pending)
                 ids = [task_id for task_id, _ in rows]
                 if ids:
                     await self.outbox.tasks_deleted(SessionTx(session), TasksDeleted(ids))
@@ -107,13 +105,6 @@ class Pruner:
             if len(ids) < self.batch:
                 break
         return deleted
-
-
-def _pending_delivery(task_id: Any) -> ColumnElement[bool]:
-    """A delivery of the task still pending."""
-    return exists().where(
-        WebhookDelivery.task_id == task_id, WebhookDelivery.status == DeliveryStatus.PENDING
-    )
 
 
 @dataclass
