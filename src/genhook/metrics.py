@@ -274,18 +274,14 @@ class DatabaseGauges(Collector):
     async def _read(self, db: Database) -> None:
         from sqlalchemy import func, select
 
-        from genhook.db import Task, WebhookDelivery, now_ms
+        from genhook.db import WebhookDelivery, now_ms
+        from genhook.tasks.store.reads import waiting_by_model
 
-        waiting = (
-            select(Task.model, func.count(), func.min(Task.created_at))
-            .where(Task.status == TaskStatus.CREATED)
-            .group_by(Task.model)
-        )
         outbox = select(func.count(), func.min(WebhookDelivery.created_at)).where(
             WebhookDelivery.status == DeliveryStatus.PENDING
         )
         async with db.read() as session:
-            rows = (await session.execute(waiting)).all()
+            rows = await waiting_by_model(session)
             pending = (await session.execute(outbox)).one()
         self.measured_at = now_ms()
         self.waiting = [(str(m), int(c), int(o)) for m, c, o in rows]

@@ -357,11 +357,9 @@ _parents: OrderedDict[str, str | None] = OrderedDict()
 
 @functools.cache
 def _parent_read() -> Any:
-    from sqlalchemy import bindparam, select
+    from genhook.tasks.store.reads import trace_context_read
 
-    from genhook.db.models import Task
-
-    return select(Task.trace_context).where(Task.id == bindparam("task_id"))
+    return trace_context_read()
 
 
 async def _stored_parent(db: Database, task_id: str) -> str | None:

@@ -1,8 +1,9 @@
 """Handlers stay free of SQL: every query lives in its table's home module (``tasks/``,
 ``accounts.py``, ``sender/``, ...), and a route or CLI command only calls it. The webhook
-delivery tables have one writer, ``sender/queue.py``; the task tables (``tasks``, ``blobs``,
-``usage_lines``, ``idempotency_keys``) have one, the task store (``tasks/store/``). The
-webhook side never imports the task domain.
+delivery tables have one writer, ``sender/queue.py``; every statement on the task tables
+(``tasks``, ``blobs``, ``usage_lines``, ``idempotency_keys``), read or write, is the task
+store's (``tasks/store/``). The webhook side never imports the task domain, and the task
+domain reaches the webhook tables only through its outbox port.
 
 Read from the source, so a handler that grows a query fails here before review.
 """
@@ -203,6 +204,133 @@ def test_the_check_finds_a_task_table_write() -> None:
         "line 3: delete(IdempotencyKey)",
         "line 4: pg_insert(UsageLine)",
         "line 7: 'UPDATE tasks'",
+    ]
+
+
+# What reads a table: a select or an exists, a count's ``select_from``, a join, a session's
+# lookup by primary key; with a task model among its arguments.
+READ_CALLS = {"select", "exists", "select_from", "join", "outerjoin", "get", "correlate"}
+RAW_READ = re.compile(r"\b(FROM|JOIN)\s+[\"`]?(" + "|".join(TASK_TABLES) + r")\b")
+
+
+def task_table_reads(source: str) -> list[str]:
+    """Statements that read a task table: a read construct over one of its models, a column
+    of one (what a condition, an order or a count is built from), or SQL text that reads one
+    of the tables (its keywords in capitals, as the service writes SQL)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            if name in READ_CALLS:
+                models = sorted(set().union(*(_names_in(arg) for arg in node.args)) & TASK_MODELS)
+                if models:
+                    found.append(f"line {node.lineno}: {name}({models[0]})")
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in TASK_MODELS
+            and not node.attr.startswith("__")
+        ):
+            found.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and (match := RAW_READ.search(node.value))
+        ):
+            found.append(f"line {node.lineno}: {match.group(0)!r}")
+    return sorted(set(found), key=lambda line: (int(line.split(":")[0].split()[1]), line))
+
+
+def test_only_the_store_reads_the_task_tables() -> None:
+    readers: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE).as_posix()
+        if name.startswith("tasks/store/") or "/migrations/" in name:
+            continue
+        if found := task_table_reads(path.read_text()):
+            readers[name] = found
+    assert readers == {}
+    assert task_table_reads((PACKAGE / "tasks" / "store" / "reads.py").read_text())
+
+
+def test_the_check_finds_a_task_table_read() -> None:
+    source = (
+        "stmt = select(Task)\n"
+        "count = select(func.count()).select_from(UsageLine)\n"
+        "row = await session.get(IdempotencyKey, (account, key))\n"
+        "due = exists().where(Blob.key == key)\n"
+        'sql = "SELECT id FROM tasks WHERE status = 1"\n'
+        "def handler(task: Task) -> Task:\n"
+        "    return Task(id=task.id)\n"
+        "select(WebhookDelivery.id)\n"
+        'doc = "tasks from tasks/ and blobs"\n'
+        "name = Task.__name__\n"
+    )
+    assert task_table_reads(source) == [
+        "line 1: select(Task)",
+        "line 2: select_from(UsageLine)",
+        "line 3: get(IdempotencyKey)",
+        "line 4: Blob.key",
+        "line 5: 'FROM tasks'",
+    ]
+
+
+# The webhook side's tables: the task domain reaches them only through its outbox port.
+WEBHOOK_MODELS = {"WebhookDelivery", "WebhookAttempt", "WebhookReplay", "WebhookDestination"}
+RAW_WEBHOOK = re.compile(
+    r"\b(FROM|JOIN|INTO|UPDATE)\s+[\"`]?(webhook_deliveries|webhook_attempts|webhook_replays"
+    r"|webhook_destinations)\b",
+    re.IGNORECASE,
+)
+
+
+def webhook_table_uses(source: str) -> list[str]:
+    """Every mention of a webhook model (imported, named, or a column of it), and SQL text
+    on a webhook table."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            found += [
+                f"line {node.lineno}: import {alias.name}"
+                for alias in node.names
+                if alias.name in WEBHOOK_MODELS
+            ]
+        elif isinstance(node, ast.Name) and node.id in WEBHOOK_MODELS:
+            found.append(f"line {node.lineno}: {node.id}")
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and (match := RAW_WEBHOOK.search(node.value))
+        ):
+            found.append(f"line {node.lineno}: {match.group(0)!r}")
+    return sorted(set(found), key=lambda line: (int(line.split(":")[0].split()[1]), line))
+
+
+def test_the_task_domain_reaches_the_webhook_tables_only_through_its_port() -> None:
+    """``tasks/`` names no webhook table: what it needs of them (the reconciler's tasks
+    without a terminal delivery, retention's pending deliveries) comes from the outbox port
+    (``tasks/outbox.py``), as a condition inside its own statement."""
+    found: dict[str, list[str]] = {}
+    for path in sorted((PACKAGE / "tasks").rglob("*.py")):
+        if uses := webhook_table_uses(path.read_text()):
+            found[path.relative_to(PACKAGE).as_posix()] = uses
+    assert found == {}
+
+
+def test_the_check_finds_a_webhook_table() -> None:
+    source = (
+        "from genhook.db import Task, WebhookDelivery\n"
+        "missing = select(Task).outerjoin(WebhookDelivery)\n"
+        "stmt = exists().where(WebhookAttempt.delivery_id == 1)\n"
+        'sql = "DELETE FROM webhook_replays WHERE 1"\n'
+        'doc = "webhook deliveries of a task"\n'
+    )
+    assert webhook_table_uses(source) == [
+        "line 1: import WebhookDelivery",
+        "line 2: WebhookDelivery",
+        "line 3: WebhookAttempt",
+        "line 4: 'FROM webhook_replays'",
     ]
 
 

@@ -128,7 +128,7 @@ def test_an_infrastructure_fault_is_one_line_per_cause_folded(
 ) -> None:
     clock = [1000.0]
     monkeypatch.setattr("genhook.logs.time.monotonic", lambda: clock[0])
-    log = logging.getLogger("genhook.roles")
+    log = logging.getLogger("genhook.runtime.roles")
     for _ in range(150):  # a second of a flood
         try:
             raise _restart_error()

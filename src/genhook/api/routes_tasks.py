@@ -25,8 +25,8 @@ from genhook.tasks.admission import (
     parse_idempotency_key,
     parse_start_deadline,
 )
-from genhook.tasks.reads import owned_task, usage_page
 from genhook.tasks.retention import raise_if_expired
+from genhook.tasks.store.reads import owned_task, usage_page
 from genhook.tasks.views import iso_ms, prediction_view
 
 router = APIRouter()

@@ -13,7 +13,7 @@ from genhook.api.deps import AccountDep, StateDep
 from genhook.api.errors import ERROR_RESPONSES
 from genhook.errors import NotFound
 from genhook.task_states import polled_status
-from genhook.tasks.reads import owned_task
+from genhook.tasks.store.reads import owned_task
 from genhook.tasks.views import iso_ms
 
 router = APIRouter(tags=["tasks"])

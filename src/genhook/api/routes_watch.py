@@ -27,7 +27,7 @@ from genhook.api.schemas import TaskListResponse
 from genhook.db import Account, Task
 from genhook.errors import FieldError, InvalidRequest, NotFound, whole_number
 from genhook.task_states import POLLED_STATUSES, is_terminal, polled_status
-from genhook.tasks.reads import get_task, list_tasks, owned_task
+from genhook.tasks.store.reads import get_task, list_tasks, owned_task
 from genhook.tasks.views import prediction_view
 from genhook.tasks.watch import Signature, current_signature, read_task_view, stream_step
 

@@ -41,7 +41,7 @@ from genhook.console.session import (
 from genhook.errors import NotFound
 from genhook.statuses import DeliveryStatus
 from genhook.task_states import POLLED_STATUSES, is_terminal
-from genhook.tasks.reads import owned_task
+from genhook.tasks.store.reads import owned_task
 
 if TYPE_CHECKING:
     # Imported where used: httpx pulls its command line (rich, click, pygments) along,

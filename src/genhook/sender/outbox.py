@@ -11,18 +11,27 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+from sqlalchemy import ColumnElement, Select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.db import Database, Task
 from genhook.db.driver import Tx, as_tx
 from genhook.runtime import wakeups
-from genhook.sender.queue import delete_deliveries_of, insert_delivery, prune_attempts
+from genhook.sender.queue import (
+    delete_deliveries_of,
+    insert_delivery,
+    pending_delivery,
+    prune_attempts,
+    without_terminal_delivery,
+)
 from genhook.statuses import TaskStatus
 from genhook.task_states import TIMEOUT_MESSAGE, is_terminal
 
 FAILED_ERROR = "The task failed."
+
+_Query = TypeVar("_Query", bound=Select[Any])
 
 
 class Started(Protocol):
@@ -72,6 +81,12 @@ class WebhookOutbox:
 
     async def prune_attempts(self, db: Database, before: int, batch: int, max_batches: int) -> int:
         return await prune_attempts(db, before, batch, max_batches)
+
+    def without_terminal_event(self, query: _Query, task_id: ColumnElement[str]) -> _Query:
+        return without_terminal_delivery(query, task_id)
+
+    def pending_event(self, task_id: ColumnElement[str]) -> ColumnElement[bool]:
+        return pending_delivery(task_id)
 
 
 def event_type_for(kind: str) -> str:

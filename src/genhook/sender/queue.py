@@ -27,10 +27,11 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from sqlalchemy import (
     ColumnElement,
+    Select,
     Table,
     bindparam,
     delete,
@@ -1003,3 +1004,25 @@ async def earliest_pending(db: Database) -> int | None:
     async with db.read() as session:
         earliest = await session.scalar(_NEXT_DUE_READ)
     return None if earliest is None else int(earliest)
+
+
+# -- conditions for the task domain's statements (through the outbox port) ------------------
+
+_Query = TypeVar("_Query", bound=Select[Any])
+
+
+def without_terminal_delivery(query: _Query, task_id: ColumnElement[str]) -> _Query:
+    """``query`` kept to the tasks (``task_id``, their id column) without a terminal
+    delivery: an outer join on the deliveries and ``IS NULL``, inside the caller's
+    statement."""
+    return query.outerjoin(
+        WebhookDelivery,
+        (WebhookDelivery.task_id == task_id) & WebhookDelivery.event_type.like("%.task.terminal"),
+    ).where(WebhookDelivery.id.is_(None))
+
+
+def pending_delivery(task_id: ColumnElement[str]) -> ColumnElement[bool]:
+    """Whether the task ``task_id`` names has a pending delivery (an EXISTS)."""
+    return exists().where(
+        WebhookDelivery.task_id == task_id, WebhookDelivery.status == DeliveryStatus.PENDING
+    )

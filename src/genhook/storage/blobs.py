@@ -9,10 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from sqlalchemy import select
-
 from genhook.config import Settings
-from genhook.db import Blob, Database, now_ms
+from genhook.db import Database, now_ms
 from genhook.files import DIR_MODE, private_dir, write_private
 
 _KEY_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}(/[A-Za-z0-9_.-]{1,100}){0,3}$")
@@ -148,11 +146,10 @@ class DatabaseBlobStore:
             await put_blob(session, values, postgres=self.db.is_postgres)
 
     async def get(self, key: str) -> tuple[bytes, str] | None:
+        from genhook.tasks.store.reads import blob
+
         async with self.db.read() as session:
-            row = (
-                await session.execute(select(Blob.data, Blob.content_type).where(Blob.key == key))
-            ).first()
-        return (bytes(row[0]), row[1]) if row else None
+            return await blob(session, key)
 
     async def delete(self, key: str) -> None:
         from genhook.tasks.store.writes import delete_blob

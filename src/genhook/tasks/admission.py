@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
@@ -24,11 +24,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.config import Settings
 from genhook.data_urls import InlineData
-from genhook.db import AccountLimit, Database, IdempotencyKey, Task
+from genhook.db import AccountLimit, Database, Task
 from genhook.db.driver import SessionTx
 from genhook.errors import Conflict, FieldError, InvalidRequest, TooManyRequests
 from genhook.runtime import wakeups
-from genhook.task_states import ACTIVE
+from genhook.tasks.store import reads
 from genhook.tasks.store.writes import drop_expired_key, insert_keys, insert_tasks, task_values
 
 if TYPE_CHECKING:
@@ -133,11 +133,11 @@ class Admission:
     async def replay(self, account_id: str, key: str, digest: str, now: int) -> Task | None:
         """The task a live ``key`` created, or None; 409 when it came with another body."""
         async with self.db.read() as session:
-            row = await session.get(IdempotencyKey, (account_id, key))
+            row = await reads.idempotency_key(session, account_id, key)
             if row is not None and row.expires_at > now:
                 if row.request_hash != digest:
                     raise _key_conflict(key)
-                return await session.get(Task, row.task_id)
+                return await reads.task_in(session, row.task_id)
         if row is not None:
             # Past its time: free the key for this request.
             async with self.db.write() as session:
@@ -209,19 +209,13 @@ class Admission:
                 .with_for_update()
             )
         ).one()
-        if limits.in_flight > 0:
-            in_flight = await session.scalar(
-                select(func.count())
-                .select_from(Task)
-                .where(Task.account_id == account_id, Task.status.in_(ACTIVE))
+        if limits.in_flight > 0 and await reads.in_flight(session, account_id) >= limits.in_flight:
+            raise TooManyRequests(
+                f"this account has {limits.in_flight} task(s) in flight, its limit; "
+                "submit again when one ends",
+                [FieldError("tasks_in_flight", f"limit {limits.in_flight}")],
+                retry_after=1,
             )
-            if int(in_flight or 0) >= limits.in_flight:
-                raise TooManyRequests(
-                    f"this account has {limits.in_flight} task(s) in flight, its limit; "
-                    "submit again when one ends",
-                    [FieldError("tasks_in_flight", f"limit {limits.in_flight}")],
-                    retry_after=1,
-                )
         if limits.per_second <= 0:
             return
         elapsed = max(0, now - int(row.tokens_at)) / 1000

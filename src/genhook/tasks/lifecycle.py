@@ -16,13 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import exists, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook import metrics
 from genhook.config import Settings
-from genhook.db import Database, Task, WebhookDelivery, now_ms
+from genhook.db import Database, Task, now_ms
 from genhook.db.driver import SessionTx, Tx
 from genhook.errors import ErrorCode
 from genhook.faults import is_infrastructure_error
@@ -31,15 +30,13 @@ from genhook.runtime import wakeups
 from genhook.statuses import TaskStatus
 from genhook.storage import BlobStore
 from genhook.task_states import (
-    ACTIVE,
     CANCELED_MESSAGE,
     NOT_STARTED_MESSAGE,
-    TERMINAL,
     TIMEOUT_MESSAGE,
 )
-from genhook.tasks.liveness import LIVE_SUFFIX, DeathWatch
+from genhook.tasks.liveness import DeathWatch
 from genhook.tasks.outbox import Outbox, TaskStarted, publish_ended, webhook_outbox
-from genhook.tasks.store import writes
+from genhook.tasks.store import reads, writes
 from genhook.tasks.store.hot_path import (
     HEARTBEAT,
     HELD,
@@ -54,7 +51,13 @@ from genhook.tasks.store.hot_path import (
     runnable_params,
     take_ids,
 )
-from genhook.tasks.store.terminal import complete_in, end_where
+from genhook.tasks.store.terminal import (
+    a_batch_of,
+    complete_in,
+    end_where,
+    held_by,
+    owned_active,
+)
 
 log = logging.getLogger(__name__)
 
@@ -391,13 +394,11 @@ class Lifecycle:
             error_code=int(ErrorCode.CANCELED),
             error_message=CANCELED_MESSAGE,
         )
-        task = await self._end(
-            [Task.id == task_id, Task.account_id == account_id, Task.status.in_(ACTIVE)], values
-        )
+        task = await self._end(owned_active(task_id, account_id), values)
         if task is not None:
             return True, task
         async with self.db.read() as session:
-            current = await session.get(Task, task_id)
+            current = await reads.task_in(session, task_id)
         if current is None or current.account_id != account_id:
             return False, None
         return False, current
@@ -418,7 +419,7 @@ class Lifecycle:
         upstream_cost_micros: int | None = None,
     ) -> bool:
         """One terminal transition; False when the task is no longer ours to end."""
-        conditions = _held_by(task_id, worker_id)
+        conditions = held_by(task_id, worker_id)
         return await self._end(conditions, values, upstream_cost_micros) is not None
 
     async def _end(
@@ -453,25 +454,10 @@ class Lifecycle:
         """Reconciliation: publish ``TaskEnded`` for tasks that ended between ``since`` and
         ``now`` with a webhook but without a terminal delivery, a transaction each; returns
         how many, and where the next pass resumes when a full batch was found."""
-        missing = (
-            select(Task)
-            .outerjoin(
-                WebhookDelivery,
-                (WebhookDelivery.task_id == Task.id)
-                & WebhookDelivery.event_type.like("%.task.terminal"),
-            )
-            .where(
-                Task.finished_at >= since,
-                Task.finished_at <= now,
-                Task.status.in_(TERMINAL),
-                Task.webhook_url.is_not(None),
-                WebhookDelivery.id.is_(None),
-            )
-            .order_by(Task.finished_at)
-            .limit(MISSING_BATCH)
-        )
         async with self.db.read() as session:
-            tasks = (await session.scalars(missing)).all()
+            tasks = await reads.ended_without(
+                session, since, now, MISSING_BATCH, self.outbox.without_terminal_event
+            )
         enqueued = 0
         for task in tasks:
             try:
@@ -530,13 +516,7 @@ class Lifecycle:
             return 0
         changed = await self.expire_overdue(now)
         async with self.db.read() as session:
-            expired = (
-                await session.execute(
-                    select(Task.id, Task.lease_owner, Task.lease_losses)
-                    .where(Task.status == TaskStatus.PROCESSING, Task.lease_expires_at < now)
-                    .limit(500)
-                )
-            ).all()
+            expired = await reads.expired_leases(session, now)
         for task_id, owner, losses in expired:
             changed += int(await self._lose_lease(task_id, owner, losses, now, expired=True))
         if self.db.is_postgres:
@@ -547,15 +527,7 @@ class Lifecycle:
         """Requeue the tasks of standalone workers whose database session is gone, without
         waiting out their leases (``genhook.tasks.liveness``)."""
         async with self.db.read() as session:
-            held = (
-                await session.execute(
-                    select(Task.id, Task.lease_owner, Task.lease_losses)
-                    .where(
-                        Task.status == TaskStatus.PROCESSING, Task.lease_owner.endswith(LIVE_SUFFIX)
-                    )
-                    .limit(500)
-                )
-            ).all()
+            held = await reads.held_by_live_owners(session)
             dead = set(await self._deaths.dead_owners(session, [row[1] or "" for row in held]))
         changed = 0
         for task_id, owner, losses in held:
@@ -565,19 +537,8 @@ class Lifecycle:
 
     async def _sweep_due(self, now: int) -> bool:
         """Whether the sweep has anything to change: one read, the idle sweep's only cost."""
-        checks = [
-            exists().where(Task.status.in_(ACTIVE), Task.deadline_at <= now),
-            exists().where(Task.status == TaskStatus.CREATED, Task.start_deadline_at <= now),
-            exists().where(Task.status == TaskStatus.PROCESSING, Task.lease_expires_at < now),
-        ]
-        if self.db.is_postgres:  # a standalone worker's task: is its worker still there?
-            checks.append(
-                exists().where(
-                    Task.status == TaskStatus.PROCESSING, Task.lease_owner.endswith(LIVE_SUFFIX)
-                )
-            )
         async with self.db.read() as session:
-            return bool(await session.scalar(select(or_(*checks))))
+            return await reads.sweep_due(session, now, postgres=self.db.is_postgres)
 
     async def expire_overdue(self, now: int, batch: int = 500, max_batches: int = 20) -> int:
         """Time out every active task past its deadline, and every waiting task past its start
@@ -586,10 +547,10 @@ class Lifecycle:
         Set-based: one UPDATE ends a whole batch (a backlog of thousands ends in a few
         statements, not one transaction per task), and the callbacks are written with it.
         """
-        overdue = [Task.status.in_(ACTIVE), Task.deadline_at <= now]
-        unstarted = [Task.status == TaskStatus.CREATED, Task.start_deadline_at <= now]
-        changed = await self._expire(now, overdue, TIMEOUT_MESSAGE, batch, max_batches)
-        return changed + await self._expire(now, unstarted, NOT_STARTED_MESSAGE, batch, max_batches)
+        changed = await self._expire(now, reads.overdue(now), TIMEOUT_MESSAGE, batch, max_batches)
+        return changed + await self._expire(
+            now, reads.unstarted(now), NOT_STARTED_MESSAGE, batch, max_batches
+        )
 
     async def _expire(
         self, now: int, conditions: list[Any], message: str, batch: int, max_batches: int
@@ -597,18 +558,15 @@ class Lifecycle:
         changed = 0
         for _ in range(max_batches):
             async with self.db.read() as session:  # read first: an idle sweep writes nothing
-                if await session.scalar(select(Task.id).where(*conditions).limit(1)) is None:
+                if not await reads.any_task(session, conditions):
                     break
-            chosen = (
-                select(Task.id).where(*conditions).limit(batch).with_for_update(skip_locked=True)
-            )
             values = dict(
                 status=TaskStatus.TIMEOUT, error_code=int(ErrorCode.TIMEOUT), error_message=message
             )
             async with self.db.write() as session:
                 tasks = await end_where(
                     session,
-                    [Task.id.in_(chosen.scalar_subquery()), *conditions],
+                    a_batch_of(conditions, batch),
                     values,
                     now,
                     self.settings,
@@ -632,13 +590,7 @@ class Lifecycle:
         """
         now = now_ms()
         async with self.db.read() as session:
-            held = (
-                await session.execute(
-                    select(Task.id, Task.lease_losses).where(
-                        Task.status == TaskStatus.PROCESSING, Task.lease_owner == worker_id
-                    )
-                )
-            ).all()
+            held = await reads.held_by(session, worker_id)
         changed = 0
         for task_id, losses in held:
             if lost:
@@ -678,13 +630,3 @@ class Lifecycle:
             metrics.lease_lost(failed=False)
             return True
         return False
-
-
-def _held_by(task_id: str, worker_id: str | None) -> list[Any]:
-    """Conditions under which ``worker_id`` (None: the sweeper) may end the task."""
-    conditions: list[Any] = [Task.id == task_id]
-    if worker_id is None:
-        conditions.append(Task.status.in_(ACTIVE))
-    else:
-        conditions += [Task.status == TaskStatus.PROCESSING, Task.lease_owner == worker_id]
-    return conditions

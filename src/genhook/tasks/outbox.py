@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+from sqlalchemy import ColumnElement, Select
 
 from genhook.config import Settings
 from genhook.db import Database, Task
@@ -47,6 +49,9 @@ class TasksDeleted:
     task_ids: Sequence[str]
 
 
+_Query = TypeVar("_Query", bound=Select[Any])
+
+
 class Outbox(Protocol):
     async def task_started(self, tx: Tx, event: TaskStarted) -> None: ...
 
@@ -57,6 +62,16 @@ class Outbox(Protocol):
     async def prune_attempts(self, db: Database, before: int, batch: int, max_batches: int) -> int:
         """Delete delivery attempts started before ``before``, ``batch`` per transaction and
         at most ``max_batches`` transactions; returns how many went."""
+        ...
+
+    def without_terminal_event(self, query: _Query, task_id: ColumnElement[str]) -> _Query:
+        """``query`` (over tasks, ``task_id`` its id column) kept to the tasks without a
+        terminal event in the outbox: the reconciler's tasks, in its one statement."""
+        ...
+
+    def pending_event(self, task_id: ColumnElement[str]) -> ColumnElement[bool]:
+        """Whether the task ``task_id`` names has an event still to deliver: a condition for
+        a statement on tasks (retention keeps such a task)."""
         ...
 
 

@@ -16,10 +16,10 @@ import math
 import threading
 from collections.abc import AsyncIterator
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert
 
-from genhook.db import Database, Task, TaskEvent, now_ms
-from genhook.statuses import TaskStatus
+from genhook.db import Database, TaskEvent, now_ms
+from genhook.tasks.store.reads import running_owner
 
 log = logging.getLogger(__name__)
 
@@ -121,11 +121,7 @@ class ProgressRecorder:
                     | {"created_at": now_ms()}
                 )
         async with self.db.write() as session:
-            owner = await session.scalar(
-                select(Task.lease_owner).where(
-                    Task.id == self.task_id, Task.status == TaskStatus.PROCESSING
-                )
-            )
+            owner = await running_owner(session, self.task_id)
             if owner != self.worker_id:
                 return
             await session.execute(insert(TaskEvent), rows)

@@ -19,7 +19,7 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
-from sqlalchemy import delete, exists, select
+from sqlalchemy import delete
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -27,20 +27,15 @@ from genhook.config import Settings
 from genhook.db import (
     Database,
     ExpiredOutput,
-    IdempotencyKey,
-    Task,
     TaskEvent,
-    WebhookDelivery,
     now_ms,
 )
 from genhook.db.driver import SessionTx
 from genhook.errors import Gone
-from genhook.statuses import DeliveryStatus
 from genhook.storage import BlobStore
 from genhook.storage.inputs import keeps_inputs
-from genhook.task_states import TERMINAL
 from genhook.tasks.outbox import Outbox, TasksDeleted, webhook_outbox
-from genhook.tasks.store import writes
+from genhook.tasks.store import reads, writes
 from genhook.tasks.views import iso_ms
 
 log = logging.getLogger(__name__)
@@ -87,22 +82,14 @@ class Pruner:
     async def prune_tasks(self, before: int) -> int:
         """Finished tasks (with their deliveries, attempts and outputs) older than ``before``;
         a task whose webhook is still being delivered waits for the delivery to end."""
-        pending = exists().where(
-            WebhookDelivery.task_id == Task.id, WebhookDelivery.status == DeliveryStatus.PENDING
-        )
+        pending = self.outbox.pending_event
         deleted = 0
         for _ in range(self.max_batches):
-            old = (
-                select(Task.id, Task.outputs)
-                .where(Task.status.in_(TERMINAL), Task.finished_at < before, ~pending)
-                .order_by(Task.finished_at)
-                .limit(self.batch)
-            )
             async with self.db.read() as session:  # read first: an idle pass writes nothing
-                if (await session.execute(old.limit(1))).first() is None:
+                if not await reads.any_prunable(session, before, self.batch, pending):
                     break
             async with self.db.write() as session:
-                rows = (await session.execute(old)).all()
+                rows = await reads.prunable(session, before, self.batch, pending)
                 ids = [task_id for task_id, _ in rows]
                 if ids:
                     await self.outbox.tasks_deleted(SessionTx(session), TasksDeleted(ids))
@@ -144,14 +131,7 @@ class Retention:
         report = RetentionReport()
         batch = self.settings.retention_batch
         async with self.db.read() as session:
-            due = (
-                await session.execute(
-                    select(Task.id, Task.outputs, Task.inputs)
-                    .where(Task.outputs_purged_at.is_(None), Task.outputs_expire_at <= moment)
-                    .order_by(Task.outputs_expire_at)
-                    .limit(batch)
-                )
-            ).all()
+            due = await reads.outputs_due(session, moment, batch)
         if due:
             tombstones = [
                 {"key": key, "task_id": task_id, "expired_at": moment}
@@ -191,13 +171,7 @@ class Retention:
 
     async def _drop_expired_keys(self, now: int, batch: int) -> int:
         async with self.db.read() as session:
-            keys = (
-                await session.execute(
-                    select(IdempotencyKey.account_id, IdempotencyKey.key)
-                    .where(IdempotencyKey.expires_at <= now)
-                    .limit(batch)
-                )
-            ).all()
+            keys = await reads.expired_keys(session, now, batch)
         dropped = 0
         if not keys:
             return 0

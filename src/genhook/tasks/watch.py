@@ -14,14 +14,15 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.config import Settings
-from genhook.db import Database, Task, TaskEvent, now_ms
+from genhook.db import Database, Task, TaskEvent
 from genhook.statuses import TaskStatus
 from genhook.storage import BlobStore
 from genhook.task_states import polled_status
+from genhook.tasks.store import reads
 from genhook.tasks.views import iso_ms, prediction_view
 
 log = logging.getLogger(__name__)
@@ -33,24 +34,6 @@ Signature = tuple[str, int]
 async def last_event_id(session: AsyncSession, task_id: str) -> int:
     value = await session.scalar(select(func.max(TaskEvent.id)).where(TaskEvent.task_id == task_id))
     return int(value or 0)
-
-
-async def queue_position(session: AsyncSession, task: Task) -> int:
-    """Runnable tasks of the same model that a worker takes before this one."""
-    ahead = await session.scalar(
-        select(func.count())
-        .select_from(Task)
-        .where(
-            Task.status == TaskStatus.CREATED,
-            Task.model == task.model,
-            Task.deadline_at > now_ms(),
-            or_(
-                Task.available_at < task.available_at,
-                (Task.available_at == task.available_at) & (Task.id < task.id),
-            ),
-        )
-    )
-    return int(ahead or 0)
 
 
 async def log_lines(session: AsyncSession, task_id: str, after: int = 0) -> list[dict[str, str]]:
@@ -65,7 +48,7 @@ async def log_lines(session: AsyncSession, task_id: str, after: int = 0) -> list
 async def live_fields(session: AsyncSession, task: Task) -> dict[str, Any]:
     """Fields a waiting or running task adds to its result; none once it has ended."""
     if task.status == TaskStatus.CREATED:
-        return {"queue_position": await queue_position(session, task)}
+        return {"queue_position": await reads.queue_position(session, task)}
     if task.status != TaskStatus.PROCESSING:
         return {}
     fields: dict[str, Any] = {}
@@ -121,7 +104,7 @@ async def stream_step(
     to send (with the log lines after ``sent``) when it differs from ``sent``; None once the
     task is gone."""
     async with db.read() as session:
-        task = await session.get(Task, task_id)
+        task = await reads.task_in(session, task_id)
         if task is None:
             return None
         newest = await last_event_id(session, task_id)
@@ -192,15 +175,6 @@ class TaskWatcher:
         async with self.db.read() as session:
             for start in range(0, len(task_ids), 500):
                 chunk = task_ids[start : start + 500]
-                last = (
-                    select(func.max(TaskEvent.id))
-                    .where(TaskEvent.task_id == Task.id)
-                    .correlate(Task)
-                    .scalar_subquery()
-                )
-                rows = await session.execute(
-                    select(Task.id, Task.status, last).where(Task.id.in_(chunk))
-                )
-                for task_id, status, event_id in rows:
-                    found[task_id] = (status, int(event_id or 0))
+                for task_id, status, event_id in await reads.signatures(session, chunk):
+                    found[task_id] = (status, event_id)
         return found

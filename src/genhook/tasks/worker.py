@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import select
 
 from genhook import tracing
 from genhook.db import Task, now_ms
@@ -45,6 +44,7 @@ from genhook.tasks.group_complete import GroupCompleter
 from genhook.tasks.keeper import LeaseKeeper
 from genhook.tasks.lifecycle import Completion, Lifecycle
 from genhook.tasks.progress import ProgressRecorder
+from genhook.tasks.store import reads
 
 log = logging.getLogger(__name__)
 
@@ -570,7 +570,7 @@ class Worker(Services):
             return False
         with contextlib.suppress(Exception):
             async with self.db.read() as session:
-                outputs = await session.scalar(select(Task.outputs).where(Task.id == task_id))
+                outputs = await reads.outputs_of(session, task_id)
             return set(keys) <= set(outputs or [])
         return True  # unknown: keep the blobs rather than risk deleting delivered outputs
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook import metrics
@@ -24,6 +24,7 @@ from genhook.db import Task
 from genhook.db.driver import SessionTx, Tx
 from genhook.statuses import TaskStatus
 from genhook.storage import BlobStore
+from genhook.task_states import ACTIVE
 from genhook.tasks.outbox import Outbox, publish_ended
 from genhook.tasks.store.hot_path import (
     COMPLETE,
@@ -141,3 +142,28 @@ async def complete_in(
         costs[task.id] = item.upstream_cost_micros
     await end_tasks(tx, ended, now, settings, storage, outbox, costs)
     return done
+
+
+# -- the conditions of an ending ------------------------------------------------------------
+
+
+def held_by(task_id: str, worker_id: str | None) -> list[Any]:
+    """Conditions under which ``worker_id`` (None: the sweeper) may end the task."""
+    conditions: list[Any] = [Task.id == task_id]
+    if worker_id is None:
+        conditions.append(Task.status.in_(ACTIVE))
+    else:
+        conditions += [Task.status == TaskStatus.PROCESSING, Task.lease_owner == worker_id]
+    return conditions
+
+
+def owned_active(task_id: str, account_id: str) -> list[Any]:
+    """An active task of ``account_id`` (a cancellation)."""
+    return [Task.id == task_id, Task.account_id == account_id, Task.status.in_(ACTIVE)]
+
+
+def a_batch_of(conditions: Sequence[Any], batch: int) -> list[Any]:
+    """``conditions`` limited to ``batch`` tasks not locked by another sweeper (the
+    sweeper's expiry, a batch per UPDATE)."""
+    chosen = select(Task.id).where(*conditions).limit(batch).with_for_update(skip_locked=True)
+    return [Task.id.in_(chosen.scalar_subquery()), *conditions]
