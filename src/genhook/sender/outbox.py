@@ -131,7 +131,7 @@ async def enqueue_delivery(
     """Add the delivery row to the caller's transaction; returns its id.
 
     Due at once. Dispatchers, in this process and others, are woken when the transaction
-    commits (``genhook.wakeups``).
+    commits (``genhook.runtime.wakeups``).
     """
     if not task.webhook_url:
         raise ValueError(f"task {task.id} has no webhook_url")

@@ -74,7 +74,7 @@ class WebhookService:
             lease_margin_seconds=self._lease_margin,
         )
         dispatcher = self.dispatcher
-        # Deliveries enqueued by any process wake this dispatcher (genhook.wakeups).
+        # Deliveries enqueued by any process wake this dispatcher (genhook.runtime.wakeups).
         wake = wakeups.subscribe(self.db.url, wakeups.DELIVERIES, dispatcher.wake)
         sweeper = asyncio.create_task(self._reconcile_forever(stop))
         # Output retention runs on this role too, beside reconciliation.
