@@ -10,8 +10,9 @@ One trace per task, across the processes that handle it: the submit request (an 
 span whose parent is the caller's ``traceparent``), the time in the queue, the task's run in a
 worker with the engine run (its progress reports as events) and the output blob writes, and
 every webhook attempt (an HTTP client span). The submit span's context is stored with the task
-(``tasks.trace_context``), which is how a worker and a dispatcher, other processes, continue
-it; the webhook POST carries ``traceparent`` so the receiver's trace continues too.
+(``tasks.trace_context``) and copied into its delivery rows, which is how a worker and a
+dispatcher, other processes, continue it; the webhook POST carries ``traceparent`` so the
+receiver's trace continues too.
 
 Attributes follow the HTTP semantic conventions and name tasks, models and destinations only:
 no prompt, image, key, secret, URL path or query (a receiver's URL often holds a token) ever
@@ -21,11 +22,8 @@ goes into a span.
 from __future__ import annotations
 
 import contextlib
-import functools
-import logging
 import os
 import sys
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +36,6 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
     from yarl import URL
 
-    from genhook.db import Database
     from genhook.db.models import Task
     from genhook.sender.queue import Outcome, Outgoing
 
@@ -55,14 +52,11 @@ __all__ = [
     "webhook_attempt",
 ]
 
-log = logging.getLogger(__name__)
-
 _ROLES = frozenset({"api", "worker", "dispatcher"})
 # Requests that are not work: probes and scrapes would drown the traces that matter.
 _UNTRACED = frozenset({"/healthz", "/readyz", "/metrics"})
 # Paths whose tail is a credential: traced by their route template only.
 _SECRET_PATHS = ("/api/v1/upstream/callback/",)
-_PARENTS_KEPT = 4096
 
 _tracer: Tracer | None = None
 
@@ -352,49 +346,17 @@ def steps(report: Callable[..., None]) -> Callable[..., None]:
 
 # -- dispatcher -----------------------------------------------------------------------------
 
-_parents: OrderedDict[str, str | None] = OrderedDict()
-
-
-@functools.cache
-def _parent_read() -> Any:
-    from genhook.tasks.store.reads import trace_context_read
-
-    return trace_context_read()
-
-
-async def _stored_parent(db: Database, task_id: str) -> str | None:
-    """The task's stored context; kept for the retries and the other events of a task. One
-    statement on a pooled connection, without a session: a third of a session's CPU."""
-    if task_id in _parents:
-        _parents.move_to_end(task_id)
-        return _parents[task_id]
-    async with db.read_engine.connect() as connection:
-        found = await connection.scalar(_parent_read(), {"task_id": task_id})
-    value = found if isinstance(found, str) else None
-    _parents[task_id] = value
-    if len(_parents) > _PARENTS_KEPT:
-        _parents.popitem(last=False)
-    return value
-
-
 Post = Callable[["Outgoing", "URL", Any, "dict[str, str] | None"], Awaitable["Outcome"]]
 
 
-async def webhook_attempt(
-    db: Database, attempt: Outgoing, url: URL, session: Any, post: Post
-) -> Outcome:
-    """One delivery attempt as an HTTP client span in the task's trace; the POST carries its
-    ``traceparent``. Only the destination (scheme, host, port) is recorded, never the path."""
+async def webhook_attempt(attempt: Outgoing, url: URL, session: Any, post: Post) -> Outcome:
+    """One delivery attempt as an HTTP client span in the task's trace (its context came
+    with the delivery row); the POST carries its ``traceparent``. Only the destination
+    (scheme, host, port) is recorded, never the path."""
     assert _tracer is not None
     from opentelemetry.trace import SpanKind
 
-    try:
-        stored = await _stored_parent(db, attempt.task_id)
-    except Exception:
-        # A trace must never cost a delivery: the attempt goes out in a trace of its own.
-        log.warning("no trace context for task %s", attempt.task_id, exc_info=True)
-        stored = None
-    parent = _task_parent(stored)
+    parent = _task_parent(attempt.trace_context)
     attributes: dict[str, str | int] = {
         "http.request.method": "POST",
         "url.scheme": url.scheme,

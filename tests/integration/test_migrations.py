@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -65,3 +66,54 @@ async def test_queue_tables_are_vacuumed_early_on_postgresql(pg_url: str) -> Non
         await engine.dispose()
     expected = {f"{name}={value}" for name, value in QUEUE_STORAGE.items()}
     assert options == {table: expected for table in QUEUE_TABLES}
+
+
+def test_pending_deliveries_take_their_tasks_trace_context(tmp_path: Path) -> None:
+    """0014 copies a task's traceparent into its pending deliveries; finished ones keep none."""
+    from alembic import command
+    from sqlalchemy import create_engine
+
+    url = f"sqlite+pysqlite:///{tmp_path / 'genhook.db'}"
+    engine = create_engine(url)
+
+    def upgrade(revision: str) -> None:
+        with engine.begin() as connection:
+            config = alembic_config(url)
+            config.attributes["connection"] = connection
+            command.upgrade(config, revision)
+
+    upgrade("0013")
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO accounts (id, name, signing_secret, created_at) "
+                "VALUES ('a', 'a', 's', 0)"
+            )
+        )
+        connection.execute(
+            text(
+                "INSERT INTO tasks (id, account_id, model, kind, status, params, inputs, "
+                "created_at, updated_at, available_at, deadline_at, attempts, lease_losses, "
+                "outputs, has_nsfw_contents, info, charge, trace_context) VALUES "
+                "('t', 'a', 'm', 'image', 'completed', '{}', '[]', 0, 0, 0, 0, 1, 0, '[]', "
+                "'[]', '{}', '{}', :parent)"
+            ),
+            {"parent": parent},
+        )
+        for delivery, status in (("d1", "pending"), ("d2", "delivered")):
+            connection.execute(
+                text(
+                    "INSERT INTO webhook_deliveries (id, task_id, account_id, url, event_type, "
+                    "body, status, attempts, round_start, redeliveries, created_at, updated_at) "
+                    "VALUES (:id, 't', 'a', 'http://x/', :event, x'7b7d', :status, 0, 0, 0, 0, 0)"
+                ),
+                {"id": delivery, "status": status, "event": f"image.task.{delivery}"},
+            )
+    upgrade("head")
+    with engine.connect() as connection:
+        rows = dict(
+            connection.execute(text("SELECT id, trace_context FROM webhook_deliveries")).all()
+        )
+    engine.dispose()
+    assert rows == {"d1": parent, "d2": None}

@@ -189,6 +189,8 @@ class WebhookDelivery(Base):
     updated_at: Mapped[int] = mapped_column(BigInteger)
     delivered_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     last_attempt_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # The task's W3C traceparent when traced: each attempt's span continues the task's trace.
+    trace_context: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
     __table_args__ = (
         Index("ix_deliveries_status_next", "status", "next_attempt_at"),

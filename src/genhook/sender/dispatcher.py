@@ -608,7 +608,7 @@ class Dispatcher:
     async def send(self, attempt: Outgoing, url: URL, session: aiohttp.ClientSession) -> Outcome:
         """One POST of the exact body bytes; a 3xx is a failure (redirects are not followed)."""
         if tracing.enabled():
-            return await tracing.webhook_attempt(self.db, attempt, url, session, self._post)
+            return await tracing.webhook_attempt(attempt, url, session, self._post)
         return await self._post(attempt, url, session)
 
     async def _post(

@@ -62,8 +62,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True, eq=False)
 class Outgoing:
-    """A delivery on its way out. The claim fills the fields up to ``standard``, in the claim
-    statements' order; signing fills ``headers`` and ``kid`` and drops the opened secret."""
+    """A delivery on its way out. The claim fills the fields up to ``trace_context``, in the
+    claim statements' order; signing fills ``headers`` and ``kid`` and drops the opened
+    secret."""
 
     id: str
     task_id: str
@@ -83,6 +84,8 @@ class Outgoing:
     created_at: int | None = None
     # The URL without its query: the unit of fairness and endpoint health.
     endpoint: str = ""
+    # The task's traceparent when traced (``genhook.tracing``): the attempt's span parent.
+    trace_context: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     kid: str = ""
 
@@ -321,7 +324,7 @@ _SQLITE_CLAIMED = f"""
 SELECT json_group_array(json_array(
            d.id, d.task_id, d.account_id, d.url, d.event_type, hex(d.body), d.attempts,
            d.round_start, a.signing_secret, d.destination, a.standard_webhooks,
-           d.created_at, d.endpoint))
+           d.created_at, d.endpoint, d.trace_context))
   FROM webhook_deliveries AS d LEFT JOIN accounts AS a ON a.id = d.account_id
  WHERE d.status = '{DeliveryStatus.PENDING}' AND d.next_attempt_at = :expires
    AND d.lease_owner = :owner
@@ -526,6 +529,7 @@ def _claimed_from_json(row: list[Any]) -> Outgoing:
         standard,
         created_at,
         endpoint,
+        trace_context,
     ) = row
     return Outgoing(
         delivery_id,
@@ -541,6 +545,7 @@ def _claimed_from_json(row: list[Any]) -> Outgoing:
         None if standard is None else bool(standard),
         created_at,
         endpoint or "",
+        trace_context,
     )
 
 
@@ -591,7 +596,7 @@ RETURNING id, task_id, account_id, url, event_type, body, attempts, round_start,
           destination,
           (SELECT standard_webhooks FROM accounts
             WHERE accounts.id = webhook_deliveries.account_id),
-          created_at, endpoint
+          created_at, endpoint, trace_context
 """
 
 _PG_POSTPONE = f"""
@@ -746,6 +751,7 @@ _INSERT_DELIVERY = bound_insert(
         "next_attempt_at",
         "created_at",
         "updated_at",
+        "trace_context",
     ),
 )
 
@@ -776,6 +782,7 @@ async def insert_delivery(
             "next_attempt_at": now,
             "created_at": now,
             "updated_at": now,
+            "trace_context": task.trace_context,
         },
     )
     return delivery_id

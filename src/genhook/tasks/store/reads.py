@@ -9,13 +9,12 @@ always ran, so moving it here changed no SQL and no round trip.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Row, Select, and_, bindparam, exists, func, or_, select
+from sqlalchemy import Row, Select, and_, exists, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -330,12 +329,6 @@ async def waiting_by_model(session: AsyncSession) -> Sequence[Row[str, int, int]
             .group_by(Task.model)
         )
     ).all()
-
-
-@functools.cache
-def trace_context_read() -> Select[str | None]:
-    """A task's stored trace context, by ``task_id``."""
-    return select(Task.trace_context).where(Task.id == bindparam("task_id"))
 
 
 async def blob(session: AsyncSession, key: str) -> tuple[bytes, str] | None:
