@@ -2,6 +2,7 @@
 on, in one run.
 
     .venv/bin/python benchmarks/tracing.py [--tasks 300] [--rounds 2] [--concurrency 8]
+    .venv/bin/python benchmarks/tracing.py --rate 50 --tasks 1000   # open loop, fixed rate
 
 Each round starts the service twice on SQLite, untraced and then traced (OTLP over HTTP to a
 receiver on loopback in this process that decodes every export, so the exporter does its whole
@@ -9,8 +10,12 @@ job), and sends ``--tasks`` tasks of the ``bench/noop`` model (``benchmarks/noop
 the engine does nothing, so what is measured is the service's own work, the worst case for a
 relative overhead), each with a ``webhook_url`` on a loopback receiver. A round's figure is the
 CPU time of the service's process tree from the first submit until the last webhook arrived,
-per task. Rounds alternate so background load skews both sides alike; the best round of each
-side counts. Exits non-zero when traced costs more than 10% over untraced.
+per task. By default ``--concurrency`` clients submit back to back (a closed loop: the service
+at full speed, where a slower side also batches its commits differently); with ``--rate``
+the submits are sent at that fixed rate instead (an open loop, as ``e2e_latency.py``), so both
+sides do the same work at the same pace and the difference is what tracing itself costs.
+Rounds alternate so background load skews both sides alike; the best round of each side
+counts. Exits non-zero when traced costs more than 10% over untraced.
 """
 
 from __future__ import annotations
@@ -54,7 +59,9 @@ def environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-async def one_round(base: str, key: str, tasks: int, concurrency: int) -> dict[str, float]:
+async def one_round(
+    base: str, key: str, tasks: int, concurrency: int, rate: float = 0.0
+) -> dict[str, float]:
     """CPU seconds per task of each role of the service tree, submit to the last webhook."""
     arrived = asyncio.Event()
     seen: set[str] = set()
@@ -88,10 +95,22 @@ async def one_round(base: str, key: str, tasks: int, concurrency: int) -> dict[s
 
             async def submitter() -> None:
                 for _ in queue:
-                    async with http.post(f"{base}/api/v1/model/generateImage", json=body) as r:
-                        assert r.status == 200, await r.text()
+                    await submit_one()
 
-            await asyncio.gather(*(submitter() for _ in range(concurrency)))
+            async def submit_one() -> None:
+                async with http.post(f"{base}/api/v1/model/generateImage", json=body) as r:
+                    assert r.status == 200, await r.text()
+
+            if rate:
+                loop = asyncio.get_running_loop()
+                began = loop.time()
+                sent = []
+                for index in range(tasks):
+                    await asyncio.sleep(max(0.0, began + index / rate - loop.time()))
+                    sent.append(asyncio.create_task(submit_one()))
+                await asyncio.gather(*sent)
+            else:
+                await asyncio.gather(*(submitter() for _ in range(concurrency)))
             await asyncio.wait_for(arrived.wait(), 120)
         by_role: dict[str, float] = {}
         for pid, start in before.items():
@@ -119,11 +138,16 @@ def measure(
             extra_engines='["benchmarks.noop_engine:register"]',
             ready_timeout=300,
             webhook_allow_private_targets="true",
+            # The service's defaults: wake-ups, with the slow safety-net polls. The harness's
+            # 20 ms poll would bill each idle worker about 0.1 s of CPU a second, and so each
+            # task the wall time it took, not the work it cost.
+            worker_poll_seconds="5",
+            webhook_poll_seconds="5",
         ) as (base, key),
     ):
         # Warm the processes (imports, first statements, connections) before measuring.
         asyncio.run(one_round(base, key, 20, args.concurrency))
-        return asyncio.run(one_round(base, key, args.tasks, args.concurrency))
+        return asyncio.run(one_round(base, key, args.tasks, args.concurrency, args.rate))
 
 
 def main() -> None:
@@ -131,6 +155,9 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--rate", type=float, default=0.0, help="submits per second, open loop (default: closed)"
+    )
     args = parser.parse_args()
     collector = OtlpHttpCollector()
     results: dict[bool, list[float]] = {False: [], True: []}
