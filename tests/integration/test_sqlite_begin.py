@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 
-from genhook.db import database
+from genhook.db import sqlite as sqlite_db
 from genhook.db.database import Database
 from genhook.faults import is_infrastructure_error
 
@@ -52,7 +52,7 @@ async def test_a_failed_begin_is_an_infrastructure_fault_and_the_pool_recovers(
         connection.execute("PRAGMA journal_mode=WAL")
         return connection
 
-    monkeypatch.setattr(database, "open_sqlite", impatient)
+    monkeypatch.setattr(sqlite_db, "open_sqlite", impatient)
     db = Database(f"sqlite+aiosqlite:///{path}")
     other = _other_writer(path)
     try:

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from genhook.db import database
+from genhook.db import sqlite as sqlite_db
 from genhook.db.database import Database
 
 
-class _HourlyCheckpointer(database._Checkpointer):
+class _HourlyCheckpointer(sqlite_db.Checkpointer):
     def __init__(self, path: str, **options: Any) -> None:
         super().__init__(path, idle_interval=3600.0)
 
@@ -34,7 +34,7 @@ async def test_a_commit_wakes_the_checkpointer(
     keeper.execute("PRAGMA wal_autocheckpoint=0")
     keeper.execute("CREATE TABLE item (id INTEGER PRIMARY KEY, body BLOB)")
     keeper.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    monkeypatch.setattr(database, "_Checkpointer", _HourlyCheckpointer)
+    monkeypatch.setattr(sqlite_db, "Checkpointer", _HourlyCheckpointer)
     before = path.stat()
     db = Database(f"sqlite+aiosqlite:///{path}")
     try:
@@ -56,7 +56,7 @@ async def test_the_commit_leaves_the_thread_asleep_until_one_interval_later(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Woken at the commit, the thread would compete with it for the GIL."""
-    monkeypatch.setattr(database, "_Checkpointer", _HourlyCheckpointer)
+    monkeypatch.setattr(sqlite_db, "Checkpointer", _HourlyCheckpointer)
     db = Database(f"sqlite+aiosqlite:///{tmp_path / 'quiet.db'}")
     checkpointer = db._checkpointer
     assert checkpointer is not None
@@ -83,6 +83,6 @@ async def test_the_commit_leaves_the_thread_asleep_until_one_interval_later(
 
 
 def test_a_commit_outside_an_event_loop_wakes_the_thread_at_once(tmp_path: Path) -> None:
-    checkpointer = database._Checkpointer(str(tmp_path / "thread.db"), idle_interval=3600.0)
+    checkpointer = sqlite_db.Checkpointer(str(tmp_path / "thread.db"), idle_interval=3600.0)
     checkpointer.committed()
     assert checkpointer._written.is_set()

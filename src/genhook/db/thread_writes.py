@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.pool import StaticPool
 
-from genhook.db.database import Database, open_sqlite
+from genhook.db.database import Database
+from genhook.db.sqlite import open_sqlite
 
 T = TypeVar("T")
 # A value larger than this makes a transaction worth the hand-over to the thread.

@@ -46,8 +46,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from genhook.db import Database, Task, WebhookAttempt, WebhookDelivery, WebhookReplay
-from genhook.db.database import open_sqlite
 from genhook.db.driver import PostgresTx, Tx, bound_insert
+from genhook.db.sqlite import open_sqlite
 from genhook.sender.fairness import Rooms, Route, Stop, destination_of, endpoint_of
 from genhook.statuses import DeliveryStatus
 
