@@ -8,25 +8,30 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 pytest.importorskip("diffusers")
 
 from PIL import Image
 
-from genhook.config import Settings
 from genhook.engines.local._residency import RESIDENCY
 from genhook.engines.registry import build_registry
 from genhook.errors import ErrorCode
 from genhook.tasks.worker import Worker
-from tests.conftest import Harness, make_harness, make_settings
+from tests.conftest import ROOT, Harness, make_harness, make_settings
 from tests.support.images import data_url
+from tests.support.postgres import free_port
 from tests.support.tiny_pipelines import build
 
 DEVICE = os.environ.get("GENHOOK_TEST_DEVICE", "cpu")
@@ -382,40 +387,82 @@ async def test_a_model_that_cannot_fit_is_refused_at_load(
 
 
 async def test_affinity_the_loaded_worker_wins(weights: dict[str, Path], tmp_path: Path) -> None:
+    """Two workers in two processes on one database: this process has the model loaded, a
+    ``genhook worker`` process has not. The cold one leaves a fresh task to the loaded one, and
+    takes a task once it has waited the affinity time."""
     pipeline = "FluxPipeline"
     model = f"local/{pipeline}"
+    affinity = 8.0
+    entries = [entry(pipeline, weights[pipeline])]
     h = await harness_for(
-        tmp_path,
-        [entry(pipeline, weights[pipeline])],
-        local_models_affinity_seconds=30.0,
-        preload_models=[model],
+        tmp_path, entries, local_models_affinity_seconds=affinity, preload_models=[model]
     )
-    # Two workers on one database; "cold" has not loaded the model (in its own process it
-    # would not hold it), "warm" preloads it.
-    cold = Worker.sharing(h.state, worker_id="cold")
-    cold.resident = frozenset
     warm = h.worker
+    settings = h.state.settings
+    env = {
+        **os.environ,
+        "GENHOOK_DATA_DIR": str(settings.data_dir),
+        "GENHOOK_DATABASE_URL": settings.database_url or "",
+        "GENHOOK_LOCAL_MODELS": json.dumps(entries),
+        "GENHOOK_LOCAL_MODELS_AFFINITY_SECONDS": str(affinity),
+        "GENHOOK_WORKER_POLL_SECONDS": "0.05",
+        "GENHOOK_HEALTH_PORT": str(free_port()),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
+    log_path = tmp_path / "cold-worker.log"
+    with log_path.open("wb") as log:
+        cold = subprocess.Popen(
+            [sys.executable, "-m", "genhook.cli", "worker"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+        )
     try:
         await warm.preload()
         assert warm.preloaded and RESIDENCY.loaded() == {model}
-        response = await h.submit(body(model, "text"))
-        task_id = response.json()["id"]
-        # The cold worker leaves a fresh task to the loaded one, which takes it.
-        assert not await cold.run_once()
+        await _ready(f"http://127.0.0.1:{env['GENHOOK_HEALTH_PORT']}/readyz", cold, log_path)
+        # A fresh task: the cold process, polling every 50 ms, leaves it alone.
+        first = (await h.submit(body(model, "text"))).json()["id"]
+        await asyncio.sleep(1.5)
+        assert (await h.result(first))["status"] == "created", log_path.read_text()
         assert await warm.run_once()
-        assert (await h.result(task_id))["status"] == "completed"
-        # Once a task has waited the affinity time, a cold worker takes it.
-        cold_settings: Settings = h.state.settings.model_copy(
-            update={"local_models_affinity_seconds": 0.0}
-        )
-        patient = Worker(
-            cold_settings, h.state.db, h.state.storage, h.state.registry, h.state.policy
-        )
-        patient.resident = frozenset
-        response = await h.submit(body(model, "text"))
-        assert await patient.run_once()
+        assert (await h.result(first))["status"] == "completed"
+        # With the loaded worker busy elsewhere (it is not run again here), the cold process
+        # takes the next task, but only once it has waited the affinity time.
+        submitted = time.monotonic()
+        second = (await h.submit(body(model, "text"))).json()["id"]
+        status = "created"
+        while status == "created":
+            assert time.monotonic() - submitted < affinity + 90, log_path.read_text()
+            await asyncio.sleep(0.1)
+            status = (await h.result(second))["status"]
+        assert time.monotonic() - submitted >= affinity - 0.5
+        while status not in ("completed", "failed"):
+            assert time.monotonic() - submitted < affinity + 120, log_path.read_text()
+            await asyncio.sleep(0.2)
+            status = (await h.result(second))["status"]
+        assert status == "completed", log_path.read_text()
     finally:
+        cold.terminate()
+        try:
+            cold.wait(30)
+        except subprocess.TimeoutExpired:
+            cold.kill()
+            cold.wait(5)
         await close(h)
+
+
+async def _ready(url: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert process.poll() is None, log_path.read_text()
+        with contextlib.suppress(httpx.HTTPError):
+            async with httpx.AsyncClient(timeout=1) as client:
+                if (await client.get(url)).status_code == 200:
+                    return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"the cold worker never became ready:\n{log_path.read_text()}")
 
 
 async def test_tasks_of_one_shape_share_a_pipeline_call(
