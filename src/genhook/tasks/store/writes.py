@@ -111,18 +111,23 @@ async def drop_expired_key(session: AsyncSession, account_id: str, key: str, now
 # -- requeues --------------------------------------------------------------------------------
 
 
+def _requeued(available_at: int, now: int) -> dict[str, Any]:
+    """The columns of a running task put back in the queue, claimable from ``available_at``."""
+    return {
+        "status": TaskStatus.CREATED,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "available_at": available_at,
+        "updated_at": now,
+    }
+
+
 async def release(session: AsyncSession, task_id: str, owner: str, now: int, at: int) -> int:
     """Give ``owner``'s running task back, claimable from ``at``, without a lost lease."""
     result = await session.execute(
         update(Task)
         .where(Task.id == task_id, Task.status == TaskStatus.PROCESSING, Task.lease_owner == owner)
-        .values(
-            status=TaskStatus.CREATED,
-            lease_owner=None,
-            lease_expires_at=None,
-            available_at=at,
-            updated_at=now,
-        )
+        .values(_requeued(at, now))
         .execution_options(synchronize_session=False)
     )
     return int(result.rowcount)  # type: ignore[attr-defined]
@@ -143,14 +148,7 @@ async def requeue_lost(
     result = await session.execute(
         update(Task)
         .where(*conditions)
-        .values(
-            status=TaskStatus.CREATED,
-            lease_owner=None,
-            lease_expires_at=None,
-            lease_losses=Task.lease_losses + 1,
-            available_at=now,
-            updated_at=now,
-        )
+        .values({**_requeued(now, now), "lease_losses": Task.lease_losses + 1})
         .execution_options(synchronize_session=False)
     )
     return int(result.rowcount)  # type: ignore[attr-defined]
@@ -184,13 +182,7 @@ async def forgive_outage(session: AsyncSession, since: int, now: int) -> tuple[i
             Task.lease_expires_at >= since,
             Task.lease_expires_at < now,
         )
-        .values(
-            status=TaskStatus.CREATED,
-            lease_owner=None,
-            lease_expires_at=None,
-            available_at=now,
-            updated_at=now,
-        )
+        .values(_requeued(now, now))
         .execution_options(synchronize_session=False)
     )
     return int(extended.rowcount), int(requeued.rowcount)  # type: ignore[attr-defined]
