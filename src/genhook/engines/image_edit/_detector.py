@@ -7,7 +7,6 @@ service scales by worker processes. The same pass yields an NSFW score and face 
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,9 +83,6 @@ class Detector:
     def __init__(self, threads: int = 1) -> None:
         self._session = cpu_session(model_path(), threads)
         self._input = self._session.get_inputs()[0].name
-        # ONNX Runtime sessions are thread-safe, but one worker thread at a time keeps the
-        # single-thread pinning honest when a process shares an engine between threads.
-        self._lock = threading.Lock()
 
     def detect(self, image: Image.Image, resolution: int = 320) -> Detection:
         """Run the model on a picture (alpha ignored); boxes are in its pixel coordinates.
@@ -107,8 +103,9 @@ class Detector:
         blob[: small.height, : small.width] = np.asarray(small)
         tensor = np.ascontiguousarray(blob.transpose(2, 0, 1)[np.newaxis], dtype=np.float32)
         tensor /= 255.0
-        with self._lock:
-            output = self._session.run(None, {self._input: tensor})[0]
+        # A session is thread-safe: threads that share the detector (a batch's pictures, a
+        # model's concurrent calls) each run on their own thread, one core each.
+        output = self._session.run(None, {self._input: tensor})[0]
         rows = np.asarray(output)[0].T  # (anchors, 4 + classes)
         scores = rows[:, 4:]
         nsfw = float(scores[:, _NSFW_COLUMNS].max()) if len(rows) else 0.0

@@ -2,21 +2,27 @@
 
 ``generate`` takes a list of jobs that share one call shape (size, steps, guidance) and makes
 ONE pipeline call for all of them, each with its own seeded ``torch.Generator``; ``run`` calls
-it with one job. After every denoising step the callback reports progress and stops the call
-when every job was given up (cancel, lost lease, shutdown) or is past its deadline, so the
-device is free within one step and the worker stays in service.
+it with one job. The per-picture work around the call (decoding and moderating the inputs,
+scaling, checking and encoding the outputs) is not batched by the model, so for a batch it
+runs on the process's cores, one picture per thread. After every denoising step the callback
+reports progress and stops the call when every job was given up (cancel, lost lease,
+shutdown) or is past its deadline, so the device is free within one step and the worker stays
+in service.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import secrets
 import tempfile
+import threading
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from PIL import Image
@@ -35,6 +41,28 @@ from genhook.errors import ErrorCode, TaskFailure
 from genhook.media import DecodeLimits
 
 log = logging.getLogger(__name__)
+
+_In = TypeVar("_In")
+_Out = TypeVar("_Out")
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _each(function: Callable[[_In], _Out], items: Sequence[_In]) -> list[_Out]:
+    """``function`` over ``items``, in order: one item in the calling thread, several on the
+    process's shared pool, as many at once as the process may use cores. Pillow, OpenCV and
+    ONNX Runtime release the GIL, so a batch's pictures are checked and encoded side by side
+    instead of one after another while the device waits. Each call sees the caller's context
+    (the engine run's trace span)."""
+    global _pool
+    if len(items) < 2:
+        return [function(item) for item in items]
+    with _pool_lock:
+        if _pool is None:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+            _pool = ThreadPoolExecutor(cores or os.cpu_count(), "genhook-pictures")
+    futures = [_pool.submit(contextvars.copy_context().run, function, item) for item in items]
+    return [future.result() for future in futures]
 
 
 class _Stopped(Exception):
@@ -87,7 +115,7 @@ class DiffusersEngine(DetectorEngine):
 
     def generate(self, jobs: Sequence[EngineJob]) -> list[EngineResult]:
         """One pipeline call for ``jobs`` (same size, steps and guidance), one result each."""
-        return self._generate([self._prepare(job) for job in jobs])
+        return self._generate(_each(self._prepare, jobs))
 
     def batch_key(self, job: EngineJob) -> Hashable:
         """Jobs share a call when they share its shape: output size, steps and guidance
@@ -101,19 +129,21 @@ class DiffusersEngine(DetectorEngine):
         """One pipeline call for the jobs that decode and pass moderation; a job that does
         not fails alone, before the call. A failure of the call itself (out of memory, say)
         raises, and the worker then runs each job alone."""
-        entries: list[EngineResult | TaskFailure | None] = [None] * len(jobs)
-        ready: list[tuple[int, _Prepared]] = []
-        for index, job in enumerate(jobs):
-            try:
-                job.stop_if_asked()
-                ready.append((index, self._prepare(job)))
-            except TaskFailure as failure:
-                entries[index] = failure
+        entries: list[EngineResult | TaskFailure | _Prepared] = _each(self._prepare_alone, jobs)
+        ready = [(index, item) for index, item in enumerate(entries) if isinstance(item, _Prepared)]
         if ready:
             results = self._generate([item for _, item in ready])
             for (index, _), result in zip(ready, results, strict=True):
                 entries[index] = result
-        return [entry for entry in entries if entry is not None]
+        return [entry for entry in entries if not isinstance(entry, _Prepared)]
+
+    def _prepare_alone(self, job: EngineJob) -> _Prepared | TaskFailure:
+        """A job that cannot be prepared fails alone, before the call."""
+        try:
+            job.stop_if_asked()
+            return self._prepare(job)
+        except TaskFailure as failure:
+            return failure
 
     def _generate(self, prepared: list[_Prepared]) -> list[EngineResult]:
         first = prepared[0].request
@@ -157,13 +187,10 @@ class DiffusersEngine(DetectorEngine):
         }
         if self.model.family.task == "video":
             frames = output.frames
-            return [
-                self._video(item, np.asarray(frames[index]), info)
-                for index, item in enumerate(prepared)
-            ]
-        return [
-            self._image(item, output.images[index], info) for index, item in enumerate(prepared)
-        ]
+            videos = [(item, np.asarray(frames[index])) for index, item in enumerate(prepared)]
+            return _each(lambda pair: self._video(*pair, info), videos)
+        pictures = list(zip(prepared, output.images, strict=True))
+        return _each(lambda pair: self._image(*pair, info), pictures)
 
     def _prepare(self, job: EngineJob) -> _Prepared:
         task = self.model.family.task
