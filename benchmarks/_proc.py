@@ -29,14 +29,20 @@ def descendants(pid: int) -> list[int]:
 
 def cpu_seconds(pids: list[int]) -> float:
     """User and system CPU time of the live processes among ``pids``."""
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / TICKS
+    return sum(cpu_seconds_of(Path(f"/proc/{pid}/stat")) for pid in pids)
+
+
+def main_thread_seconds(pid: int) -> float:
+    """User and system CPU time of ``pid``'s main thread alone (its event loop, for a role)."""
+    return cpu_seconds_of(Path(f"/proc/{pid}/task/{pid}/stat"))
+
+
+def cpu_seconds_of(stat: Path) -> float:
+    try:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
 
 
 def memory_bytes(pids: list[int]) -> tuple[int, int]:
