@@ -9,6 +9,7 @@ preloaded, the cost of a model switch (unload + load) and the service's overhead
 
     .venv/bin/python benchmarks/local_models.py                   # tiny pipeline, CPU
     .venv/bin/python benchmarks/local_models.py --device cuda --real-size --tasks 20
+    .venv/bin/python benchmarks/local_models.py --concurrency 2   # pictures beside the calls
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         preload_models=["bench/ip2p"],
         extra_engines=[],
         local_models_affinity_seconds=0.0,
+        model_batching={"bench/ip2p": {"concurrency": args.concurrency}},
     )
     harness = await make_harness(settings)
     try:
@@ -134,6 +136,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "real_size": args.real_size,
         "steps": args.steps,
         "tasks": args.tasks,
+        "concurrency": args.concurrency,
         "build_seconds": round(built, 2),
         "direct_tasks_per_second": round(direct_rate, 3),
         "service_tasks_per_second": round(service_rate, 3),
@@ -150,6 +153,13 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--real-size", action="store_true", help="SD-1.5-sized, float16")
     parser.add_argument("--tasks", type=int, default=10)
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="the model's calls at once in the worker (2: the next call's inputs and the last "
+        "one's pictures are handled while a call holds the pipeline)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     return parser.parse_args()
 

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from tests.conftest import ROOT, Harness, make_harness, make_settings
 from tests.support.images import data_url
 from tests.support.postgres import free_port
 from tests.support.tiny_pipelines import build
+from tests.support.webhook_receiver import wait_until
 
 DEVICE = os.environ.get("GENHOOK_TEST_DEVICE", "cpu")
 IMAGE_FAMILIES = {
@@ -503,4 +505,63 @@ async def test_tasks_of_one_shape_share_a_pipeline_call(
                 assert picture.size == ((1152, 2048) if seed == 5 else (1024, 1024))
         assert len(outputs) == 6  # each task has its own picture, from its own seed
     finally:
+        await close(h)
+
+
+async def test_concurrent_calls_of_one_model_take_turns_at_the_pipeline(
+    weights: dict[str, Path], tmp_path: Path
+) -> None:
+    """With concurrency 2 a model's tasks run in two threads, but its pipeline (not
+    thread-safe) makes one call at a time; both tasks complete with their own pictures."""
+    pipeline = "StableDiffusionInstructPix2PixPipeline"
+    model = f"local/{pipeline}"
+    h = await harness_for(
+        tmp_path,
+        [entry(pipeline, weights[pipeline])],
+        model_batching={model: {"concurrency": 2}},
+    )
+    engine: Any = h.worker.engine(model)
+    pipe = engine.pipeline()
+    inside: list[int] = []
+    overlapped: list[bool] = []
+    entered = threading.Lock()
+
+    class Counted:
+        def __call__(self, **kwargs: Any) -> Any:
+            with entered:
+                inside.append(1)
+                overlapped.append(len(inside) > 1)
+            try:
+                time.sleep(0.3)  # long enough for the other thread to arrive
+                return pipe(**kwargs)
+            finally:
+                with entered:
+                    inside.pop()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(pipe, name)
+
+    engine.pipeline = Counted
+    stop = asyncio.Event()
+    running = asyncio.create_task(h.worker.run(stop))
+    try:
+        ids = []
+        for seed in (1, 2, 3, 4):
+            response = await h.submit(body(model, "edit", seed=seed))
+            assert response.status_code == 200, response.text
+            ids.append(response.json()["id"])
+
+        async def finished() -> bool:
+            states = [(await h.result(task_id))["status"] for task_id in ids]
+            return all(state not in ("created", "processing") for state in states)
+
+        await wait_until(finished, timeout=120)
+        results = [await h.result(task_id) for task_id in ids]
+        assert [r["status"] for r in results] == ["completed"] * 4, results
+        assert [r["info"]["seed"] for r in results] == [1, 2, 3, 4]
+        assert len(overlapped) == 4 and not any(overlapped), overlapped
+        assert len({r["outputs"][0] for r in results}) == 4
+    finally:
+        stop.set()
+        await running
         await close(h)

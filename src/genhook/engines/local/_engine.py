@@ -89,6 +89,11 @@ class DiffusersEngine(DetectorEngine):
     def __init__(self, model: LocalModel, settings: Settings) -> None:
         super().__init__(settings)
         self.model = model
+        # One pipeline call at a time: a pipeline (its scheduler's state above all) is not
+        # thread-safe. A model whose concurrency is above 1 still gains: while one call holds
+        # the device, the next call's inputs are prepared and the last one's pictures checked
+        # and encoded.
+        self._calls = threading.Lock()
 
     def load(self) -> None:
         super().load()
@@ -156,27 +161,28 @@ class DiffusersEngine(DetectorEngine):
             if shape != (steps, size) or item.request.guidance_scale != first.guidance_scale:
                 raise ValueError("jobs of one pipeline call must share size, steps and guidance")
         pipe = self.pipeline()
-        for item in prepared:
-            item.job.stop_if_asked()
-            item.job.report(progress=0.05, log=f"generating with {self.model.pipeline}")
         generate = self.model.generate_dimensions(size)
         kwargs = self._arguments(prepared, generate, steps, guidance)
-        started = time.monotonic()
-        try:
-            output = pipe(**kwargs)
-        except _Stopped:
-            raise self._stopped(prepared) from None
-        except Exception as exc:
-            if _is_oom(exc):
-                free_memory(str(getattr(pipe, "device", "cuda")))
-                raise TaskFailure(
-                    ErrorCode.ENGINE_OUT_OF_MEMORY,
-                    f"the device ran out of memory generating {generate[0]}*{generate[1]} with "
-                    f"{self.model.id}; its memory was freed. Ask for a smaller size (or fewer "
-                    "frames), or give the model a device with fewer models beside it",
-                ) from None
-            raise
-        seconds = time.monotonic() - started
+        with self._calls:
+            for item in prepared:
+                item.job.stop_if_asked()
+                item.job.report(progress=0.05, log=f"generating with {self.model.pipeline}")
+            started = time.monotonic()
+            try:
+                output = pipe(**kwargs)
+            except _Stopped:
+                raise self._stopped(prepared) from None
+            except Exception as exc:
+                if _is_oom(exc):
+                    free_memory(str(getattr(pipe, "device", "cuda")))
+                    raise TaskFailure(
+                        ErrorCode.ENGINE_OUT_OF_MEMORY,
+                        f"the device ran out of memory generating {generate[0]}*{generate[1]} "
+                        f"with {self.model.id}; its memory was freed. Ask for a smaller size (or "
+                        "fewer frames), or give the model a device with fewer models beside it",
+                    ) from None
+                raise
+            seconds = time.monotonic() - started
         info = {
             "pipeline": self.model.pipeline,
             "steps": steps,
