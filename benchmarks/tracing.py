@@ -61,10 +61,10 @@ def environment(values: dict[str, str]) -> Iterator[None]:
 
 async def one_round(
     base: str, key: str, tasks: int, concurrency: int, rate: float = 0.0
-) -> dict[str, float]:
+) -> tuple[dict[str, float], float]:
     """CPU seconds per task of each role of the service tree, submit to the last webhook,
-    and of their main threads alone (``main``): the event loops, where spans are made, apart
-    from the threads beside them (the span exporter's among them)."""
+    and of their main threads alone: the event loops, where spans are made, apart from the
+    threads beside them (the span exporter's among them)."""
     arrived = asyncio.Event()
     seen: set[str] = set()
 
@@ -115,19 +115,19 @@ async def one_round(
                 await asyncio.gather(*(submitter() for _ in range(concurrency)))
             await asyncio.wait_for(arrived.wait(), 120)
         by_role: dict[str, float] = {}
+        main = 0.0
         for pid, (start, main_start) in before.items():
             role = role_of(pid)
             by_role[role] = by_role.get(role, 0.0) + (cpu_seconds([pid]) - start) / tasks
-            main = (main_thread_seconds(pid) - main_start) / tasks
-            by_role["main"] = by_role.get("main", 0.0) + main
-        return by_role
+            main += (main_thread_seconds(pid) - main_start) / tasks
+        return by_role, main
     finally:
         await runner.cleanup()
 
 
 def measure(
     traced: bool, collector: OtlpHttpCollector, args: argparse.Namespace
-) -> dict[str, float]:
+) -> tuple[dict[str, float], float]:
     otel = {
         "OTEL_TRACES_EXPORTER": "otlp" if traced else "none",
         "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
@@ -170,8 +170,7 @@ def main() -> None:
         for round_ in range(args.rounds):
             for traced in (False, True):
                 spans = len(collector.spans())
-                roles = measure(traced, collector, args)
-                main = roles.pop("main")
+                roles, main = measure(traced, collector, args)
                 cost = sum(roles.values())
                 results[traced].append(cost)
                 mains[traced].append(main)
