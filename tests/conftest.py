@@ -26,6 +26,7 @@ from genhook.engines.registry import build_registry
 from genhook.sender.keys import load_encryption_key
 from genhook.tasks import Worker
 from tests.support import netguard
+from tests.support.http import HTTP
 from tests.support.migrated import migrate
 from tests.support.postgres import PostgresServer, free_port, running_postgres
 from tests.support.s3 import Partition, S3Server, running_s3
@@ -237,7 +238,7 @@ def start_service(
         if process.poll() is not None:
             raise RuntimeError("genhook serve exited:\n" + log_path.read_text(errors="replace"))
         try:
-            if httpx.get(base_url + "/readyz", timeout=1).status_code == 200:
+            if HTTP.get(base_url + "/readyz", timeout=1).status_code == 200:
                 break
         except httpx.HTTPError:
             pass

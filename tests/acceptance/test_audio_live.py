@@ -13,13 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from genhook.client import Client, SttResult
 from genhook.receiver import WebhookVerifier
 from tests.acceptance.test_client_live import Inbox
 from tests.conftest import NETGUARD, ROOT, LiveService, start_service, stop_service
+from tests.support.http import HTTP
 from tests.support.speech import word_error_rate
 
 SENTENCE = "We will meet at the library on Monday morning."
@@ -48,7 +48,7 @@ def test_speak_then_transcribe_with_signed_callbacks(service: LiveService, inbox
             "genhook/text-to-speech", kind="audio", prompt=SENTENCE, webhook_url=inbox.url
         )
         done = client.wait(spoken.id, timeout=90, poll_interval=0.05).raise_for_failure()
-        mp3 = httpx.get(done.outputs[0], timeout=10)
+        mp3 = HTTP.get(done.outputs[0], timeout=10)
         assert mp3.headers["content-type"] == "audio/mpeg"
         event = verifier.verify(
             dict(inbox.wait_for(spoken.id).headers), inbox.wait_for(spoken.id).body

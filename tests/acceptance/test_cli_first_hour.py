@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.conftest import LiveService, start_service, stop_service
+from tests.support.http import HTTP
 from tests.support.images import data_url
 
 MODEL = "test/fake-edit"
@@ -42,7 +42,7 @@ def bare_env(service: LiveService, **extra: str) -> dict[str, str]:
 
 def completed_task(service: LiveService) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {service.api_key}"}
-    task = httpx.post(
+    task = HTTP.post(
         f"{service.base_url}/api/v1/model/generateImage",
         json={"model": MODEL, "prompt": "edit", "images": [data_url()], "size": "1024*1024"},
         headers=headers,
@@ -50,7 +50,7 @@ def completed_task(service: LiveService) -> dict[str, Any]:
     ).json()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        result: dict[str, Any] = httpx.get(task["urls"]["get"], headers=headers, timeout=10).json()
+        result: dict[str, Any] = HTTP.get(task["urls"]["get"], headers=headers, timeout=10).json()
         if result["status"] == "completed":
             return result
         time.sleep(0.05)
@@ -118,7 +118,7 @@ def test_serve_dev_accepts_local_webhooks_and_prints_listen(tmp_path: Path) -> N
         # The start's log says the schema was made, in one line and without Alembic's own.
         assert live.log().count("genhook.db.migrate: database schema upgraded from empty") == 1
         assert "alembic" not in live.log()
-        response = httpx.post(
+        response = HTTP.post(
             f"{live.base_url}/api/v1/model/generateImage",
             json={
                 "model": MODEL,
@@ -135,7 +135,7 @@ def test_serve_dev_accepts_local_webhooks_and_prints_listen(tmp_path: Path) -> N
         stop_service(live)
     plain = start_service(tmp_path / "plain", **env)
     try:
-        response = httpx.post(
+        response = HTTP.post(
             f"{plain.base_url}/api/v1/model/generateImage",
             json={
                 "model": MODEL,

@@ -17,7 +17,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from PIL import Image
 
@@ -31,6 +30,7 @@ from genhook.client import (
 from genhook.client._listen import Delivery, Listener
 from genhook.receiver import VerificationFailure, WebhookVerificationError, WebhookVerifier
 from tests.conftest import LiveService, start_service, stop_service
+from tests.support.http import HTTP
 
 MODEL = "test/fake-edit"
 
@@ -124,7 +124,7 @@ def test_submit_wait_and_verify_a_migration_delivery(service, inbox, tmp_path: P
         done = client.wait(created.id, timeout=60, poll_interval=0.05)
         assert done.succeeded and len(done.outputs) == 1 and done.has_nsfw_contents == [False]
         assert client.result(created.id).outputs == done.outputs
-        output = httpx.get(done.outputs[0], headers={"Authorization": f"Bearer {service.api_key}"})
+        output = HTTP.get(done.outputs[0], headers={"Authorization": f"Bearer {service.api_key}"})
         assert output.status_code == 200
         assert Image.open(io.BytesIO(output.content)).size == (1024, 1024)
 
@@ -434,9 +434,9 @@ def test_a_video_through_the_whole_service(service, inbox):
     assert done.succeeded, done.raw
     url = done.outputs[0]
     assert url.endswith(".mp4")
-    whole = httpx.get(url)
+    whole = HTTP.get(url)
     assert whole.headers["content-type"] == "video/mp4"
-    head = httpx.get(url, headers={"Range": "bytes=0-1023"})
+    head = HTTP.get(url, headers={"Range": "bytes=0-1023"})
     assert head.status_code == 206 and head.content == whole.content[:1024]
     with av.open(io.BytesIO(whole.content)) as container:
         stream = container.streams.video[0]

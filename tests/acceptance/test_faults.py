@@ -31,6 +31,7 @@ from sqlalchemy import select
 
 from genhook.db import Database, Task, UsageLine
 from tests.conftest import LiveService, start_service, stop_service
+from tests.support.http import HTTP
 from tests.support.images import data_url
 from tests.support.postgres import PostgresServer, _as_postgres, _find
 
@@ -113,7 +114,7 @@ def db_url(request: pytest.FixtureRequest) -> str | None:
 def submit(service: LiveService, **fields: Any) -> httpx.Response:
     body = {"model": MODEL, "prompt": "edit", "images": [data_url()], "size": "1024*1024"}
     body.update(fields)
-    return httpx.post(
+    return HTTP.post(
         f"{service.base_url}/api/v1/model/generateImage",
         json=body,
         headers={"Authorization": f"Bearer {service.api_key}"},
@@ -129,7 +130,7 @@ def submit_ok(service: LiveService, **fields: Any) -> str:
 
 
 def result(service: LiveService, task_id: str) -> dict[str, Any]:
-    response = httpx.get(
+    response = HTTP.get(
         f"{service.base_url}/api/v1/model/result/{task_id}",
         headers={"Authorization": f"Bearer {service.api_key}"},
         timeout=10,
@@ -157,7 +158,7 @@ def wait_terminal(service: LiveService, ids: list[str], timeout: float = 60) -> 
 def assert_balanced(service: LiveService, outcomes: dict[str, Any], hooks: Hooks | None) -> None:
     """Usage equals completed tasks; every webhook acknowledged at least once."""
     completed = {tid for tid, data in outcomes.items() if data["status"] == "completed"}
-    usage = httpx.get(
+    usage = HTTP.get(
         f"{service.base_url}/api/v1/usage?limit=1000",
         headers={"Authorization": f"Bearer {service.api_key}"},
         timeout=10,

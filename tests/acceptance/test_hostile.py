@@ -32,6 +32,7 @@ from tests.support.hostile import (
     peak_rss_bytes,
     url_spellings,
 )
+from tests.support.http import HTTP
 
 MAX_BODY = 16 * 1024 * 1024
 MAX_JSON = 256 * 1024
@@ -63,7 +64,7 @@ class Target:
         return {"Authorization": f"Bearer {self.live.api_key}"}
 
     def post(self, content: bytes, content_type: str = "application/json") -> httpx.Response:
-        return httpx.post(
+        return HTTP.post(
             f"{self.live.base_url}/api/v1/model/generateImage",
             content=content,
             headers={**self.auth, "Content-Type": content_type},
@@ -76,7 +77,7 @@ class Target:
     def wait(self, task_id: str) -> dict[str, Any]:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            response = httpx.get(
+            response = HTTP.get(
                 f"{self.live.base_url}/api/v1/model/result/{task_id}", headers=self.auth, timeout=30
             )
             assert response.status_code == 200, response.text
@@ -157,7 +158,7 @@ def test_escaped_slashes_in_a_data_url_are_read(target: Target) -> None:
 def test_chunked_upload_is_capped(target: Target) -> None:
     """A body without Content-Length is capped while streaming, not after."""
     payload = b'{"prompt":"' + b"a" * (MAX_BODY + 1024) + b'"}'
-    response = httpx.post(
+    response = HTTP.post(
         f"{target.live.base_url}/api/v1/model/generateImage",
         content=chunks(payload, 65536),
         headers={**target.auth, "Content-Type": "application/json"},
@@ -283,7 +284,7 @@ def test_connection_cap_refuses_clearly(target: Target) -> None:
     # Past the cap, the service still serves new connections once the flood is gone.
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if httpx.get(target.live.base_url + "/healthz", timeout=10).status_code == 200:
+        if HTTP.get(target.live.base_url + "/healthz", timeout=10).status_code == 200:
             break
         time.sleep(0.2)
     else:

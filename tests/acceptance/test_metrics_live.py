@@ -15,11 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import LiveService, start_service, stop_service
+from tests.support.http import HTTP
 from tests.support.images import data_url
 
 MODEL = "test/fake-edit"
@@ -85,7 +85,7 @@ def submit(service: LiveService, prompt: str, webhook_url: str | None) -> str:
     }
     if webhook_url:
         body["webhook_url"] = webhook_url
-    response = httpx.post(
+    response = HTTP.post(
         f"{service.base_url}/api/v1/model/generateImage",
         json=body,
         headers={"Authorization": f"Bearer {service.api_key}"},
@@ -99,7 +99,7 @@ def submit(service: LiveService, prompt: str, webhook_url: str | None) -> str:
 def result(service: LiveService, task_id: str) -> dict[str, Any]:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        data: dict[str, Any] = httpx.get(
+        data: dict[str, Any] = HTTP.get(
             f"{service.base_url}/api/v1/model/result/{task_id}",
             headers={"Authorization": f"Bearer {service.api_key}"},
             timeout=10,
@@ -111,7 +111,7 @@ def result(service: LiveService, task_id: str) -> dict[str, Any]:
 
 
 def scrape(service: LiveService) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    response = httpx.get(f"{service.base_url}/metrics", timeout=10)
+    response = HTTP.get(f"{service.base_url}/metrics", timeout=10)
     assert response.status_code == 200, response.text
     samples = {}
     for family in text_string_to_metric_families(response.text):

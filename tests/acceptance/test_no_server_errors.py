@@ -12,13 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import LiveService, start_service, stop_service
+from tests.support.http import HTTP
 from tests.support.images import data_url
 
 
@@ -110,7 +110,7 @@ valid_like = st.fixed_dictionaries(
 )
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 def test_arbitrary_json_bodies(service: LiveService, body: Any, path: str) -> None:
-    response = httpx.post(
+    response = HTTP.post(
         f"{service.base_url}/api/v1/model/{path}",
         content=json.dumps(body),
         headers={"Authorization": f"Bearer {service.api_key}", "Content-Type": "application/json"},

@@ -22,6 +22,7 @@ import pytest
 from genhook.db.migrate import upgrade
 from tests.acceptance.test_faults import Hooks
 from tests.conftest import ROOT
+from tests.support.http import HTTP
 from tests.support.images import data_url
 from tests.support.postgres import free_port
 
@@ -75,7 +76,7 @@ def start_role(tmp_path: Path, env: dict[str, str], name: str, *args: str) -> Ro
         if process.poll() is not None:
             raise AssertionError(f"genhook {name} exited:\n{role.log()}")
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(role.base_url + "/readyz", timeout=1).status_code == 200:
+            if HTTP.get(role.base_url + "/readyz", timeout=1).status_code == 200:
                 return role
         time.sleep(0.1)
     stop_role(role)
@@ -142,9 +143,9 @@ def test_role_answers_readiness_and_stops_on_sigterm(
 ) -> None:
     role = start_role(tmp_path, migrated, name)
     try:
-        assert httpx.get(role.base_url + "/healthz", timeout=5).json() == {"status": "ok"}
+        assert HTTP.get(role.base_url + "/healthz", timeout=5).json() == {"status": "ok"}
         if name != "api":
-            metrics = httpx.get(role.base_url + "/metrics", timeout=5)
+            metrics = HTTP.get(role.base_url + "/metrics", timeout=5)
             assert metrics.status_code == 200
             assert metrics.headers["content-type"].startswith("text/plain")
             assert b"python_info" in metrics.content
@@ -188,7 +189,7 @@ def test_api_worker_and_dispatcher_processes_run_a_task_and_deliver_its_webhook(
             "webhook_url": hooks.url,
         }
         headers = {"Authorization": f"Bearer {key}"}
-        submitted = httpx.post(
+        submitted = HTTP.post(
             api.base_url + "/api/v1/model/generateImage", json=body, headers=headers, timeout=10
         )
         assert submitted.status_code == 200, submitted.text
@@ -199,7 +200,7 @@ def test_api_worker_and_dispatcher_processes_run_a_task_and_deliver_its_webhook(
         while task_id not in hooks.ids:
             assert time.monotonic() < deadline, [role.log()[-2000:] for role in running]
             time.sleep(0.05)
-        result = httpx.get(
+        result = HTTP.get(
             f"{api.base_url}/api/v1/model/result/{task_id}", headers=headers, timeout=10
         ).json()
         assert result["status"] == "completed", result
@@ -227,7 +228,7 @@ def test_a_standalone_workers_task_runs_again_soon_after_it_dies(
     workers = [start_role(tmp_path / f"w{i}", env, "worker") for i in range(2)]
     running.extend(workers)
     body = {"model": "test/fake-edit", "prompt": "sleep=1", "images": [data_url()]}
-    submitted = httpx.post(
+    submitted = HTTP.post(
         api.base_url + "/api/v1/model/generateImage", json=body, headers=headers, timeout=10
     )
     assert submitted.status_code == 200, submitted.text
@@ -235,7 +236,7 @@ def test_a_standalone_workers_task_runs_again_soon_after_it_dies(
 
     def task() -> dict[str, Any]:
         return dict(
-            httpx.get(
+            HTTP.get(
                 f"{api.base_url}/api/v1/model/result/{task_id}", headers=headers, timeout=10
             ).json()
         )

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from PIL import Image
 
 from tests.conftest import LiveService, live_database, start_service, stop_service
+from tests.support.http import HTTP
 from tests.support.images import data_url
 
 MODEL = "test/fake-edit"
@@ -25,7 +25,7 @@ MODEL = "test/fake-edit"
 def submit(service: LiveService, **fields: Any) -> dict[str, Any]:
     body = {"model": MODEL, "prompt": "edit", "images": [data_url()], "size": "1024*1024"}
     body.update(fields)
-    response = httpx.post(
+    response = HTTP.post(
         f"{service.base_url}/api/v1/model/generateImage",
         json=body,
         headers={"Authorization": f"Bearer {service.api_key}"},
@@ -39,7 +39,7 @@ def submit(service: LiveService, **fields: Any) -> dict[str, Any]:
 def poll(service: LiveService, task_id: str, until: tuple[str, ...], timeout: float = 60) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        result = httpx.get(
+        result = HTTP.get(
             f"{service.base_url}/api/v1/model/result/{task_id}",
             headers={"Authorization": f"Bearer {service.api_key}"},
             timeout=10,
@@ -83,7 +83,7 @@ def test_first_start_bootstraps_and_serves_a_task(service: LiveService) -> None:
     task = submit(service)
     result = poll(service, task["id"], ("completed", "failed"))
     assert result["status"] == "completed", result
-    image = httpx.get(result["outputs"][0], timeout=10)
+    image = HTTP.get(result["outputs"][0], timeout=10)
     assert image.headers["content-type"] == "image/jpeg"
     with Image.open(io.BytesIO(image.content)) as img:
         assert img.size == (1024, 1024)
@@ -146,11 +146,11 @@ def test_cli_accounts_and_keys(service: LiveService) -> None:
     assert all(key["api_key"] not in json.dumps(item) for item in listed)
     url = f"{live_service.base_url}/api/v1/usage"
     headers = {"Authorization": f"Bearer {key['api_key']}"}
-    assert httpx.get(url, headers=headers).status_code == 200
+    assert HTTP.get(url, headers=headers).status_code == 200
     revoked = live_service.cli("keys", "revoke", key["key_id"])
     assert revoked.returncode == 0, revoked.stderr
     deadline = time.monotonic() + 5  # auth_cache_seconds (2 s) plus slack
-    while httpx.get(url, headers=headers).status_code != 401:
+    while HTTP.get(url, headers=headers).status_code != 401:
         assert time.monotonic() < deadline, "revoked key still accepted"
         time.sleep(0.1)
     assert live_service.cli("keys", "revoke", "key_missing").returncode == 1
@@ -171,7 +171,7 @@ def test_serve_restarts_a_killed_child_of_each_kind(service: LiveService) -> Non
             time.sleep(0.05)
         assert service.log().count(restarted) == before + 1
     # The port stayed open: the new API answers what waited for it.
-    assert httpx.get(f"{service.base_url}/readyz", timeout=60).status_code == 200
+    assert HTTP.get(f"{service.base_url}/readyz", timeout=60).status_code == 200
     # The new generation serves, computes and delivers.
     hooks = Hooks()
     try:

@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from PIL import Image
 
@@ -19,6 +18,7 @@ from genhook.client import Client, Conflict, Prediction, TooManyRequests
 from genhook.receiver import WebhookVerifier
 from tests.acceptance.test_client_live import Inbox
 from tests.conftest import LiveService, live_database, start_service, stop_service
+from tests.support.http import HTTP
 
 MODEL = "test/fake-edit"
 
@@ -138,7 +138,7 @@ def test_parallel_idempotent_retries_and_limits(service: LiveService) -> None:
     # the retries may still be in flight, so at most one more is let in.
     accepted: list[str] = []
     for _ in range(100):
-        answer = httpx.post(url, json=body, headers=headers, timeout=30)
+        answer = HTTP.post(url, json=body, headers=headers, timeout=30)
         if answer.status_code != 200:
             break
         accepted.append(answer.json()["id"])
@@ -161,9 +161,9 @@ def test_outputs_expire_and_answer_410(service: LiveService) -> None:
         created = client.edit("edit", png(), model=MODEL, size="1024*1024")
         done = client.wait(created.id, timeout=60, poll_interval=0.05, max_poll_interval=0.1)
         assert done.succeeded and done.outputs_expire_at is not None
-        assert httpx.get(done.outputs[0]).status_code == 200
+        assert HTTP.get(done.outputs[0]).status_code == 200
         for _ in range(600):
-            gone = httpx.get(done.outputs[0])
+            gone = HTTP.get(done.outputs[0])
             if gone.status_code != 200:
                 break
             time.sleep(0.05)

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import ROOT, LiveService, live_database, start_service, stop_service
+from tests.support.http import HTTP
 from tests.support.images import data_url
 from tests.support.otlp import OtlpGrpcCollector, OtlpHttpCollector
 from tests.support.webhook_receiver import Receiver, sequence
@@ -196,7 +197,7 @@ def test_traces_reach_an_otlp_receiver(tmp_path: Path, protocol: str) -> None:
             OTEL_BSP_SCHEDULE_DELAY="100",
         )
         trace_id = secrets.token_hex(16)
-        answer = httpx.post(
+        answer = HTTP.post(
             f"{live.base_url}/api/v1/model/generateImage",
             headers={
                 "Authorization": f"Bearer {live.api_key}",

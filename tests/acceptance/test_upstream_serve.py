@@ -8,16 +8,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from genhook.errors import ErrorCode
 from tests.conftest import LiveService, start_service, stop_service
+from tests.support.http import HTTP
 from tests.support.images import data_url
 from tests.support.upstream_server import CREDENTIAL, upstream_in_thread
 
 
 def submit(service: LiveService, prompt: str) -> str:
-    response = httpx.post(
+    response = HTTP.post(
         f"{service.base_url}/api/v1/model/generateImage",
         json={
             "model": "up/edit",
@@ -37,7 +36,7 @@ def submit(service: LiveService, prompt: str) -> str:
 def wait(service: LiveService, task_id: str) -> dict[str, Any]:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        result: dict[str, Any] = httpx.get(
+        result: dict[str, Any] = HTTP.get(
             f"{service.base_url}/api/v1/model/result/{task_id}",
             headers={"Authorization": f"Bearer {service.api_key}"},
             timeout=10,

@@ -16,10 +16,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.conftest import LiveService, start_service, stop_service
+from tests.support.http import HTTP
 from tests.support.images import data_url
 from tests.support.postgres import PostgresServer
 
@@ -121,7 +121,7 @@ def test_submit_and_terminal_transition_wake_other_processes(
                 "size": "1024*1024",
                 "webhook_url": hook_url,
             }
-            response = httpx.post(
+            response = HTTP.post(
                 f"{service.base_url}/api/v1/model/generateImage",
                 json=body,
                 headers={"Authorization": f"Bearer {service.api_key}"},
@@ -209,7 +209,7 @@ def test_two_workers_a_submit_wakes_one_and_no_claim_comes_back_empty(tmp_path: 
         rounds = 4
         for _ in range(rounds):
             started = time.monotonic()
-            response = httpx.post(
+            response = HTTP.post(
                 f"{service.base_url}/api/v1/model/generateImage",
                 json={"model": MODEL, "prompt": "edit", "images": [data_url()]},
                 headers={"Authorization": f"Bearer {service.api_key}"},
@@ -218,7 +218,7 @@ def test_two_workers_a_submit_wakes_one_and_no_claim_comes_back_empty(tmp_path: 
             assert response.status_code == 200, response.text
             result = f"{service.base_url}/api/v1/model/result/{response.json()['id']}"
             headers = {"Authorization": f"Bearer {service.api_key}"}
-            while httpx.get(result, headers=headers, timeout=10).json()["status"] != "completed":
+            while HTTP.get(result, headers=headers, timeout=10).json()["status"] != "completed":
                 assert time.monotonic() - started < 8, (
                     "not completed within 8 s, with 30 s polls: " + service.log()[-3000:]
                 )

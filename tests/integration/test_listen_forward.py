@@ -16,13 +16,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from genhook.client._listen import Delivery, Listener
 from genhook.receiver import VerificationFailure, WebhookVerifier
+from tests.support.http import HTTP
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = Ed25519PrivateKey.generate()
@@ -122,7 +122,7 @@ def test_forwards_exact_bytes_and_headers_and_relays_the_answer(sink):
     deliveries: list[Delivery] = []
     body, headers = signed()
     with listener(sink.url, deliveries) as lst:
-        response = httpx.post(lst.url + "/any/path", content=body, headers=headers)
+        response = HTTP.post(lst.url + "/any/path", content=body, headers=headers)
     assert response.status_code == 202 and response.json() == {"sink": "ok"}
     [(got_body, got_headers, path)] = sink.received
     assert got_body == body
@@ -149,7 +149,7 @@ def test_chunked_delivery_is_forwarded_byte_identical(sink):
             yield body[i : i + 17]
 
     with listener(sink.url, deliveries) as lst:
-        response = httpx.post(lst.url, content=chunks(), headers=headers)
+        response = HTTP.post(lst.url, content=chunks(), headers=headers)
     assert response.status_code == 202
     assert sink.received[0][0] == body and deliveries[0].verified
 
@@ -158,7 +158,7 @@ def test_unverified_delivery_is_refused_and_not_forwarded(sink):
     deliveries: list[Delivery] = []
     body, headers = signed()
     with listener(sink.url, deliveries) as lst:
-        response = httpx.post(lst.url, content=body + b" ", headers=headers)
+        response = HTTP.post(lst.url, content=body + b" ", headers=headers)
     assert response.status_code == 400 and response.json() == {"reason": "bad_signature"}
     assert sink.received == []
     assert deliveries[0].error is not None
@@ -169,7 +169,7 @@ def test_forward_unverified_on_request(sink):
     deliveries: list[Delivery] = []
     body, headers = signed()
     with listener(sink.url, deliveries, forward_unverified=True) as lst:
-        response = httpx.post(lst.url, content=body + b" ", headers=headers)
+        response = HTTP.post(lst.url, content=body + b" ", headers=headers)
     assert response.status_code == 202 and sink.received[0][0] == body + b" "
     assert not deliveries[0].verified
 
@@ -181,7 +181,7 @@ def test_unreachable_app_answers_502_so_the_service_retries():
     dead.close()
     body, headers = signed()
     with listener(url, deliveries) as lst:
-        response = httpx.post(lst.url, content=body, headers=headers)
+        response = HTTP.post(lst.url, content=body, headers=headers)
     assert response.status_code == 502 and deliveries[0].forward_error
 
 
@@ -189,7 +189,7 @@ def test_without_forwarding_a_verified_delivery_gets_200():
     deliveries: list[Delivery] = []
     body, headers = signed()
     with listener(None, deliveries) as lst:
-        assert httpx.post(lst.url, content=body, headers=headers).status_code == 200
+        assert HTTP.post(lst.url, content=body, headers=headers).status_code == 200
 
 
 def test_close_waits_for_the_answer_to_a_reported_delivery():
@@ -209,7 +209,7 @@ def test_close_waits_for_the_answer_to_a_reported_delivery():
         order.append("reported")
 
     lst = Listener(verifier=WebhookVerifier(jwks=JWKS), on_delivery=report, port=0).start()
-    response = httpx.post(lst.url, content=body, headers=headers)
+    response = HTTP.post(lst.url, content=body, headers=headers)
     closer[0].join(timeout=10)
     assert response.status_code == 200 and response.json() == {"received": True}
     assert order == ["reported", "closed"]
@@ -255,10 +255,10 @@ def test_listen_command_end_to_end(sink, tmp_path):
                 break
         assert url, "".join(lines)
         body, headers = signed("task_cli")
-        assert httpx.post(url, content=body, headers=headers).status_code == 202
+        assert HTTP.post(url, content=body, headers=headers).status_code == 202
         bad_body, bad_headers = signed("task_bad")
         assert (
-            httpx.post(url, content=bad_body.replace(b"7", b"8"), headers=bad_headers).status_code
+            HTTP.post(url, content=bad_body.replace(b"7", b"8"), headers=bad_headers).status_code
             == 400
         )
         out, _ = proc.communicate(timeout=30)
@@ -309,5 +309,5 @@ def test_listens_on_ipv6_loopback():
     verifier = WebhookVerifier(jwks=JWKS)
     with Listener(verifier=verifier, on_delivery=deliveries.append, host="::1", port=0) as lst:
         assert lst.url.startswith("http://[::1]:")
-        assert httpx.post(lst.url, content=body, headers=headers).status_code == 200
+        assert HTTP.post(lst.url, content=body, headers=headers).status_code == 200
     assert deliveries[0].verified

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from tests.support.http import HTTP
 from tests.support.postgres import free_port
 
 # What the SDK reads; every process the tests start inherits it.
@@ -95,7 +96,7 @@ def start_s3(port: int | None = None) -> S3Server:
         if process.poll() is not None:
             raise RuntimeError(f"moto.server exited with {process.returncode}")
         try:
-            httpx.get(f"{server.endpoint_url}/moto-api/", timeout=1)
+            HTTP.get(f"{server.endpoint_url}/moto-api/", timeout=1)
             return server
         except httpx.HTTPError:
             time.sleep(0.1)
