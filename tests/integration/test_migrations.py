@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from genhook.db.migrate import alembic_config, upgrade_in_thread
+from genhook.db.migrate import alembic_config, newest_revision, schema_problem, upgrade_in_thread
 from genhook.db.models import Base
 
 _queue_vacuum = importlib.import_module("genhook.db.migrations.versions.0010_queue_vacuum")
@@ -117,3 +118,36 @@ def test_pending_deliveries_take_their_tasks_trace_context(tmp_path: Path) -> No
         )
     engine.dispose()
     assert rows == {"d1": parent, "d2": None}
+
+
+def test_the_newest_revision_is_alembics_single_head() -> None:
+    """A role checks its schema against ``newest_revision`` (no Alembic import): it must be
+    the one head Alembic would migrate to."""
+    from alembic.script import ScriptDirectory
+
+    heads = ScriptDirectory.from_config(alembic_config("sqlite://")).get_heads()
+    assert heads == [newest_revision()]
+
+
+def test_schema_problem_names_where_the_database_stands(tmp_path: Path) -> None:
+    path = tmp_path / "roles.db"
+    url = f"sqlite+aiosqlite:///{path}"
+    assert schema_problem(url) == f"the database {path} does not exist"
+    sqlite3.connect(path).close()
+    assert schema_problem(url) == (
+        f"the database schema is not the newest (at none, newest {newest_revision()})"
+    )
+    upgrade_in_thread(url)
+    assert schema_problem(url) is None
+    with sqlite3.connect(path) as connection:
+        connection.execute("UPDATE alembic_version SET version_num = '0012'")
+    assert schema_problem(url) == (
+        f"the database schema is not the newest (at 0012, newest {newest_revision()})"
+    )
+
+
+@pytest.mark.postgres
+def test_schema_problem_on_postgresql(pg_url: str) -> None:
+    assert "at none" in str(schema_problem(pg_url))
+    upgrade_in_thread(pg_url)
+    assert schema_problem(pg_url) is None
