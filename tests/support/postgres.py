@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -35,10 +36,39 @@ def _find(binary: str) -> str:
     )
 
 
+# Ports handed out by ``free_port``: below the kernel's ephemeral range (Linux's default starts
+# at 32768), above the well-known ones.
+_LOWEST_PORT = 10000
+# Its own generator: a test's seeding of the global one (Hypothesis does) must not make two
+# test processes pick the same ports.
+_ports = random.Random()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port nothing listens on, for a server a test starts.
+
+    Not one from ``bind(0)``: those come from the ephemeral range, where any process's next
+    outgoing connection may take the port before the server binds it (``Address already in
+    use``). A random port below that range is taken only by another test's server, and that
+    is checked here."""
+    ceiling = _ephemeral_floor()
+    for _ in range(200):
+        port = _ports.randrange(_LOWEST_PORT, ceiling)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port between {_LOWEST_PORT} and {ceiling}")
+
+
+def _ephemeral_floor() -> int:
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return max(_LOWEST_PORT + 1000, int(text.split()[0]))
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 @dataclass
