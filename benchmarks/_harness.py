@@ -40,17 +40,16 @@ def free_port() -> int:
 
 
 def wait_ready(url: str, timeout: float = 60.0) -> None:
+    from tests.support.http import HTTP  # not httpx.get: a TLS context per call
+
     deadline = time.monotonic() + timeout
-    # One client for the wait: ``httpx.get`` builds a TLS context per call (about 60 ms of
-    # CPU), which would take most of a core from the service starting.
-    with httpx.Client(timeout=1) as http:
-        while time.monotonic() < deadline:
-            try:
-                if http.get(url).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+    while time.monotonic() < deadline:
+        try:
+            if HTTP.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
     raise RuntimeError(f"{url} did not become ready")
 
 

@@ -122,7 +122,7 @@ def schema_problem(url: str) -> str | None:
         engine = create_engine(_sync_url(url))
         try:
             with engine.connect() as connection:
-                return _schema_problem(connection, url)
+                return _schema_problem(connection)
         finally:
             engine.dispose()
     import asyncio
@@ -136,7 +136,7 @@ async def _schema_problem_postgres(url: str) -> str | None:
     engine = create_async_engine(url)
     try:
         async with engine.connect() as connection:
-            problem: str | None = await connection.run_sync(_schema_problem, url)
+            problem: str | None = await connection.run_sync(_schema_problem)
             return problem
     finally:
         await engine.dispose()
@@ -147,15 +147,14 @@ def newest_revision() -> str:
 
     Read from the file names rather than by Alembic, so that a role started on its own checks
     its schema without importing Alembic (a third of a second of its start);
-    ``tests/unit/test_migrations.py`` holds it equal to Alembic's single head."""
+    ``tests/integration/test_migrations.py`` holds it equal to Alembic's single head."""
     names = (path.name for path in (MIGRATIONS / "versions").glob("[0-9][0-9][0-9][0-9]_*.py"))
     return max(name[:4] for name in names)
 
 
-def _schema_problem(connection: object, url: str) -> str | None:
+def _schema_problem(connection: Connection) -> str | None:
     from sqlalchemy import inspect
 
-    assert isinstance(connection, Connection)
     newest = newest_revision()
     current: set[str] = set()
     if inspect(connection).has_table("alembic_version"):
