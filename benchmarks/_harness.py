@@ -10,6 +10,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,14 @@ if TYPE_CHECKING:
     from tests.support.postgres import PostgresServer
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def child_pythonpath() -> str:
+    """``PYTHONPATH`` for a service the benchmark starts: the checkout first, then what this
+    process was given (a host may keep dependencies in a directory of its own)."""
+    return os.pathsep.join(
+        [str(ROOT / "src"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
 
 
 def postgres_database(stack: contextlib.ExitStack, name: str = "bench") -> PostgresServer:
@@ -39,11 +48,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_ready(url: str, timeout: float = 60.0) -> None:
+def wait_ready(
+    url: str,
+    timeout: float = 60.0,
+    process: subprocess.Popen[bytes] | None = None,
+    log: str | None = None,
+) -> None:
+    """Until ``url`` answers 200; fails at once if ``process`` (the server) exits first,
+    quoting the end of its ``log`` (its stderr)."""
     from tests.support.http import HTTP  # not httpx.get: a TLS context per call
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            tail = Path(log).read_text(errors="replace")[-3000:] if log else ""
+            raise RuntimeError(f"{url}: the server exited with {process.returncode}\n{tail}")
         try:
             if HTTP.get(url, timeout=1).status_code == 200:
                 return
@@ -128,21 +147,22 @@ def running_service(
         "GENHOOK_PORT": str(port),
         "GENHOOK_EXTRA_ENGINES": '["tests.support.engines:register"]',
         "GENHOOK_WORKER_POLL_SECONDS": "0.02",
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        "PYTHONPATH": child_pythonpath(),
         "GENHOOK_LOG_LEVEL": "WARNING",
         **{f"GENHOOK_{name.upper()}": value for name, value in settings.items()},
     }
     if database_url:
         env["GENHOOK_DATABASE_URL"] = database_url
+    errors = tempfile.NamedTemporaryFile(prefix="genhook-serve-", suffix=".log")  # noqa: SIM115
     server = subprocess.Popen(
         [sys.executable, "-m", "genhook.cli", "serve"],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=errors,
     )
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_ready(base + "/readyz", ready_timeout)
+        wait_ready(base + "/readyz", ready_timeout, server, errors.name)
         key = json.loads((Path(data_dir) / "credentials.json").read_text())["api_key"]
         yield base, key
     finally:
@@ -152,3 +172,4 @@ def running_service(
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+        errors.close()

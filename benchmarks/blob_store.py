@@ -27,7 +27,14 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import api_process, free_port, median, percentile, wait_ready  # noqa: E402
+from benchmarks._harness import (  # noqa: E402
+    api_process,
+    child_pythonpath,
+    free_port,
+    median,
+    percentile,
+    wait_ready,
+)
 from tests.support.s3 import S3_ENV, S3Server, s3_client, start_s3  # noqa: E402
 
 
@@ -48,7 +55,7 @@ def measure(name: str, env: dict[str, str], place: object, size: int, ranges: in
         "GENHOOK_PORT": str(port),
         "GENHOOK_WORKERS": "0",
         "GENHOOK_LOG_LEVEL": "WARNING",
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        "PYTHONPATH": child_pythonpath(),
         **env,
     }
     server = subprocess.Popen(

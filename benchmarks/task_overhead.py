@@ -34,7 +34,14 @@ from sqlalchemy import func, select
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import api_process, argv, children, postgres_database, running_service  # noqa: E402
+from benchmarks._harness import (  # noqa: E402
+    api_process,
+    argv,
+    child_pythonpath,
+    children,
+    postgres_database,
+    running_service,
+)
 from benchmarks.noop_engine import PNG, read_counts  # noqa: E402
 
 from genhook.config import Settings  # noqa: E402
@@ -112,7 +119,7 @@ async def worker_phase(args: argparse.Namespace, data_dir: str, sql_dir: Path) -
         "GENHOOK_DATA_DIR": data_dir,
         "GENHOOK_EXTRA_ENGINES": ENGINES,
         "GENHOOK_LOG_LEVEL": "WARNING",
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        "PYTHONPATH": child_pythonpath(),
     }
     if args.database_url:
         env["GENHOOK_DATABASE_URL"] = args.database_url
