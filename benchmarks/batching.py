@@ -127,17 +127,17 @@ def stt_case() -> Case:
     )
 
 
-def diffusers_case(root: Path, device: str, real_size: bool, steps: int) -> Case:
+def diffusers_case(weights: Path, device: str, real_size: bool, steps: int) -> Case:
     """A local InstructPix2Pix model with random weights, built in code (tiny, or at Stable
     Diffusion 1.5's sizes with ``real_size``); the target is batch 8 at least 2x batch 1."""
     import torch
-    from tests.support.tiny_pipelines import build
+    from tests.support.tiny_pipelines import build_once
 
     # The worker's own default, every core it may use: OMP_NUM_THREADS=1 above is for the
     # matmul stand-in's BLAS, and would leave torch one core of the machine's.
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     pipeline = "StableDiffusionInstructPix2PixPipeline"
-    path = build(pipeline, root / "weights", real_size=real_size)
+    path = build_once(pipeline, weights, real_size=real_size)
     model = {
         "id": "local/pix2pix",
         "kind": "image",
@@ -341,6 +341,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="the diffusers case's device")
     parser.add_argument("--real-size", action="store_true", help="diffusers: SD-1.5 sized")
     parser.add_argument("--steps", type=int, default=4, help="diffusers: denoising steps")
+    parser.add_argument(
+        "--weights", type=Path, help="diffusers: build here, or reuse what is built here (kept)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -351,8 +354,10 @@ def main() -> None:
         elif name == "stt":
             cases[name] = stt_case()
         else:
-            weights = Path(tempfile.mkdtemp(prefix="genhook-batching-weights-"))
-            atexit.register(shutil.rmtree, weights, True)
+            weights = args.weights
+            if weights is None:
+                weights = Path(tempfile.mkdtemp(prefix="genhook-batching-weights-"))
+                atexit.register(shutil.rmtree, weights, True)
             cases[name] = diffusers_case(weights, args.device, args.real_size, args.steps)
     if args.model:
         template = args.body or "{}"
