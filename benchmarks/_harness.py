@@ -48,6 +48,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def stop_process(process: subprocess.Popen[bytes], grace: float = 30.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; reaped either way."""
+    process.terminate()
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def wait_ready(
     url: str,
     timeout: float = 60.0,
@@ -166,10 +176,5 @@ def running_service(
         key = json.loads((Path(data_dir) / "credentials.json").read_text())["api_key"]
         yield base, key
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_process(server)
         errors.close()

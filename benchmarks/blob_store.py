@@ -33,6 +33,7 @@ from benchmarks._harness import (  # noqa: E402
     free_port,
     median,
     percentile,
+    stop_process,
     wait_ready,
 )
 from tests.support.s3 import S3_ENV, S3Server, s3_client, start_s3  # noqa: E402
@@ -106,12 +107,7 @@ def measure(name: str, env: dict[str, str], place: object, size: int, ranges: in
             f"API RSS {before:5.0f} MiB before, peak {peak:5.0f} MiB"
         )
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_process(server)
 
 
 def main() -> None:

@@ -33,7 +33,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import free_port, percentile, wait_ready  # noqa: E402
+from benchmarks._harness import free_port, percentile, stop_process, wait_ready  # noqa: E402
 
 MB = 1_000_000
 
@@ -170,12 +170,7 @@ def main() -> None:
         if failures:
             print(f"{len(failures)} failures, first: {failures[0]}")
     finally:
-        service.terminate()
-        try:
-            service.wait(30)
-        except subprocess.TimeoutExpired:
-            service.kill()
-            service.wait()
+        stop_process(service)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._harness import child_pythonpath, free_port, running_service, wait_ready
+from benchmarks._harness import (
+    child_pythonpath,
+    free_port,
+    running_service,
+    stop_process,
+    wait_ready,
+)
 
 MODEL = "bench/ip2p"
 PIPELINE = "StableDiffusionInstructPix2PixPipeline"
@@ -215,12 +221,7 @@ def worker_ready(data: Path, settings: dict[str, str]) -> float:
         wait_ready(f"http://127.0.0.1:{port}/readyz", 300, worker, str(log))
         return time.perf_counter() - started
     finally:
-        worker.terminate()
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        stop_process(worker)
 
 
 def parse() -> argparse.Namespace:

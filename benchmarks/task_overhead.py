@@ -41,6 +41,7 @@ from benchmarks._harness import (  # noqa: E402
     children,
     postgres_database,
     running_service,
+    stop_process,
 )
 from benchmarks.noop_engine import PNG, read_counts  # noqa: E402
 
@@ -143,12 +144,7 @@ async def worker_phase(args: argparse.Namespace, data_dir: str, sql_dir: Path) -
         cpu, sql = cpu_seconds(worker.pid) - cpu, statements(sql_dir, worker.pid) - sql
         txs = statements(sql_dir, worker.pid, "tx") - txs
     finally:
-        worker.terminate()
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        stop_process(worker)
         await db.dispose()
     tasks = last - first
     print(
