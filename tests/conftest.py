@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ from genhook.sender.keys import load_encryption_key
 from genhook.tasks import Worker
 from tests.support import netguard
 from tests.support.http import HTTP
+from tests.support.leftovers import start_run
 from tests.support.migrated import migrate
 from tests.support.postgres import PostgresServer, free_port, running_postgres
 from tests.support.s3 import Partition, S3Server, running_s3
@@ -39,6 +41,20 @@ netguard.install()
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(NETGUARD), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
 )
+
+
+# The run's temporary directory, in the process that made it (tests/support/leftovers.py).
+_run_directory: Path | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _run_directory
+    _run_directory = start_run()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _run_directory is not None:
+        shutil.rmtree(_run_directory, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from tests.conftest import LiveService, start_service, stop_service
 from tests.support.http import HTTP
 from tests.support.images import data_url
+from tests.support.leftovers import temporary_directory
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +32,10 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveService]:
 
 def _openapi_document() -> dict[str, Any]:
     """The service's own OpenAPI document; building the app opens no connection."""
-    import tempfile
-
     from genhook.api import build_state, create_app
     from genhook.config import Settings
 
-    data_dir = Path(tempfile.mkdtemp(prefix="genhook-openapi-"))
+    data_dir = temporary_directory("genhook-openapi-")
     state = build_state(Settings(data_dir=data_dir))
     document: dict[str, Any] = create_app(state).openapi()
     return document

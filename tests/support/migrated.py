@@ -8,9 +8,7 @@ migrating the empty one (measured on a busy machine: about 0.7 s against 0.5 s).
 
 from __future__ import annotations
 
-import atexit
 import shutil
-import tempfile
 import threading
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from sqlalchemy.engine import make_url
 
 from genhook.db.migrate import upgrade_in_thread
 from genhook.files import private_sqlite
+from tests.support.leftovers import temporary_directory
 
 _lock = threading.Lock()
 _sqlite_template: Path | None = None
@@ -27,8 +26,7 @@ def _sqlite_template_file() -> Path:
     global _sqlite_template
     with _lock:
         if _sqlite_template is None:
-            directory = Path(tempfile.mkdtemp(prefix="genhook-template-"))
-            atexit.register(shutil.rmtree, directory, True)
+            directory = temporary_directory("genhook-template-")
             path = directory / "genhook.db"
             upgrade_in_thread(f"sqlite+aiosqlite:///{path}")
             _sqlite_template = path

@@ -6,18 +6,18 @@ missing). PostgreSQL refuses to run as root, so as root the server runs as ``pos
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import random
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.leftovers import temporary_directory
 
 CANDIDATE_BIN_DIRS = [
     Path(p) for p in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
@@ -148,7 +148,7 @@ def _as_postgres(cmd: list[str]) -> list[str]:
 
 @contextlib.contextmanager
 def running_postgres() -> Iterator[PostgresServer]:
-    root = Path(tempfile.mkdtemp(prefix="genhook-pg-"))
+    root = temporary_directory("genhook-pg-")
     datadir = root / "data"
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")
@@ -211,6 +211,6 @@ def running_postgres() -> Iterator[PostgresServer]:
             capture_output=True,
             env=env,
         )
-        # Removed at exit, outside any test's time limit: a cluster that held a database per
-        # test has tens of thousands of files, and removing them can outlast a test's budget.
-        atexit.register(shutil.rmtree, root, True)
+        # The directory goes with the run's (tests/support/leftovers.py), outside any test's
+        # time limit: a cluster that held a database per test has tens of thousands of files,
+        # and removing them can outlast a test's budget.
