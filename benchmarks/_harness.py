@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -17,6 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
+
+# The tests' port picker: a port from bind(0) may be taken by an outgoing connection first.
+from tests.support.postgres import free_port as free_port
 
 if TYPE_CHECKING:
     from tests.support.postgres import PostgresServer
@@ -40,12 +42,6 @@ def postgres_database(stack: contextlib.ExitStack, name: str = "bench") -> Postg
     server = stack.enter_context(running_postgres())
     server.psql(f"CREATE DATABASE {name}")
     return server
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def stop_process(process: subprocess.Popen[bytes], grace: float = 30.0) -> None:

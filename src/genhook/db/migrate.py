@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Connection, create_engine, text
+from sqlalchemy import Connection, create_engine, inspect, text
 from sqlalchemy.engine import make_url
 
 from genhook.files import private_sqlite
@@ -153,8 +153,6 @@ def newest_revision() -> str:
 
 
 def _schema_problem(connection: Connection) -> str | None:
-    from sqlalchemy import inspect
-
     newest = newest_revision()
     current: set[str] = set()
     if inspect(connection).has_table("alembic_version"):
