@@ -508,6 +508,38 @@ async def test_tasks_of_one_shape_share_a_pipeline_call(
         await close(h)
 
 
+@pytest.mark.parametrize("workers", [64, 1])
+async def test_a_call_takes_the_process_share_of_the_cores(
+    weights: dict[str, Path], tmp_path: Path, workers: int
+) -> None:
+    """Torch computes on the worker process's share of the cores, as the ONNX models do:
+    ``genhook serve``'s worker processes, each on every core, ran over ten times slower."""
+    import torch
+
+    pipeline = "StableDiffusionInstructPix2PixPipeline"
+    model = f"local/{pipeline}"
+    h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline])], workers=workers)
+    engine: Any = h.worker.engine(model)
+    pipe = engine.pipeline()
+    threads: list[int] = []
+
+    class Counted:
+        def __call__(self, **kwargs: Any) -> Any:
+            threads.append(torch.get_num_threads())  # the calling thread's count
+            return pipe(**kwargs)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(pipe, name)
+
+    engine.pipeline = Counted
+    try:
+        result = await run_task(h, body(model, "edit"))
+        assert result["status"] == "completed", result
+        assert threads == [max(1, (os.cpu_count() or 1) // workers)]
+    finally:
+        await close(h)
+
+
 async def test_concurrent_calls_of_one_model_take_turns_at_the_pipeline(
     weights: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -1,4 +1,6 @@
-"""ONNX Runtime sessions on the CPU, configured one way for every engine that runs a model."""
+"""ONNX Runtime sessions on the CPU, configured one way for every engine that runs a model,
+and the share of the cores a worker process's models compute on (ONNX Runtime, CTranslate2
+and torch alike)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import os
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,7 @@ import numpy as np
 from genhook.engines.audio._codec import STT_SAMPLE_RATE, DecodedAudio, decode_for_speech
 from genhook.engines.audio._requests import SpeechToTextRequest
 from genhook.engines.base import EngineJob, EngineOutput, EngineResult
+from genhook.engines.onnx import shared_threads
 from genhook.errors import ErrorCode, TaskFailure
 
 if TYPE_CHECKING:
@@ -44,9 +44,7 @@ def default_model_dir() -> Path:
 
 
 def cpu_threads(settings: Settings) -> int:
-    if settings.stt_cpu_threads:
-        return settings.stt_cpu_threads
-    return max(1, (os.cpu_count() or 1) // max(1, settings.workers))
+    return settings.stt_cpu_threads or shared_threads(settings)
 
 
 class SpeechToTextEngine:

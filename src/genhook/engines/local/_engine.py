@@ -37,6 +37,7 @@ from genhook.engines.image_edit._moderation import check_prompt
 from genhook.engines.local._config import LocalModel
 from genhook.engines.local._residency import RESIDENCY, ModelTooLarge, free_memory
 from genhook.engines.local._spec import _SCHEMAS, output_dimensions
+from genhook.engines.onnx import shared_threads
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.media import DecodeLimits
 
@@ -94,6 +95,7 @@ class DiffusersEngine(DetectorEngine):
         # the device, the next call's inputs are prepared and the last one's pictures checked
         # and encoded.
         self._calls = threading.Lock()
+        self._threads = shared_threads(settings)
 
     def load(self) -> None:
         super().load()
@@ -164,6 +166,10 @@ class DiffusersEngine(DetectorEngine):
         generate = self.model.generate_dimensions(size)
         kwargs = self._arguments(prepared, generate, steps, guidance)
         with self._calls:
+            # The process's share of the cores, as for the ONNX models: by default torch takes
+            # every core in each worker process, and worker processes computing at once then
+            # run over ten times slower. Set in the calling thread: OpenMP counts per thread.
+            _set_threads(self._threads)
             for item in prepared:
                 item.job.stop_if_asked()
                 item.job.report(progress=0.05, log=f"generating with {self.model.pipeline}")
@@ -332,6 +338,12 @@ class DiffusersEngine(DetectorEngine):
             "nsfw_score": round(score, 4),
         }
         return EngineResult([EngineOutput(data, "video/mp4", nsfw)], info=details)
+
+
+def _set_threads(count: int) -> None:
+    import torch
+
+    torch.set_num_threads(count)
 
 
 def _is_oom(exc: BaseException) -> bool:
