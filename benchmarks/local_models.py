@@ -2,15 +2,17 @@
 
 In one run: the same InstructPix2Pix pipeline (tiny random weights on the CPU by default;
 ``--real-size`` builds one at Stable Diffusion 1.5's sizes in float16, random weights, no
-download) is called directly in a loop in this process, then the same jobs go through
+download) is called directly in a loop in this process, and the same jobs go through
 ``genhook serve`` as it is deployed (the API, one worker with the model preloaded and a
 dispatcher, each its own process; SQLite; outputs stored), submitted and polled over HTTP.
-Prints tasks/s of both and their ratio, the time from ``genhook worker --preload`` starting to
+The two take turns, ``--rounds`` times: a shared machine's speed drifts by a third within a
+minute, and a drift then falls on both sides alike. Prints tasks/s of both and their ratio
+(over all rounds, and each round's), the time from ``genhook worker --preload`` starting to
 its ``/readyz`` answering 200, the cost of a model switch (unload + load) and the service's
 overhead per task.
 
     .venv/bin/python benchmarks/local_models.py                   # tiny pipeline, CPU
-    .venv/bin/python benchmarks/local_models.py --device cuda --real-size --tasks 16 --steps 20
+    .venv/bin/python benchmarks/local_models.py --device cuda --real-size --tasks 8 --steps 20
     .venv/bin/python benchmarks/local_models.py --concurrency 2   # pictures beside the calls
 """
 
@@ -70,69 +72,93 @@ def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "sizes": ["1024*1024"],
     }
     side = int(generate.partition("*")[0])
-    direct_seconds, switch_seconds = direct_loop(args, entry, side)
+    pipe = direct_pipeline(entry)
 
     settings = {
         "local_models": json.dumps([entry]),
         "preload_models": json.dumps([MODEL]),
-        "workers": "1",
+        "workers": str(args.workers),
         "model_batching": json.dumps({MODEL: {"concurrency": args.concurrency}}),
         "local_models_affinity_seconds": "0",
     }
     data = root / "data"
     data.mkdir()
+    rounds: list[tuple[float, float]] = []
+    in_calls: list[float] = []
     with running_service(str(data), None, ready_timeout=300, **settings) as (base, key):
-        service_seconds, calls = through_service(args, base, key, side)
+        service = ServiceClient(base, key, side)
+        # Warm-ups (the first call of each is the slowest; serve's /readyz does not wait for
+        # the worker's preload), then the rounds.
+        calls(args, pipe, side, seeds=[0])
+        service.run([0])
+        for number in range(args.rounds):
+            seeds = list(range(number * args.tasks, (number + 1) * args.tasks))
+            direct_seconds = calls(args, pipe, side, seeds)
+            service_seconds, seconds = service.run(seeds)
+            rounds.append((direct_seconds, service_seconds))
+            in_calls.extend(seconds)
+        service.client.close()
+    switch_seconds = model_switch(entry)
     ready_seconds = worker_ready(data, settings)
-    direct_rate = args.tasks / direct_seconds
-    service_rate = args.tasks / service_seconds
+    total = args.tasks * args.rounds
+    direct_seconds = sum(direct for direct, _ in rounds)
+    service_seconds = sum(service for _, service in rounds)
+    direct_rate = total / direct_seconds
+    service_rate = total / service_seconds
     return {
         "device": args.device,
         "real_size": args.real_size,
         "steps": args.steps,
-        "tasks": args.tasks,
+        "tasks": f"{args.rounds} rounds of {args.tasks}",
         "concurrency": args.concurrency,
+        "workers": args.workers,
         "build_seconds": round(built, 2),
         "direct_tasks_per_second": round(direct_rate, 3),
         "service_tasks_per_second": round(service_rate, 3),
         "service_share_of_direct": round(service_rate / direct_rate, 3),
+        "share_each_round": [round(direct / service, 3) for direct, service in rounds],
         "worker_start_to_ready_seconds": round(ready_seconds, 2),
         "model_switch_seconds": round(switch_seconds, 3),
-        "overhead_ms_per_task": round(1000 * (service_seconds - direct_seconds) / args.tasks, 1),
-        "direct_call_ms": round(1000 * direct_seconds / args.tasks, 1),
+        "overhead_ms_per_task": round(1000 * (service_seconds - direct_seconds) / total, 1),
+        "direct_call_ms": round(1000 * direct_seconds / total, 1),
         # The pipeline calls' own time in the worker (the engine's info), and the share of the
         # run the device spent in them: the rest is the service's work around the calls.
-        "service_call_ms": round(1000 * sum(calls) / len(calls), 1),
-        "service_time_in_calls": round(sum(calls) / service_seconds, 3),
+        "service_call_ms": round(1000 * sum(in_calls) / len(in_calls), 1),
+        "service_time_in_calls": round(sum(in_calls) / service_seconds, 3),
     }
 
 
-def direct_loop(args: argparse.Namespace, entry: dict[str, Any], side: int) -> tuple[float, float]:
-    """The pipeline alone, called as the engine calls it (one job per call, its own seed), and
-    then a model switch as the worker makes one: unload, then load again."""
+def direct_pipeline(entry: dict[str, Any]) -> Any:
+    """The pipeline as the engine loads it, in this process."""
     from genhook.config import Settings
     from genhook.engines.local._config import LocalModel
     from genhook.engines.local._residency import RESIDENCY
 
-    model = LocalModel.model_validate(entry)
-    settings = Settings(local_models=[entry])
-    direct_seconds = calls(args, RESIDENCY.pipeline(model, settings), side)
+    return RESIDENCY.pipeline(LocalModel.model_validate(entry), Settings(local_models=[entry]))
+
+
+def model_switch(entry: dict[str, Any]) -> float:
+    """Seconds of a model switch as the worker makes one: unload, then load again."""
+    from genhook.config import Settings
+    from genhook.engines.local._config import LocalModel
+    from genhook.engines.local._residency import RESIDENCY
+
     started = time.perf_counter()
     RESIDENCY.unload(MODEL)
-    RESIDENCY.pipeline(model, settings)
-    switch_seconds = time.perf_counter() - started
-    RESIDENCY.unload(MODEL)  # the service's worker loads its own copy
-    return direct_seconds, switch_seconds
+    RESIDENCY.pipeline(LocalModel.model_validate(entry), Settings(local_models=[entry]))
+    seconds = time.perf_counter() - started
+    RESIDENCY.unload(MODEL)
+    return seconds
 
 
-def calls(args: argparse.Namespace, pipe: Any, side: int) -> float:
-    """Seconds for ``args.tasks`` calls after a warm-up one."""
+def calls(args: argparse.Namespace, pipe: Any, side: int, seeds: list[int]) -> float:
+    """Seconds for one call per seed, one after another."""
     import torch
     from PIL import Image
 
     picture = Image.new("RGB", (side, side), COLOR)
-
-    def call(seed: int) -> None:
+    started = time.perf_counter()
+    for seed in seeds:
         pipe(
             prompt=["make it blue"],
             image=[picture],
@@ -140,60 +166,55 @@ def calls(args: argparse.Namespace, pipe: Any, side: int) -> float:
             generator=[torch.Generator("cpu").manual_seed(seed)],
             output_type="pil",
         )
-
-    call(0)
-    started = time.perf_counter()
-    for seed in range(args.tasks):
-        call(seed)
     return time.perf_counter() - started
 
 
-def through_service(
-    args: argparse.Namespace, base: str, key: str, side: int
-) -> tuple[float, list[float]]:
-    """One warm-up task (serve's /readyz does not wait for the worker's preload), then
-    ``args.tasks`` submitted at once; the run ends when the last one has."""
-    import httpx
-    from tests.support.images import data_url
+class ServiceClient:
+    """The same jobs as tasks of the running service, over HTTP."""
 
-    body = {
-        "model": MODEL,
-        "prompt": "make it blue",
-        "images": [data_url(COLOR, size=side)],
-        "size": "1024*1024",
-        "output_format": "jpeg",
-    }
-    headers = {"Authorization": f"Bearer {key}"}
-    with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
+    def __init__(self, base: str, key: str, side: int) -> None:
+        import httpx
+        from tests.support.images import data_url
 
-        def submit(seed: int) -> str:
-            response = client.post("/api/v1/model/generateImage", json={**body, "seed": seed})
-            response.raise_for_status()
-            task: str = response.json()["id"]
-            return task
+        self.client = httpx.Client(
+            base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=90
+        )
+        self.body = {
+            "model": MODEL,
+            "prompt": "make it blue",
+            "images": [data_url(COLOR, size=side)],
+            "size": "1024*1024",
+            "output_format": "jpeg",
+        }
 
-        def wait(tasks: list[str], timeout: float) -> list[dict[str, Any]]:
-            # The last task first, every 0.1 s: the API is its own process, so polling takes
-            # nothing from the worker's.
-            deadline = time.monotonic() + timeout
-            while True:
-                views = [client.get(f"/api/v1/model/result/{task}").json() for task in tasks[-1:]]
-                if views[0]["status"] not in ("created", "processing"):
-                    views = [client.get(f"/api/v1/model/result/{task}").json() for task in tasks]
-                    if all(view["status"] not in ("created", "processing") for view in views):
-                        return views
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"tasks still running after {timeout} s")
-                time.sleep(0.1)
-
-        (warm,) = wait([submit(0)], 300)
-        assert warm["status"] == "completed", warm
+    def run(self, seeds: list[int]) -> tuple[float, list[float]]:
+        """Seconds from submitting a task per seed, all at once, until the last one ended
+        (waited for with ``Prefer: wait``, so its end is seen at once, not at the next poll);
+        and each pipeline call's own seconds, from the engine's info."""
         started = time.perf_counter()
-        tasks = [submit(seed) for seed in range(args.tasks)]
-        views = wait(tasks, 60 + 60 * args.tasks)
+        tasks = [self.submit(seed) for seed in seeds]
+        views = [self.wait(task) for task in reversed(tasks)]
         seconds = time.perf_counter() - started
-    assert all(view["status"] == "completed" for view in views), views
-    return seconds, [view["info"]["seconds"] for view in views]
+        assert all(view["status"] == "completed" for view in views), views
+        return seconds, [view["info"]["seconds"] for view in views]
+
+    def submit(self, seed: int) -> str:
+        response = self.client.post("/api/v1/model/generateImage", json={**self.body, "seed": seed})
+        response.raise_for_status()
+        task: str = response.json()["id"]
+        return task
+
+    def wait(self, task: str) -> dict[str, Any]:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            response = self.client.get(
+                f"/api/v1/model/result/{task}", headers={"Prefer": "wait=60"}
+            )
+            response.raise_for_status()
+            view: dict[str, Any] = response.json()
+            if view["status"] not in ("created", "processing"):
+                return view
+        raise RuntimeError(f"task {task} still running after 600 s")
 
 
 def worker_ready(data: Path, settings: dict[str, str]) -> float:
@@ -228,7 +249,10 @@ def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--real-size", action="store_true", help="SD-1.5-sized, float16")
-    parser.add_argument("--tasks", type=int, default=10)
+    parser.add_argument("--tasks", type=int, default=8, help="tasks a round, on each side")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="turns of the direct loop and the service"
+    )
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument(
         "--concurrency",
@@ -236,6 +260,12 @@ def parse() -> argparse.Namespace:
         default=1,
         help="the model's calls at once in the worker (2: the next call's inputs and the last "
         "one's pictures are handled while a call holds the pipeline)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes of the service, each with the model (2: serve's default)",
     )
     parser.add_argument(
         "--weights",

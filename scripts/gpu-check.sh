@@ -32,7 +32,7 @@ echo "load: $(cat /proc/loadavg)"
 if [ -n "$QUICK" ]; then
     size=() tasks=4 steps=2
 else
-    size=(--real-size) tasks=16 steps=20
+    size=(--real-size) tasks=8 steps=20
 fi
 local_models() {  # NAME, then the benchmark's own options
     local name=$1
@@ -41,7 +41,7 @@ local_models() {  # NAME, then the benchmark's own options
     timeout 240 "$PY" benchmarks/local_models.py --device "$DEVICE" "${size[@]}" --tasks "$tasks" \
         --steps "$steps" --weights "$WEIGHTS" "$@" \
         >"$OUT/local_models_$name.log" 2>&1 || echo "FAILED (see local_models_$name.log)"
-    grep -E "^(service|direct|worker_start|model_switch|overhead)" "$OUT/local_models_$name.log" || true
+    grep -E "^(service|share|direct|worker_start|model_switch|overhead)" "$OUT/local_models_$name.log" || true
 }
 local_models c2 --concurrency 2
 local_models c1 --concurrency 1
