@@ -26,6 +26,10 @@ from tests.conftest import Harness, make_harness, make_settings
 from tests.integration.test_hot_path import counting, submit
 from tests.support.settled import settled
 
+# A worker that does nothing unasked while a count runs: no poll, and no heartbeat or cancel
+# check of its task however slow the machine (each is a transaction of its own).
+QUIET = {"worker_poll_seconds": 30.0, "lease_seconds": 60.0, "cancel_check_seconds": 30.0}
+
 WRITER = (
     "import sys; from pathlib import Path; from genhook.runtime.wakeups import send_wakeups; "
     "print(send_wakeups(Path(sys.argv[1])))"
@@ -240,7 +244,7 @@ async def test_a_worker_taken_alone_claims_without_reading_first(
     """Woken alone, the worker's first transaction is the claim; woken by a broadcast it
     reads first (an idle worker's poll writes nothing)."""
     sqlite_url = f"sqlite+aiosqlite:///{short_path / 'genhook.db'}"
-    h = await make_harness(make_settings(short_path, sqlite_url, worker_poll_seconds=30.0))
+    h = await make_harness(make_settings(short_path, sqlite_url, **QUIET))
     observer = Database(sqlite_url)  # its reads are not counted
     directory = short_path / "wake" / "tasks"
     # The submits below come from "another process": only the socket wakes the worker.
@@ -282,7 +286,7 @@ async def test_a_worker_woken_by_notify_claims_without_reading_first(
     worker woken by NOTIFY claims at once; the poll still reads first."""
     import asyncpg
 
-    h = await make_harness(make_settings(tmp_path, pg_url, worker_poll_seconds=30.0))
+    h = await make_harness(make_settings(tmp_path, pg_url, **QUIET))
     observer = Database(pg_url)
     # The submit comes from "another process": only its NOTIFY wakes the worker.
     monkeypatch.setattr(wakeups, "announce", lambda *args, **kwargs: None)
