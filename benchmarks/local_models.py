@@ -189,11 +189,11 @@ class ServiceClient:
 
     def run(self, seeds: list[int]) -> tuple[float, list[float]]:
         """Seconds from submitting a task per seed, all at once, until the last one ended
-        (waited for with ``Prefer: wait``, so its end is seen at once, not at the next poll);
-        and each pipeline call's own seconds, from the engine's info."""
+        (each waited for in turn with ``Prefer: wait``, so the last end is seen at once, not
+        at the next poll); and each pipeline call's own seconds, from the engine's info."""
         started = time.perf_counter()
         tasks = [self.submit(seed) for seed in seeds]
-        views = [self.wait(task) for task in reversed(tasks)]
+        views = [self.wait(task) for task in tasks]
         seconds = time.perf_counter() - started
         assert all(view["status"] == "completed" for view in views), views
         return seconds, [view["info"]["seconds"] for view in views]
