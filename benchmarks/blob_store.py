@@ -16,6 +16,7 @@ import json
 import os
 import random
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -108,6 +109,7 @@ def measure(name: str, env: dict[str, str], place: object, size: int, ranges: in
         )
     finally:
         stop_process(server)
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ import base64
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -33,7 +34,13 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._harness import free_port, percentile, stop_process, wait_ready  # noqa: E402
+from benchmarks._harness import (  # noqa: E402
+    api_process,
+    free_port,
+    percentile,
+    stop_process,
+    wait_ready,
+)
 
 MB = 1_000_000
 
@@ -115,7 +122,8 @@ def main() -> None:
     try:
         wait_ready(f"http://127.0.0.1:{port}/readyz")
         key = json.loads((data_dir / "credentials.json").read_text())["api_key"]
-        baseline = peak_rss(service.pid)
+        api = api_process(service.pid)  # serve's child that answers HTTP, not the supervisor
+        baseline = peak_rss(api)
         stop = threading.Event()
         answers: Counter[tuple[str, int]] = Counter()
         latencies: list[float] = []
@@ -164,13 +172,14 @@ def main() -> None:
             f"p99 {percentile(ms, 99):.1f} ms, max {max(ms):.1f} ms"
         )
         print(
-            f"API process peak RSS: {peak_rss(service.pid) / 2**20:.0f} MiB "
+            f"API process peak RSS: {peak_rss(api) / 2**20:.0f} MiB "
             f"(after start: {baseline / 2**20:.0f} MiB)"
         )
         if failures:
             print(f"{len(failures)} failures, first: {failures[0]}")
     finally:
         stop_process(service)
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -530,6 +531,7 @@ async def main(args: argparse.Namespace) -> int:
     finally:
         sink.stop()
         await db.dispose()
+        shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(results))
     return 0
 

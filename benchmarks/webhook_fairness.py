@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import shutil
 import sys
 import tempfile
 import time
@@ -338,6 +339,7 @@ async def main(args: argparse.Namespace) -> int:
             hostile.stop()
         sink.stop()
         await db.dispose()
+        shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(results))
     return 0
 
