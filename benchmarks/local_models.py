@@ -139,13 +139,11 @@ def direct_pipeline(entry: dict[str, Any]) -> Any:
 
 def model_switch(entry: dict[str, Any]) -> float:
     """Seconds of a model switch as the worker makes one: unload, then load again."""
-    from genhook.config import Settings
-    from genhook.engines.local._config import LocalModel
     from genhook.engines.local._residency import RESIDENCY
 
     started = time.perf_counter()
     RESIDENCY.unload(MODEL)
-    RESIDENCY.pipeline(LocalModel.model_validate(entry), Settings(local_models=[entry]))
+    direct_pipeline(entry)
     seconds = time.perf_counter() - started
     RESIDENCY.unload(MODEL)
     return seconds

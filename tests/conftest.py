@@ -106,6 +106,11 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite+aiosqlite:///{tmp_path / 'genhook.db'}"
 
 
+# For tests that count a worker's transactions: no heartbeat or cancel check of a running
+# task inside the count, however slow the machine (each is a transaction of its own).
+QUIET_KEEPER: dict[str, Any] = {"lease_seconds": 60.0, "cancel_check_seconds": 30.0}
+
+
 def make_settings(tmp_path: Path, database_url: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "data_dir": tmp_path / "data",

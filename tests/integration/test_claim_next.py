@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 
 from genhook.db import Task, UsageLine, WebhookDelivery
 from genhook.tasks.lifecycle import Completion
-from tests.conftest import Harness, make_harness, make_settings
+from tests.conftest import QUIET_KEEPER, Harness, make_harness, make_settings
 from tests.integration.test_hot_path import counting, submit
 
 HOOK = "http://127.0.0.1:9/hook"
@@ -24,13 +24,7 @@ HOOK = "http://127.0.0.1:9/hook"
 async def quiet(tmp_path: Path, database_url: str) -> AsyncIterator[Harness]:
     """A harness whose worker neither polls, heartbeats nor checks for cancels while a test
     counts its transactions: what it writes is its claims and completions."""
-    settings = make_settings(
-        tmp_path,
-        database_url,
-        worker_poll_seconds=5.0,
-        lease_seconds=60.0,
-        cancel_check_seconds=30.0,
-    )
+    settings = make_settings(tmp_path, database_url, worker_poll_seconds=5.0, **QUIET_KEEPER)
     h = await make_harness(settings)
     yield h
     await h.client.aclose()

@@ -21,7 +21,7 @@ from genhook.tasks import Lifecycle
 from genhook.tasks.keeper import LeaseKeeper
 from genhook.tasks.lifecycle import Completion
 from genhook.tasks.views import prediction_view
-from tests.conftest import Harness, make_settings
+from tests.conftest import QUIET_KEEPER, Harness, make_settings
 from tests.support.images import data_url
 from tests.support.settled import settled
 
@@ -30,9 +30,7 @@ MODEL = "test/fake-edit"
 
 @pytest.fixture
 def settings(tmp_path: Path, database_url: str) -> Settings:
-    """No heartbeat or cancel check of a running task inside a count, however slow the
-    machine: each is a transaction the counts here do not pin."""
-    return make_settings(tmp_path, database_url, lease_seconds=60.0, cancel_check_seconds=30.0)
+    return make_settings(tmp_path, database_url, **QUIET_KEEPER)
 
 
 @contextmanager

@@ -22,13 +22,12 @@ from genhook.db import Database, Task
 from genhook.runtime import wakeups
 from genhook.runtime.wakeups import Waiter, Wake, sockets
 from genhook.runtime.wakeups.postgres import PostgresHub
-from tests.conftest import Harness, make_harness, make_settings
+from tests.conftest import QUIET_KEEPER, Harness, make_harness, make_settings
 from tests.integration.test_hot_path import counting, submit
 from tests.support.settled import settled
 
-# A worker that does nothing unasked while a count runs: no poll, and no heartbeat or cancel
-# check of its task however slow the machine (each is a transaction of its own).
-QUIET = {"worker_poll_seconds": 30.0, "lease_seconds": 60.0, "cancel_check_seconds": 30.0}
+# A worker that does nothing unasked while a count runs: no poll, no heartbeat, no check.
+QUIET = {"worker_poll_seconds": 30.0, **QUIET_KEEPER}
 
 WRITER = (
     "import sys; from pathlib import Path; from genhook.runtime.wakeups import send_wakeups; "
