@@ -20,11 +20,14 @@ def shared_threads(settings: Settings) -> int:
 
 
 def cpu_session(path: Path, threads: int) -> onnxruntime.InferenceSession:
-    """A CPU session of the model at ``path`` on ``threads`` intra-op threads, quiet."""
+    """A CPU session of the model at ``path`` on ``threads`` intra-op threads, quiet. Its
+    threads sleep between runs instead of spinning: the cores they would spin on are wanted
+    by the process's next computation (a pipeline call) or by the other worker processes."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

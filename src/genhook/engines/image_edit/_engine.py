@@ -50,16 +50,20 @@ class DetectorEngine:
         self._terms = blocked_terms(settings)
         self._detector: Detector | None = None
         self._lock = threading.Lock()
+        # The detector's intra-op threads; a subclass whose pictures take turns with a
+        # computation on the process's cores may give it that share.
+        self.detector_threads = 1
 
     def load(self) -> None:
-        """Load the detector once per process and pin native thread pools to one thread:
-        the service scales by worker processes, and oversubscribed cores scale worse."""
+        """Load the detector once per process and pin native thread pools to one thread
+        (unless ``detector_threads`` says otherwise): the service scales by worker
+        processes, and oversubscribed cores scale worse."""
         with self._lock:
             if self._detector is not None:
                 return
             register_heif()
             cv2.setNumThreads(1)
-            self._detector = Detector(threads=1)
+            self._detector = Detector(threads=self.detector_threads)
 
     @property
     def detector(self) -> Detector:

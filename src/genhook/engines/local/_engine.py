@@ -35,7 +35,12 @@ from genhook.engines.image_edit._engine import DetectorEngine
 from genhook.engines.image_edit._frames import moderate_inputs
 from genhook.engines.image_edit._moderation import check_prompt
 from genhook.engines.local._config import LocalModel
-from genhook.engines.local._residency import RESIDENCY, ModelTooLarge, free_memory
+from genhook.engines.local._residency import (
+    RESIDENCY,
+    ModelTooLarge,
+    free_memory,
+    resolve_device,
+)
 from genhook.engines.local._spec import _SCHEMAS, output_dimensions
 from genhook.engines.onnx import shared_threads
 from genhook.errors import ErrorCode, TaskFailure
@@ -98,6 +103,11 @@ class DiffusersEngine(DetectorEngine):
         self._threads = shared_threads(settings)
 
     def load(self) -> None:
+        if resolve_device(self.model, self._settings) == "cpu":
+            # The pictures' NSFW checks take turns with the calls on the same cores, so they
+            # get the same share. Beside a GPU's calls they keep to one core (as measured on
+            # the card), leaving the thread that launches the call's kernels its own.
+            self.detector_threads = self._threads
         super().load()
         self.pipeline()
 
