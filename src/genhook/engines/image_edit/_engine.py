@@ -50,9 +50,6 @@ class DetectorEngine:
         self._terms = blocked_terms(settings)
         self._detector: Detector | None = None
         self._lock = threading.Lock()
-        # The detector's intra-op threads; a subclass whose pictures take turns with a
-        # computation on the process's cores may give it that share.
-        self.detector_threads = 1
 
     def load(self) -> None:
         """Load the detector once per process and pin native thread pools to one thread
@@ -63,7 +60,12 @@ class DetectorEngine:
                 return
             register_heif()
             cv2.setNumThreads(1)
-            self._detector = Detector(threads=self.detector_threads)
+            self._detector = Detector(threads=self.detector_threads())
+
+    def detector_threads(self) -> int:
+        """The detector's intra-op threads; an engine whose pictures take turns with a
+        computation on the process's cores may give it that share."""
+        return 1
 
     @property
     def detector(self) -> Detector:

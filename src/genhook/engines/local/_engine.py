@@ -103,13 +103,14 @@ class DiffusersEngine(DetectorEngine):
         self._threads = shared_threads(settings)
 
     def load(self) -> None:
-        if resolve_device(self.model, self._settings) == "cpu":
-            # The pictures' NSFW checks take turns with the calls on the same cores, so they
-            # get the same share. Beside a GPU's calls they keep to one core (as measured on
-            # the card), leaving the thread that launches the call's kernels its own.
-            self.detector_threads = self._threads
         super().load()
         self.pipeline()
+
+    def detector_threads(self) -> int:
+        """On the CPU the pictures' NSFW checks take turns with the calls on the same cores,
+        so they get the same share. Beside a GPU's calls they keep to one core (as measured
+        on the card), leaving the thread that launches the call's kernels its own."""
+        return self._threads if resolve_device(self.model, self._settings) == "cpu" else 1
 
     def pipeline(self) -> Any:
         try:
