@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import LiveService, start_service, stop_service
 from tests.support.http import HTTP
 from tests.support.images import data_url
+from tests.support.speech import word_error_rate
 
 MODEL = "test/fake-edit"
 
@@ -196,7 +197,9 @@ def test_submit_finds_the_path_takes_files_and_saves_outputs(
     saved = saved_paths(waited.stdout)
     assert saved and all(p.parent == tmp_path / "stt" and p.name.startswith(task_id) for p in saved)
     transcript = next(p for p in saved if p.suffix == ".json")
-    assert "hello" in json.loads(transcript.read_text())["text"].lower()
+    # The speech is sampled anew each time: one misheard word is the model, not the CLI.
+    heard = json.loads(transcript.read_text())["text"]
+    assert word_error_rate("Hello from the command line.", heard) <= 0.25, heard
     again = run_cli(env, "result", task_id, "-o", str(tmp_path / "again"), "--json")
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["id"] == task_id  # stdout stays the JSON answer
