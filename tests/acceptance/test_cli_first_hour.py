@@ -19,6 +19,8 @@ from tests.support.images import data_url
 from tests.support.speech import word_error_rate
 
 MODEL = "test/fake-edit"
+# Spoken by the text-to-speech model, then transcribed back.
+SPOKEN = "Hello from the command line."
 
 
 def run_cli(
@@ -175,7 +177,7 @@ def test_submit_finds_the_path_takes_files_and_saves_outputs(
         "-m",
         "genhook/text-to-speech",
         "-p",
-        "Hello from the command line.",
+        SPOKEN,
         "--wait",
         "-o",
         str(tmp_path / "tts"),
@@ -199,7 +201,7 @@ def test_submit_finds_the_path_takes_files_and_saves_outputs(
     transcript = next(p for p in saved if p.suffix == ".json")
     # The speech is sampled anew each time: one misheard word is the model, not the CLI.
     heard = json.loads(transcript.read_text())["text"]
-    assert word_error_rate("Hello from the command line.", heard) <= 0.25, heard
+    assert word_error_rate(SPOKEN, heard) <= 0.25, heard
     again = run_cli(env, "result", task_id, "-o", str(tmp_path / "again"), "--json")
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["id"] == task_id  # stdout stays the JSON answer

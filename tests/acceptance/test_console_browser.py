@@ -28,6 +28,8 @@ if os.environ.get("GENHOOK_SKIP_BROWSER_TESTS") == "1":
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
 
 CHROMIUM = "/usr/bin/chromium"
+# Spoken by the text-to-speech model in the playground, then transcribed back.
+SPOKEN = "Hello from the console."
 ARGS = [
     "--headless",
     "--no-sandbox",
@@ -237,10 +239,10 @@ def test_playground_operator_view_and_sign_out(
 
     # The exact request as curl and Python.
     page.goto("/console/play/genhook/text-to-speech")
-    page.locator("#f-prompt").fill("Hello from the console.")
+    page.locator("#f-prompt").fill(SPOKEN)
     page.get_by_role("button", name="Show the request").click()
     curl = page.locator("#code-curl").inner_text()
-    assert "/api/v1/model/generateAudio" in curl and "Hello from the console." in curl
+    assert "/api/v1/model/generateAudio" in curl and SPOKEN in curl
     assert "httpx.post" in page.locator("#code-python").inner_text()
 
     # Text to speech: the result plays.
@@ -265,7 +267,7 @@ def test_playground_operator_view_and_sign_out(
     words = page.locator("#transcript span[data-start]")
     words.first.wait_for()
     heard = page.locator("#transcript").inner_text()
-    assert word_error_rate("Hello from the console.", heard) <= 0.25, heard
+    assert word_error_rate(SPOKEN, heard) <= 0.25, heard
     # The input player is filled from this tab's own copy of the upload, after the page.
     player = page.locator("audio.input").first
     player.wait_for()
