@@ -41,10 +41,14 @@ __all__ = ["loopback_only"]
 
 SECRET = "whsec_test"
 
+# These tests check attempt logs one attempt at a time, and their receivers answer at once:
+# no attempt may time out on a loaded machine (the suite's 2 s is not always enough there).
+ANSWER_SECONDS = 15.0
+
 
 @pytest.fixture
 async def env(tmp_path: Path, database_url: str) -> AsyncIterator[tuple[Settings, Database]]:
-    settings = webhook_settings(tmp_path, database_url)
+    settings = webhook_settings(tmp_path, database_url, webhook_timeout_seconds=ANSWER_SECONDS)
     db = Database(database_url)
     await create_schema(db)
     await add_account(db, secret=SECRET)
@@ -471,7 +475,9 @@ async def test_a_retry_falls_due_without_a_read_of_its_own(
 ) -> None:
     """The exchange that records a failed attempt also tells when its retry falls due, so
     the retry goes out on time with no read transaction of its own and no poll (an hour)."""
-    settings = webhook_settings(tmp_path, database_url, webhook_poll_seconds=3600.0)
+    settings = webhook_settings(
+        tmp_path, database_url, webhook_timeout_seconds=ANSWER_SECONDS, webhook_poll_seconds=3600.0
+    )
     db = Database(database_url)
     await create_schema(db)
     await add_account(db, secret=SECRET)
