@@ -24,6 +24,7 @@ from genhook.sender.service import WebhookService
 from genhook.signature import b64url_decode
 from genhook.wiring import webhook_service
 from tests.support.webhook_receiver import (
+    PATIENT_TIMEOUT_SECONDS,
     MapResolver,
     Receiver,
     add_account,
@@ -41,14 +42,12 @@ __all__ = ["loopback_only"]
 
 SECRET = "whsec_test"
 
-# These tests check attempt logs one attempt at a time, and their receivers answer at once:
-# no attempt may time out on a loaded machine (the suite's 2 s is not always enough there).
-ANSWER_SECONDS = 15.0
-
 
 @pytest.fixture
 async def env(tmp_path: Path, database_url: str) -> AsyncIterator[tuple[Settings, Database]]:
-    settings = webhook_settings(tmp_path, database_url, webhook_timeout_seconds=ANSWER_SECONDS)
+    settings = webhook_settings(
+        tmp_path, database_url, webhook_timeout_seconds=PATIENT_TIMEOUT_SECONDS
+    )
     db = Database(database_url)
     await create_schema(db)
     await add_account(db, secret=SECRET)
@@ -476,7 +475,10 @@ async def test_a_retry_falls_due_without_a_read_of_its_own(
     """The exchange that records a failed attempt also tells when its retry falls due, so
     the retry goes out on time with no read transaction of its own and no poll (an hour)."""
     settings = webhook_settings(
-        tmp_path, database_url, webhook_timeout_seconds=ANSWER_SECONDS, webhook_poll_seconds=3600.0
+        tmp_path,
+        database_url,
+        webhook_timeout_seconds=PATIENT_TIMEOUT_SECONDS,
+        webhook_poll_seconds=3600.0,
     )
     db = Database(database_url)
     await create_schema(db)

@@ -19,6 +19,7 @@ from genhook.engines.registry import build_registry
 from genhook.sender.keys import ensure_signing_key
 from genhook.wiring import webhook_service
 from tests.support.webhook_receiver import (
+    PATIENT_TIMEOUT_SECONDS,
     Receiver,
     create_schema,
     enqueue,
@@ -44,7 +45,10 @@ class App:
 @pytest.fixture
 async def app(tmp_path: Path, database_url: str) -> AsyncIterator[App]:
     settings = webhook_settings(
-        tmp_path, database_url, extra_engines=["tests.support.engines:register"]
+        tmp_path,
+        database_url,
+        extra_engines=["tests.support.engines:register"],
+        webhook_timeout_seconds=PATIENT_TIMEOUT_SECONDS,
     )
     db = Database(database_url)
     await create_schema(db)

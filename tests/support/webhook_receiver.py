@@ -137,6 +137,12 @@ def loopback_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[object]]:
     assert refused == [], f"non-loopback connections attempted: {refused}"
 
 
+# For tests that check attempt logs one attempt at a time against receivers that answer at
+# once: no attempt may time out on a loaded machine, where the suite's 2 s is not always
+# enough. Tests that need a timeout or a lease to run out keep the short default.
+PATIENT_TIMEOUT_SECONDS = 15.0
+
+
 def webhook_settings(tmp_path: Path, database_url: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "data_dir": tmp_path / "data",
