@@ -242,7 +242,7 @@ async def test_attempt_log_and_redelivery(app: App) -> None:
         ).json()["data"][0]
         log = final["attempt_log"]
         # A redelivery adds attempts after the two failed ones and ends with the answered
-        # one; one lost on the way (a connection reset) is logged as such, then retried.
+        # one; one that got no answer (a timeout, a reset) is logged as such, then retried.
         assert [(a["number"], a["status_code"]) for a in log[:2]] == [(1, 500), (2, 500)], log
         assert [a["number"] for a in log] == list(range(1, len(log) + 1)), log
         assert log[-1]["status_code"] == 200 and log[-1]["error"] is None, log
