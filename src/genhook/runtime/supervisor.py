@@ -17,6 +17,13 @@ finish or give back their tasks, then the dispatchers get ``DISPATCHER_GRACE`` o
 to send the last callbacks and let go of their leases, and whatever a killed child held is
 given back within ``RELEASE_AT_STOP``: the whole stop takes at most ``grace`` plus
 ``STOP_MARGIN + DISPATCHER_GRACE + RELEASE_AT_STOP`` seconds (and the kill's reaping).
+
+A role that cannot start at all (a broken install, say: an import that fails) would otherwise
+be restarted for ever while the service looks up. One that exits with an error
+``START_ATTEMPTS`` times in a row, each time within ``START_SECONDS`` of its start, without
+ever having run longer, stops the whole service (exit status 1), as supervisord's
+``startretries`` does. A role that did run a while is always restarted: its later failures
+(the database gone for a minute) may pass.
 """
 
 from __future__ import annotations
@@ -51,6 +58,10 @@ RELEASE_AT_STOP = 2.0
 # The first word of a line a dispatcher reads on its standard input: give back what a dead
 # sibling held (``RELEASE tasks|deliveries OWNER lost|stopped``).
 RELEASE = "release"
+# A child that exits within this many seconds of its start has failed to start.
+START_SECONDS = 5.0
+# Failed starts in a row, of a role that never ran longer, after which the service stops.
+START_ATTEMPTS = 5
 
 
 def worker_id_for(pid: int, index: int) -> str:
@@ -72,10 +83,22 @@ class Child:
     process: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     failures: int = 0
+    # Whether any run of this role lasted ``START_SECONDS``: then it is always restarted.
+    came_up: bool = False
 
     @property
     def name(self) -> str:
         return f"{self.role}-{self.index}"
+
+    def exited(self, now: float, code: int) -> bool:
+        """Count an exit; True when the role cannot start and the service must stop. An
+        exit by a signal (a kill from outside, negative ``code``) is no failure of its own."""
+        if now - self.started_at < START_SECONDS:
+            self.failures += 1
+        else:
+            self.failures = 1
+            self.came_up = True
+        return not self.came_up and code > 0 and self.failures >= START_ATTEMPTS
 
 
 class Supervisor:
@@ -99,6 +122,8 @@ class Supervisor:
         self.payload = payload
         self.listen_fd = listen_fd
         self.stopping = False
+        # The role that could not start, when that stopped the service.
+        self.failed: str | None = None
         self._signalled: set[int] = set()
         self._releases: set[asyncio.Task[None]] = set()
         self._exited = asyncio.Event()
@@ -134,8 +159,9 @@ class Supervisor:
             self._start(child)
 
     async def supervise(self, interval: float = 5.0) -> None:
-        """Restart children as they exit. SIGCHLD wakes this loop; ``interval`` is only its
-        fallback, so an idle supervisor sleeps."""
+        """Restart children as they exit, until a stop or a role that cannot start (then
+        ``failed`` names it). SIGCHLD wakes this loop; ``interval`` is only its fallback, so
+        an idle supervisor sleeps."""
         loop = asyncio.get_running_loop()
         with contextlib.suppress(ValueError, RuntimeError):  # not the main thread
             loop.add_signal_handler(signal.SIGCHLD, self._exited.set)
@@ -151,12 +177,22 @@ class Supervisor:
                 code = process.poll()
                 if code is None:
                     continue
-                # A child that keeps dying at start waits longer each time.
-                child.failures = child.failures + 1 if now - child.started_at < 5 else 1
-                delay = backoff_delay(child.failures - 1, 0.5, 5.0) if child.failures > 1 else 0.0
-                log.warning("%s exited with %s; restarting", child.name, code)
+                give_up = child.exited(now, code)
                 child.process = None
                 self._release_later(child, process.pid, lost=code != 0)
+                if give_up:
+                    log.error(
+                        "%s exited with %s at each of its last %d starts and never came up "
+                        "(its error is above); stopping the service",
+                        child.name,
+                        code,
+                        child.failures,
+                    )
+                    self.failed = child.name
+                    return
+                # A child that keeps dying at start waits longer each time.
+                delay = backoff_delay(child.failures - 1, 0.5, 5.0) if child.failures > 1 else 0.0
+                log.warning("%s exited with %s; restarting", child.name, code)
                 loop.call_later(delay, self._restart, child)
 
     def _restart(self, child: Child) -> None:
@@ -307,9 +343,12 @@ def main() -> None:
         asyncio.run(_supervise(supervisor, float(config["grace"])))
     finally:
         os.close(listen_fd)
+    if supervisor.failed is not None:
+        sys.exit(1)
 
 
 async def _supervise(supervisor: Supervisor, grace: float) -> None:
+    """Until SIGTERM or SIGINT, or a role that cannot start; then stop every child."""
     stop = asyncio.Event()
     # Children also receive a terminal's Ctrl-C; they stop gracefully on their own.
     loop = asyncio.get_running_loop()
@@ -317,11 +356,16 @@ async def _supervise(supervisor: Supervisor, grace: float) -> None:
         loop.add_signal_handler(sig, stop.set)
     supervisor.start()
     watch = asyncio.create_task(supervisor.supervise())
+    stopping = asyncio.create_task(stop.wait())
     try:
-        await stop.wait()
+        await asyncio.wait((watch, stopping), return_when=asyncio.FIRST_COMPLETED)
+        if watch.done() and watch.exception() is not None:
+            log.error("supervising failed; stopping the service", exc_info=watch.exception())
+            supervisor.failed = "supervisor"
         supervisor.begin_stop()
     finally:
         watch.cancel()
+        stopping.cancel()
         await supervisor.stop(grace)
 
 
