@@ -3,7 +3,8 @@
 # service against the pipeline alone) at Stable Diffusion 1.5's sizes (random weights, nothing
 # downloaded) with one call at a time and with two, the local-model tests on the card, then
 # the batching benchmark. The figures come first: a slow step further on cannot cost them. The
-# host, the logs and the figures go to $OUT (default: ./gpu-check), five files.
+# host, the logs and the figures go to $OUT (default: ./gpu-check), five files. First it
+# imports what every step needs and stops (exit status 2) when any import fails.
 #
 #   bash scripts/gpu-check.sh            # cuda
 #   bash scripts/gpu-check.sh cpu quick  # the same steps on the CPU, tiny pipelines (a dry run)
@@ -28,6 +29,28 @@ fi
 "$PY" -c "import torch, diffusers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'diffusers', diffusers.__version__)" | tee -a "$OUT/host.txt"
 echo "load: $(cat /proc/loadavg)"
+
+# Every module the steps import, before any of them: a host without one (a library's own
+# dependency included) fails here in seconds, naming all that are missing, instead of
+# each step failing in turn after building its weights.
+"$PY" - <<'CHECK' || exit 2
+import importlib, traceback
+needed = [
+    "benchmarks.local_models", "benchmarks.batching", "genhook.runtime.roles",
+    "genhook.api.app", "genhook.tasks.worker", "genhook.engines.local._engine",
+    "diffusers", "transformers", "accelerate", "safetensors", "nudenet",
+    "tests.conftest", "tests.support.tiny_pipelines", "pytest_asyncio", "pytest_timeout",
+]
+missing = []
+for name in needed:
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        missing.append(f"{name}: {traceback.format_exception_only(exc)[-1].strip()}")
+if missing:
+    print("cannot run the checks on this host; these imports fail:", *missing, sep="\n  ")
+    raise SystemExit(1)
+CHECK
 
 if [ -n "$QUICK" ]; then
     size=() tasks=4 steps=2
