@@ -53,8 +53,8 @@ def test_a_role_that_never_starts_stops_the_supervisor(tmp_path: Path) -> None:
     assert result.returncode == 1, errors
     assert errors.count("unknown role 'no-such-role'") == START_ATTEMPTS, errors
     assert (
-        f"no-such-role-0 exited with 1 at each of its last {START_ATTEMPTS} starts and never "
-        "came up" in errors
+        f"no-such-role-0 exited at each of its last {START_ATTEMPTS} starts, the last with "
+        "status 1, and never came up" in errors
     ), errors
     # The restarts wait a little longer each time, but not for long.
     assert time.monotonic() - started < 40

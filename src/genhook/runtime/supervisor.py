@@ -182,11 +182,11 @@ class Supervisor:
                 self._release_later(child, process.pid, lost=code != 0)
                 if give_up:
                     log.error(
-                        "%s exited with %s at each of its last %d starts and never came up "
-                        "(its error is above); stopping the service",
+                        "%s exited at each of its last %d starts, the last with status %s, "
+                        "and never came up (its error is above); stopping the service",
                         child.name,
-                        code,
                         child.failures,
+                        code,
                     )
                     self.failed = child.name
                     return
