@@ -194,6 +194,9 @@ class Settings(BaseSettings):
     local_models_device: str = "auto"
     local_models_memory_gb: float = Field(default=0.0, ge=0)
     local_models_affinity_seconds: float = Field(default=2.0, ge=0)
+    # CPU threads of a local model's calls (and, on the CPU, of its NSFW checks); 0 shares
+    # the process's usable cores among the workers.
+    local_models_cpu_threads: int = Field(default=0, ge=0)
     preload_models: list[str] = Field(default_factory=list)
     # Faults (docs/operations.md): storage and database errors are retried this long before a
     # task is requeued; a task is started only with at least this long left before its

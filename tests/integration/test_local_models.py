@@ -508,19 +508,25 @@ async def test_tasks_of_one_shape_share_a_pipeline_call(
         await close(h)
 
 
-@pytest.mark.parametrize("workers", [64, 1])
+@pytest.mark.parametrize(("workers", "cpu_threads"), [(64, 0), (1, 0), (1, 1)])
 async def test_a_call_takes_the_process_share_of_the_cores(
-    weights: dict[str, Path], tmp_path: Path, workers: int
+    weights: dict[str, Path], tmp_path: Path, workers: int, cpu_threads: int
 ) -> None:
-    """Torch computes on the worker process's share of the cores, as the ONNX models do:
-    ``genhook serve``'s worker processes, each on every core, ran over ten times slower. On
-    the CPU the pictures' NSFW checks take turns with the calls and get the same share, their
-    threads sleeping rather than spinning between checks (the next call needs the cores)."""
+    """Torch computes on the worker process's share of the cores it may use, as the ONNX
+    models do (or on ``local_models_cpu_threads``): ``genhook serve``'s worker processes,
+    each on every core, ran over ten times slower. On the CPU the pictures' NSFW checks take
+    turns with the calls and get the same share, their threads sleeping rather than spinning
+    between checks (the next call needs the cores)."""
     import torch
 
     pipeline = "StableDiffusionInstructPix2PixPipeline"
     model = f"local/{pipeline}"
-    h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline])], workers=workers)
+    h = await harness_for(
+        tmp_path,
+        [entry(pipeline, weights[pipeline])],
+        workers=workers,
+        local_models_cpu_threads=cpu_threads,
+    )
     engine: Any = h.worker.engine(model)
     pipe = engine.pipeline()
     threads: list[int] = []
@@ -537,7 +543,7 @@ async def test_a_call_takes_the_process_share_of_the_cores(
     try:
         result = await run_task(h, body(model, "edit"))
         assert result["status"] == "completed", result
-        share = max(1, (os.cpu_count() or 1) // workers)
+        share = cpu_threads or max(1, len(os.sched_getaffinity(0)) // workers)
         assert threads == [share]
         options = engine.detector._session.get_session_options()
         assert options.intra_op_num_threads == (share if DEVICE == "cpu" else 1)

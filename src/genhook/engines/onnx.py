@@ -14,9 +14,17 @@ if TYPE_CHECKING:
     from genhook.config import Settings
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (``taskset``, a container's cpuset),
+    not every core of the machine."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def shared_threads(settings: Settings) -> int:
-    """The cores of the machine shared among the worker processes ``genhook serve`` runs."""
-    return max(1, (os.cpu_count() or 1) // max(1, settings.workers))
+    """The usable cores shared among the worker processes ``genhook serve`` runs."""
+    return max(1, usable_cores() // max(1, settings.workers))
 
 
 def cpu_session(path: Path, threads: int) -> onnxruntime.InferenceSession:

@@ -42,7 +42,7 @@ from genhook.engines.local._residency import (
     resolve_device,
 )
 from genhook.engines.local._spec import _SCHEMAS, output_dimensions
-from genhook.engines.onnx import shared_threads
+from genhook.engines.onnx import shared_threads, usable_cores
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.media import DecodeLimits
 
@@ -65,8 +65,7 @@ def _each(function: Callable[[_In], _Out], items: Sequence[_In]) -> list[_Out]:
         return [function(item) for item in items]
     with _pool_lock:
         if _pool is None:
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-            _pool = ThreadPoolExecutor(cores or os.cpu_count(), "genhook-pictures")
+            _pool = ThreadPoolExecutor(usable_cores(), "genhook-pictures")
     futures = [_pool.submit(contextvars.copy_context().run, function, item) for item in items]
     return [future.result() for future in futures]
 
@@ -100,7 +99,7 @@ class DiffusersEngine(DetectorEngine):
         # the device, the next call's inputs are prepared and the last one's pictures checked
         # and encoded.
         self._calls = threading.Lock()
-        self._threads = shared_threads(settings)
+        self._threads = settings.local_models_cpu_threads or shared_threads(settings)
 
     def load(self) -> None:
         super().load()
