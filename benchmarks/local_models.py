@@ -14,6 +14,7 @@ overhead per task.
     .venv/bin/python benchmarks/local_models.py                   # tiny pipeline, CPU
     .venv/bin/python benchmarks/local_models.py --device cuda --real-size --tasks 8 --steps 20
     .venv/bin/python benchmarks/local_models.py --concurrency 2   # pictures beside the calls
+    .venv/bin/python benchmarks/local_models.py --concurrency 2 --threads 1   # a card's shape
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "workers": str(args.workers),
         "model_batching": json.dumps({MODEL: {"concurrency": args.concurrency}}),
         "local_models_affinity_seconds": "0",
+        "local_models_cpu_threads": str(args.threads),
     }
     data = root / "data"
     data.mkdir()
@@ -112,6 +114,7 @@ def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "tasks": f"{args.rounds} rounds of {args.tasks}",
         "concurrency": args.concurrency,
         "workers": args.workers,
+        "threads": args.threads or "default",
         "build_seconds": round(built, 2),
         "direct_tasks_per_second": round(direct_rate, 3),
         "service_tasks_per_second": round(service_rate, 3),
@@ -155,6 +158,8 @@ def calls(args: argparse.Namespace, pipe: Any, side: int, seeds: list[int]) -> f
     from PIL import Image
 
     picture = Image.new("RGB", (side, side), COLOR)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     started = time.perf_counter()
     for seed in seeds:
         pipe(
@@ -264,6 +269,14 @@ def parse() -> argparse.Namespace:
         type=int,
         default=1,
         help="worker processes of the service, each with the model (2: serve's default)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads of the calls, in the loop and in the worker (0: torch's default in "
+        "the loop, the process's share in the worker). 1 makes a CPU call bound by its "
+        "thread, as a card's call is, and leaves the other cores to the service's other work",
     )
     parser.add_argument(
         "--weights",
