@@ -34,6 +34,7 @@ from tests.conftest import LiveService, start_service, stop_service
 from tests.support.http import HTTP
 from tests.support.images import data_url
 from tests.support.postgres import PostgresServer, _as_postgres, _find
+from tests.support.processes import processes_with
 
 MODEL = "test/fake-edit"
 MARK = "GENHOOK_TEST_GENERATION"
@@ -42,18 +43,7 @@ TERMINAL = ("completed", "failed", "timeout")
 
 def generation(mark: str) -> list[int]:
     """Live processes started under ``mark`` (children inherit the environment)."""
-    needle = f"{MARK}={mark}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            zombie = b"Z" in (entry / "stat").read_bytes().rsplit(b")", 1)[1][:3]
-            if not zombie and needle in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
+    return processes_with(MARK, mark)
 
 
 def assert_generation_gone(mark: str, within: float = 5.0) -> None:

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.support.processes import processes_with
+
 ROOT = Path(__file__).resolve().parents[2]
 
 BENCHMARK = """
@@ -22,19 +24,8 @@ with running_service(sys.argv[1], None, ready_timeout=120) as (base, key):
 
 
 def _processes_of(data_dir: Path) -> list[int]:
-    """Processes whose environment names ``data_dir``: the service and its children."""
-    marker = f"GENHOOK_DATA_DIR={data_dir}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if marker in environ.split(b"\0"):
-            found.append(int(entry.name))
-    return found
+    """The service's processes, children included: their environment names ``data_dir``."""
+    return processes_with("GENHOOK_DATA_DIR", str(data_dir))
 
 
 def test_sigterm_to_a_benchmark_stops_its_service(tmp_path: Path) -> None:
