@@ -48,6 +48,19 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=1)
 
 
+def _check_models(settings: Any) -> Any:
+    """The models ``settings`` configure (local and upstream entries, batching, preloads),
+    checked before a role starts: a bad one is one line naming it, not a traceback in every
+    child process of ``genhook serve``."""
+    from genhook.engines.registry import build_registry
+
+    try:
+        build_registry(settings)
+    except ValueError as exc:
+        _fail(str(exc))
+    return settings
+
+
 async def _with_db(settings: Any, func: Any) -> Any:
     from genhook.db import Database
     from genhook.db.migrate import upgrade_in_thread
@@ -84,6 +97,7 @@ def serve(
         dispatchers=dispatchers,
         webhook_allow_private_targets=dev or None,
     )
+    _check_models(settings)
     if dev:
         _print_dev_hint(settings)
     run_server(settings)
@@ -126,7 +140,7 @@ def api(
     """Run the HTTP API alone; workers and dispatchers run as their own commands."""
     from genhook.runtime.roles import run_api
 
-    run_api(_settings(host=host, port=port))
+    run_api(_check_models(_settings(host=host, port=port)))
 
 
 @app.command()
@@ -159,11 +173,13 @@ def worker(
         except ValueError as exc:
             _fail(str(exc))
     run_worker(
-        _settings(
-            worker_concurrency=concurrency,
-            health_port=health_port,
-            preload_models=preload or None,
-            local_models_device=device,
+        _check_models(
+            _settings(
+                worker_concurrency=concurrency,
+                health_port=health_port,
+                preload_models=preload or None,
+                local_models_device=device,
+            )
         )
     )
 
@@ -175,7 +191,7 @@ def dispatcher(
     """Run one dispatcher process: webhook delivery, reconciliation and lease sweeping."""
     from genhook.runtime.roles import run_dispatcher
 
-    run_dispatcher(_settings(health_port=health_port))
+    run_dispatcher(_check_models(_settings(health_port=health_port)))
 
 
 @db_app.command("upgrade")

@@ -135,7 +135,17 @@ def build_registry(settings: Settings) -> Registry:
         module = importlib.import_module(module_name)
         getattr(module, func_name or "register")(registry)
     apply_batching(registry, settings)
+    for model_id in settings.preload_models:
+        if registry.get(model_id) is None:
+            raise ValueError(
+                f"GENHOOK_PRELOAD_MODELS (--preload): unknown model {model_id!r} "
+                f"(known: {_known(registry)})"
+            )
     return registry
+
+
+def _known(registry: Registry) -> str:
+    return ", ".join(sorted(spec.id for spec in registry))
 
 
 def apply_batching(registry: Registry, settings: Settings) -> None:
@@ -144,6 +154,7 @@ def apply_batching(registry: Registry, settings: Settings) -> None:
     for model_id, tuning in settings.model_batching.items():
         spec = registry.get(model_id)
         if spec is None:
-            known = ", ".join(sorted(s.id for s in registry))
-            raise ValueError(f"GENHOOK_MODEL_BATCHING: unknown model {model_id!r} (known: {known})")
+            raise ValueError(
+                f"GENHOOK_MODEL_BATCHING: unknown model {model_id!r} (known: {_known(registry)})"
+            )
         registry.replace(dataclasses.replace(spec, **tuning.model_dump(exclude_none=True)))

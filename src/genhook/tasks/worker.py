@@ -132,10 +132,9 @@ class Worker(Services):
         return None if spec is None else stored_request(spec.request_schema, task.params)
 
     async def preload(self) -> None:
-        """Load the engines of ``GENHOOK_PRELOAD_MODELS`` before anything is claimed."""
+        """Load the engines of ``GENHOOK_PRELOAD_MODELS`` before anything is claimed (the
+        registry refused unknown ones when it was built)."""
         for model in self.settings.preload_models:
-            if self.registry.get(model) is None:
-                raise ValueError(f"--preload: no model {model!r} is configured")
             started = time.monotonic()
             log.info("worker %s: preloading %s", self.worker_id, model)
             async with self._load_lock:
