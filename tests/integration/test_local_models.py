@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,13 +25,16 @@ pytest.importorskip("diffusers")
 
 from PIL import Image
 
-from genhook.engines.local._residency import RESIDENCY
+from genhook.engines.local import _host
+from genhook.engines.local._host import HOST
 from genhook.engines.registry import build_registry
 from genhook.errors import ErrorCode
 from genhook.tasks.worker import Worker
 from tests.conftest import ROOT, Harness, make_harness, make_settings
+from tests.support import in_model_process
 from tests.support.images import data_url
 from tests.support.postgres import free_port
+from tests.support.processes import processes_with
 from tests.support.tiny_pipelines import build
 from tests.support.webhook_receiver import wait_until
 
@@ -73,13 +75,17 @@ def entry(pipeline: str, path: Path, **extra: Any) -> dict[str, Any]:
     return values
 
 
+def unload_all() -> None:
+    for model in HOST.loaded:
+        HOST.run(_host.unload, model)
+
+
 @pytest.fixture(autouse=True)
 def fresh_residency() -> Any:
-    for model in list(RESIDENCY.loaded()):
-        RESIDENCY.unload(model)
+    """Each test starts with no model loaded in this process's model process."""
+    unload_all()
     yield
-    for model in list(RESIDENCY.loaded()):
-        RESIDENCY.unload(model)
+    unload_all()
 
 
 async def harness_for(tmp_path: Path, entries: list[dict[str, Any]], **extra: Any) -> Harness:
@@ -165,24 +171,16 @@ async def test_qwen_guidance_is_true_classifier_free_guidance(
     model = f"local/{pipeline}"
     h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline])])
     try:
-        pipe = RESIDENCY.pipeline(h.worker.engine(model).model, h.state.settings)  # type: ignore[attr-defined]
-        encoded: list[Any] = []
-        encode = pipe.encode_prompt
-
-        def recorded(prompt: Any, *args: Any, **kwargs: Any) -> Any:
-            encoded.append(prompt)
-            return encode(prompt, *args, **kwargs)
-
-        pipe.encode_prompt = recorded
+        local = h.worker.engine(model).model  # type: ignore[attr-defined]
+        HOST.run(in_model_process.record_prompts, local, h.state.settings)
         # Guidance above 1 guides against a blank negative prompt (the pipeline ignores
         # true_cfg_scale without one); at 1 there is nothing to guide against.
         guided = await run_task(h, body(model, "edit", guidance_scale=4.0))
         assert guided["status"] == "completed", guided
-        assert encoded == [["a red square"], [" "]]
-        encoded.clear()
+        assert HOST.run(in_model_process.recorded_prompts) == [["a red square"], [" "]]
         plain = await run_task(h, body(model, "edit", guidance_scale=1.0))
         assert plain["status"] == "completed", plain
-        assert encoded == [["a red square"]]
+        assert HOST.run(in_model_process.recorded_prompts) == [["a red square"]]
     finally:
         await close(h)
 
@@ -317,7 +315,7 @@ async def test_deadline_stops_denoising(weights: dict[str, Path], tmp_path: Path
     slow = entry(pipeline, weights[pipeline], steps=400, max_steps=400, deadline_seconds=1.5)
     h = await harness_for(tmp_path, [slow])
     try:
-        RESIDENCY.pipeline(h.worker.engine(model).model, h.state.settings)  # type: ignore[attr-defined]
+        h.worker.engine(model).load()  # the deadline is the call's, not the load's
         result = await run_task(h, body(model, "text"))
         assert result["error_code"] == ErrorCode.TIMEOUT, result
         await engine_stopped(h.worker)
@@ -326,28 +324,45 @@ async def test_deadline_stops_denoising(weights: dict[str, Path], tmp_path: Path
 
 
 async def test_out_of_memory_fails_the_task_and_the_worker_goes_on(
-    weights: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    weights: dict[str, Path], tmp_path: Path
 ) -> None:
-    import torch
-
     pipeline = "FluxPipeline"
     model = f"local/{pipeline}"
     h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline])])
     try:
-        pipe = RESIDENCY.pipeline(h.worker.engine(model).model, h.state.settings)  # type: ignore[attr-defined]
-        real = pipe.transformer.forward
-
-        def exhausted(*args: Any, **kwargs: Any) -> Any:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-
-        # The device's side of an out-of-memory: the model's forward raises what CUDA would.
-        monkeypatch.setattr(pipe.transformer, "forward", exhausted)
+        local = h.worker.engine(model).model  # type: ignore[attr-defined]
+        HOST.run(in_model_process.exhaust_memory, local, h.state.settings)
+        process = HOST.pid()
         failed = await run_task(h, body(model, "text"))
         assert failed["status"] == "failed", failed
         assert failed["error_code"] == ErrorCode.ENGINE_OUT_OF_MEMORY
-        assert "ran out of memory" in failed["error"]
-        monkeypatch.setattr(pipe.transformer, "forward", real)
+        assert "ran out of memory generating 32*32" in failed["error"]
+        # The same model process, with the model still loaded, serves the next task.
+        assert HOST.pid() == process and HOST.loaded == {model}
+        HOST.run(in_model_process.restore, local, h.state.settings)
         assert (await run_task(h, body(model, "text")))["status"] == "completed"
+    finally:
+        await close(h)
+
+
+async def test_a_crashed_model_process_fails_its_task_and_starts_again(
+    weights: dict[str, Path], tmp_path: Path
+) -> None:
+    pipeline = "FluxPipeline"
+    model = f"local/{pipeline}"
+    h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline])])
+    try:
+        local = h.worker.engine(model).model  # type: ignore[attr-defined]
+        HOST.run(in_model_process.crash_in_call, local, h.state.settings)
+        crashed = HOST.pid()
+        failed = await run_task(h, body(model, "text"))
+        assert failed["status"] == "failed", failed
+        assert failed["error_code"] == ErrorCode.ENGINE_ERROR
+        assert "model process exited with status 70" in failed["error"]
+        assert HOST.pid() is None and HOST.loaded == frozenset()
+        # A new model process loads the model again for the next task.
+        assert (await run_task(h, body(model, "text")))["status"] == "completed"
+        assert HOST.pid() not in (None, crashed) and HOST.loaded == {model}
     finally:
         await close(h)
 
@@ -362,13 +377,12 @@ async def test_lru_eviction_under_a_small_budget(weights: dict[str, Path], tmp_p
     budget_gb = (max(sizes) + min(sizes) // 2) / (1 << 30)
     h = await harness_for(tmp_path, entries, local_models_memory_gb=budget_gb)
     try:
-        unloads = RESIDENCY.unloads
         assert (await run_task(h, body(f"local/{flux}", "text")))["status"] == "completed"
-        assert RESIDENCY.loaded() == {f"local/{flux}"}
+        assert HOST.loaded == {f"local/{flux}"}
         assert (await run_task(h, body(f"local/{sdxl}", "text")))["status"] == "completed"
-        assert RESIDENCY.loaded() == {f"local/{sdxl}"} and RESIDENCY.unloads == unloads + 1
+        assert HOST.loaded == {f"local/{sdxl}"}
         assert (await run_task(h, body(f"local/{flux}", "text")))["status"] == "completed"
-        assert RESIDENCY.loaded() == {f"local/{flux}"}
+        assert HOST.loaded == {f"local/{flux}"}
     finally:
         await close(h)
 
@@ -383,7 +397,7 @@ async def test_a_model_that_cannot_fit_is_refused_at_load(
     try:
         failed = await run_task(h, body(f"local/{pipeline}", "text"))
         assert failed["status"] == "failed" and failed["error_code"] == 3020, failed
-        assert "budget" in failed["error"] and RESIDENCY.loaded() == frozenset()
+        assert "budget" in failed["error"] and HOST.loaded == frozenset()
     finally:
         await close(h)
 
@@ -422,7 +436,7 @@ async def test_affinity_the_loaded_worker_wins(weights: dict[str, Path], tmp_pat
         )
     try:
         await warm.preload()
-        assert warm.preloaded and RESIDENCY.loaded() == {model}
+        assert warm.preloaded and HOST.loaded == {model}
         await _ready(f"http://127.0.0.1:{env['GENHOOK_HEALTH_PORT']}/readyz", cold, log_path)
         # A fresh task: the cold process, polling every 50 ms, leaves it alone.
         first = (await h.submit(body(model, "text"))).json()["id"]
@@ -445,6 +459,22 @@ async def test_affinity_the_loaded_worker_wins(weights: dict[str, Path], tmp_pat
             await asyncio.sleep(0.2)
             status = (await h.result(second))["status"]
         assert status == "completed", log_path.read_text()
+        # The cold worker started its model process for the task; killed outright, it takes
+        # that process (and multiprocessing's resource tracker) with it.
+        port = env["GENHOOK_HEALTH_PORT"]
+        spawned = [
+            pid
+            for pid in processes_with("GENHOOK_HEALTH_PORT", port)
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]
+        assert len(spawned) == 1, log_path.read_text()
+        cold.kill()
+        cold.wait(10)
+        for _ in range(100):
+            if not processes_with("GENHOOK_HEALTH_PORT", port):
+                break
+            await asyncio.sleep(0.1)
+        assert not processes_with("GENHOOK_HEALTH_PORT", port), "the model process outlived it"
     finally:
         cold.terminate()
         try:
@@ -513,12 +543,10 @@ async def test_a_call_takes_the_process_share_of_the_cores(
     weights: dict[str, Path], tmp_path: Path, workers: int, cpu_threads: int
 ) -> None:
     """Torch computes on the worker process's share of the cores it may use, as the ONNX
-    models do (or on ``local_models_cpu_threads``): ``genhook serve``'s worker processes,
-    each on every core, ran over ten times slower. On the CPU the pictures' NSFW checks take
-    turns with the calls and get the same share, their threads sleeping rather than spinning
-    between checks (the next call needs the cores)."""
-    import torch
-
+    models do (or on ``local_models_cpu_threads``), in the worker's model process:
+    ``genhook serve``'s worker processes, each on every core, ran over ten times slower. On
+    the CPU the pictures' NSFW checks take turns with the calls and get the same share, their
+    threads sleeping rather than spinning between checks (the next call needs the cores)."""
     pipeline = "StableDiffusionInstructPix2PixPipeline"
     model = f"local/{pipeline}"
     h = await harness_for(
@@ -528,23 +556,13 @@ async def test_a_call_takes_the_process_share_of_the_cores(
         local_models_cpu_threads=cpu_threads,
     )
     engine: Any = h.worker.engine(model)
-    pipe = engine.pipeline()
-    threads: list[int] = []
-
-    class Counted:
-        def __call__(self, **kwargs: Any) -> Any:
-            threads.append(torch.get_num_threads())  # the calling thread's count
-            return pipe(**kwargs)
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(pipe, name)
-
-    engine.pipeline = Counted
+    engine.load()
+    HOST.run(in_model_process.set_threads, 7)
     try:
         result = await run_task(h, body(model, "edit"))
         assert result["status"] == "completed", result
         share = cpu_threads or max(1, len(os.sched_getaffinity(0)) // workers)
-        assert threads == [share]
+        assert HOST.run(in_model_process.threads) == share
         options = engine.detector._session.get_session_options()
         assert options.intra_op_num_threads == (share if DEVICE == "cpu" else 1)
         assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
@@ -555,8 +573,9 @@ async def test_a_call_takes_the_process_share_of_the_cores(
 async def test_concurrent_calls_of_one_model_take_turns_at_the_pipeline(
     weights: dict[str, Path], tmp_path: Path
 ) -> None:
-    """With concurrency 2 a model's tasks run in two threads, but its pipeline (not
-    thread-safe) makes one call at a time; both tasks complete with their own pictures."""
+    """With concurrency 2 a model's tasks run in two threads, and the model process makes
+    their calls one at a time: each task gets the picture its seed makes alone, not the
+    other call's."""
     pipeline = "StableDiffusionInstructPix2PixPipeline"
     model = f"local/{pipeline}"
     h = await harness_for(
@@ -564,28 +583,6 @@ async def test_concurrent_calls_of_one_model_take_turns_at_the_pipeline(
         [entry(pipeline, weights[pipeline])],
         model_batching={model: {"concurrency": 2}},
     )
-    engine: Any = h.worker.engine(model)
-    pipe = engine.pipeline()
-    inside: list[int] = []
-    overlapped: list[bool] = []
-    entered = threading.Lock()
-
-    class Counted:
-        def __call__(self, **kwargs: Any) -> Any:
-            with entered:
-                inside.append(1)
-                overlapped.append(len(inside) > 1)
-            try:
-                time.sleep(0.3)  # long enough for the other thread to arrive
-                return pipe(**kwargs)
-            finally:
-                with entered:
-                    inside.pop()
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(pipe, name)
-
-    engine.pipeline = Counted
     stop = asyncio.Event()
     running = asyncio.create_task(h.worker.run(stop))
     try:
@@ -603,8 +600,12 @@ async def test_concurrent_calls_of_one_model_take_turns_at_the_pipeline(
         results = [await h.result(task_id) for task_id in ids]
         assert [r["status"] for r in results] == ["completed"] * 4, results
         assert [r["info"]["seed"] for r in results] == [1, 2, 3, 4]
-        assert len(overlapped) == 4 and not any(overlapped), overlapped
         assert len({r["outputs"][0] for r in results}) == 4
+        stop.set()
+        await running
+        for seed, together in zip((1, 4), (results[0], results[3]), strict=True):
+            alone = await run_task(h, body(model, "edit", seed=seed))
+            assert alone["outputs"] == together["outputs"]
     finally:
         stop.set()
         await running

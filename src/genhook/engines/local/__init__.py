@@ -15,10 +15,10 @@ from genhook.engines.local._spec import (
 
 
 def resident_models() -> frozenset[str]:
-    """Ids of the local models this process holds loaded (for the worker's affinity)."""
-    from genhook.engines.local._residency import RESIDENCY
+    """Ids of the local models this worker's model process holds loaded (for affinity)."""
+    from genhook.engines.local._host import HOST
 
-    return RESIDENCY.loaded()
+    return HOST.loaded
 
 
 __all__ = [

@@ -4,10 +4,10 @@
 ONE pipeline call for all of them, each with its own seeded ``torch.Generator``; ``run`` calls
 it with one job. The per-picture work around the call (decoding and moderating the inputs,
 scaling, checking and encoding the outputs) is not batched by the model, so for a batch it
-runs on the process's cores, one picture per thread. After every denoising step the callback
-reports progress and stops the call when every job was given up (cancel, lost lease,
-shutdown) or is past its deadline, so the device is free within one step and the worker stays
-in service.
+runs on the process's cores, one picture per thread. The call itself runs in the worker's
+model process (``_host.py``): after every denoising step it reports progress, and it stops
+after the step during which every job was given up (cancel, lost lease, shutdown) or passed
+its deadline, so the device is free within one step and the worker stays in service.
 """
 
 from __future__ import annotations
@@ -34,13 +34,10 @@ from genhook.engines.image_edit._decode import DecodedImage, decode_image
 from genhook.engines.image_edit._engine import DetectorEngine
 from genhook.engines.image_edit._frames import moderate_inputs
 from genhook.engines.image_edit._moderation import check_prompt
+from genhook.engines.local import _host
 from genhook.engines.local._config import LocalModel
-from genhook.engines.local._residency import (
-    RESIDENCY,
-    ModelTooLarge,
-    free_memory,
-    resolve_device,
-)
+from genhook.engines.local._host import HOST, ModelProcessExited, OutOfMemory, Stopped
+from genhook.engines.local._residency import ModelTooLarge
 from genhook.engines.local._spec import _SCHEMAS, output_dimensions
 from genhook.engines.onnx import shared_threads, usable_cores
 from genhook.errors import ErrorCode, TaskFailure
@@ -70,10 +67,6 @@ def _each(function: Callable[[_In], _Out], items: Sequence[_In]) -> list[_Out]:
     return [future.result() for future in futures]
 
 
-class _Stopped(Exception):
-    """Raised from the step callback: every job of the call was given up."""
-
-
 @dataclass(frozen=True, slots=True)
 class _Prepared:
     """One job, decoded and moderated, ready for a shared pipeline call."""
@@ -87,44 +80,34 @@ class _Prepared:
 
 
 class DiffusersEngine(DetectorEngine):
-    """A ``LocalModel``'s pipeline; weights live in the process's ``RESIDENCY``."""
+    """A ``LocalModel``'s pipeline; its weights live in the worker's model process."""
 
     kind = "local model"
 
     def __init__(self, model: LocalModel, settings: Settings) -> None:
         super().__init__(settings)
         self.model = model
-        # One pipeline call at a time: a pipeline (its scheduler's state above all) is not
-        # thread-safe. A model whose concurrency is above 1 still gains: while one call holds
-        # the device, the next call's inputs are prepared and the last one's pictures checked
-        # and encoded.
-        self._calls = threading.Lock()
         self._threads = settings.local_models_cpu_threads or shared_threads(settings)
+        self._device: str | None = None
 
     def load(self) -> None:
-        super().load()
         self.pipeline()
+        super().load()
 
     def detector_threads(self) -> int:
         """On the CPU the pictures' NSFW checks take turns with the calls on the same cores,
         so they get the same share. Beside a GPU's calls they keep to one core (as measured
-        on the card), leaving the thread that launches the call's kernels its own."""
-        return self._threads if resolve_device(self.model, self._settings) == "cpu" else 1
+        on the card), leaving the model process's cores to it."""
+        return self._threads if self._device == "cpu" else 1
 
-    def pipeline(self) -> Any:
+    def pipeline(self) -> None:
+        """Load the model in the model process, unless it is there already."""
         try:
-            return RESIDENCY.pipeline(self.model, self._settings)
-        except ModelTooLarge as exc:
+            self._device = HOST.run(_host.load, self.model, self._settings)
+        except (ModelTooLarge, OutOfMemory) as exc:
             raise TaskFailure(ErrorCode.ENGINE_OUT_OF_MEMORY, str(exc)) from None
-        except Exception as exc:
-            if _is_oom(exc):
-                free_memory("cuda")
-                raise TaskFailure(
-                    ErrorCode.ENGINE_OUT_OF_MEMORY,
-                    f"local model {self.model.id!r} does not fit in the device's free memory "
-                    "beside what else runs there",
-                ) from None
-            raise
+        except ModelProcessExited as exc:
+            raise TaskFailure(ErrorCode.ENGINE_ERROR, str(exc)) from None
 
     def _run(self, job: EngineJob) -> EngineResult:
         (result,) = self.generate([job])
@@ -172,33 +155,45 @@ class DiffusersEngine(DetectorEngine):
             shape = (item.request.num_inference_steps or self.model.steps, item.size)
             if shape != (steps, size) or item.request.guidance_scale != first.guidance_scale:
                 raise ValueError("jobs of one pipeline call must share size, steps and guidance")
-        pipe = self.pipeline()
         generate = self.model.generate_dimensions(size)
-        kwargs = self._arguments(prepared, generate, steps, guidance)
-        with self._calls:
-            # The process's share of the cores, as for the ONNX models: by default torch takes
-            # every core in each worker process, and worker processes computing at once then
-            # run over ten times slower. Set in the calling thread: OpenMP counts per thread.
-            _set_threads(self._threads)
-            for item in prepared:
-                item.job.stop_if_asked()
-                item.job.report(progress=0.05, log=f"generating with {self.model.pipeline}")
-            started = time.monotonic()
-            try:
-                output = pipe(**kwargs)
-            except _Stopped:
-                raise self._stopped(prepared) from None
-            except Exception as exc:
-                if _is_oom(exc):
-                    free_memory(str(getattr(pipe, "device", "cuda")))
-                    raise TaskFailure(
-                        ErrorCode.ENGINE_OUT_OF_MEMORY,
-                        f"the device ran out of memory generating {generate[0]}*{generate[1]} "
-                        f"with {self.model.id}; its memory was freed. Ask for a smaller size (or "
-                        "fewer frames), or give the model a device with fewer models beside it",
-                    ) from None
-                raise
-            seconds = time.monotonic() - started
+        arguments = self._arguments(prepared, generate, steps, guidance)
+        jobs = [item.job for item in prepared]
+        for job in jobs:
+            job.stop_if_asked()
+            job.report(progress=0.05, log=f"generating with {self.model.pipeline}")
+
+        def on_step(step: int) -> None:
+            for job in jobs:
+                job.report(
+                    progress=0.05 + 0.85 * (step + 1) / steps, log=f"step {step + 1}/{steps}"
+                )
+
+        def given_up() -> bool:
+            now = time.time()
+            return all(
+                job.stop.is_set() or (job.deadline is not None and now >= job.deadline)
+                for job in jobs
+            )
+
+        seeds = [item.seed for item in prepared]
+        try:
+            pictures, seconds = HOST.run(
+                _host.generate,
+                self.model,
+                self._settings,
+                arguments,
+                seeds,
+                self._threads,
+                generate,
+                on_step=on_step,
+                stop=given_up,
+            )
+        except Stopped:
+            raise self._stopped(prepared) from None
+        except (ModelTooLarge, OutOfMemory) as exc:
+            raise TaskFailure(ErrorCode.ENGINE_OUT_OF_MEMORY, str(exc)) from None
+        except ModelProcessExited as exc:
+            raise TaskFailure(ErrorCode.ENGINE_ERROR, str(exc)) from None
         info = {
             "pipeline": self.model.pipeline,
             "steps": steps,
@@ -208,11 +203,11 @@ class DiffusersEngine(DetectorEngine):
             "seconds": round(seconds, 3),
         }
         if self.model.family.task == "video":
-            frames = output.frames
-            videos = [(item, np.asarray(frames[index])) for index, item in enumerate(prepared)]
+            videos = [(item, np.asarray(pictures[index])) for index, item in enumerate(prepared)]
             return _each(lambda pair: self._video(*pair, info), videos)
-        pictures = list(zip(prepared, output.images, strict=True))
-        return _each(lambda pair: self._image(*pair, info), pictures)
+        return _each(
+            lambda pair: self._image(*pair, info), list(zip(prepared, pictures, strict=True))
+        )
 
     def _prepare(self, job: EngineJob) -> _Prepared:
         task = self.model.family.task
@@ -247,14 +242,10 @@ class DiffusersEngine(DetectorEngine):
     def _arguments(
         self, prepared: list[_Prepared], generate: tuple[int, int], steps: int, guidance: float
     ) -> dict[str, Any]:
-        import torch
-
         width, height = generate
         kwargs: dict[str, Any] = {
             "prompt": [item.prompt for item in prepared],
             "num_inference_steps": steps,
-            "generator": [torch.Generator("cpu").manual_seed(item.seed) for item in prepared],
-            "callback_on_step_end": self._callback(prepared, steps),
         }
         images = [
             _output.fit(i.image, generate, "cover", "white", False) for i in prepared if i.image
@@ -296,24 +287,6 @@ class DiffusersEngine(DetectorEngine):
             kwargs.update(height=height, width=width, guidance_scale=guidance)
         return kwargs
 
-    def _callback(self, prepared: list[_Prepared], steps: int) -> Any:
-        jobs = [item.job for item in prepared]
-
-        def on_step_end(pipe: Any, step: int, timestep: Any, tensors: dict[str, Any]) -> Any:
-            now = time.time()
-            for job in jobs:
-                job.report(
-                    progress=0.05 + 0.85 * (step + 1) / steps, log=f"step {step + 1}/{steps}"
-                )
-            if all(
-                job.stop.is_set() or (job.deadline is not None and now >= job.deadline)
-                for job in jobs
-            ):
-                raise _Stopped
-            return {}
-
-        return on_step_end
-
     def _stopped(self, prepared: list[_Prepared]) -> TaskFailure:
         job = prepared[0].job
         if not job.stop.is_set() and job.deadline is not None and time.time() >= job.deadline:
@@ -348,18 +321,6 @@ class DiffusersEngine(DetectorEngine):
             "nsfw_score": round(score, 4),
         }
         return EngineResult([EngineOutput(data, "video/mp4", nsfw)], info=details)
-
-
-def _set_threads(count: int) -> None:
-    import torch
-
-    torch.set_num_threads(count)
-
-
-def _is_oom(exc: BaseException) -> bool:
-    import torch
-
-    return isinstance(exc, torch.OutOfMemoryError)
 
 
 def _side_by_side(images: list[Image.Image]) -> Image.Image:

@@ -1,10 +1,9 @@
-"""Which local models this process holds loaded, per device, under a memory budget.
+"""Which local models a process holds loaded, per device, under a memory budget.
 
-One ``Residency`` per process: a worker serves several local models, and those that share a
-device share its memory. A model that does not fit beside the others unloads the least
-recently used first; one that cannot fit even alone is refused before anything is loaded.
-The set of loaded ids is also what the worker's claim reads for affinity, so reading it
-imports nothing heavy.
+One ``Residency`` per model process (``_host.py``): a worker serves several local models,
+and those that share a device share its memory. A model that does not fit beside the others
+unloads the least recently used first; one that cannot fit even alone is refused before
+anything is loaded.
 """
 
 from __future__ import annotations
@@ -72,6 +71,10 @@ class Residency:
 
     def loaded(self) -> frozenset[str]:
         return frozenset(self._loaded)
+
+    def device(self, model_id: str) -> str:
+        """The device a loaded model is on."""
+        return self._loaded[model_id].device
 
     def pipeline(self, model: LocalModel, settings: Settings) -> Any:
         """``model``'s pipeline, loaded (unloading the least recently used as needed)."""

@@ -1,0 +1,270 @@
+"""The model process: where a worker's pipelines are loaded and called.
+
+A pipeline call on a GPU is bound by the Python thread that launches its kernels. In the
+worker's own process that thread shares the interpreter with everything else the worker does
+meanwhile: the next task's decoding and moderation, the last one's scaling, NSFW check and
+encoding, the event loop's database work. On an H200 a call took 27% longer there than in a
+plain loop, with the card busy 98% of the time (``docs/performance.md``). So each worker
+process starts one child process that holds the process's ``Residency`` and does nothing but
+load, unload and call pipelines, one command at a time; the worker keeps the pictures.
+
+The worker sends a command (a function of this module and its arguments) and reads the
+replies: one per denoising step, then the result or the error. A flag in shared memory
+asks the call to stop after its current step. A child that dies (a crash in a native library,
+the kernel's out-of-memory killer) fails the command it was running and is started again,
+empty, for the next one. It ends with the worker, and ignores the terminal's Ctrl-C: the
+worker decides when a call stops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from genhook.config import Settings
+from genhook.engines.local._config import LocalModel
+from genhook.engines.local._residency import RESIDENCY, free_memory
+
+log = logging.getLogger(__name__)
+
+# How often the worker looks at its jobs (cancel, deadline, shutdown) while a call runs.
+_TICK_SECONDS = 0.05
+
+
+class OutOfMemory(RuntimeError):
+    """The device ran out of memory; the model process freed its cache."""
+
+
+class Stopped(Exception):
+    """The call stopped after a step because the worker asked it to."""
+
+
+class ModelProcessExited(RuntimeError):
+    """The model process died; it starts again, with no model loaded, on the next command."""
+
+
+class Host:
+    """The worker's side of its model process: one command at a time (a pipeline, its
+    scheduler above all, is not thread-safe), so a worker running two tasks of a model at once
+    prepares one's inputs and encodes the other's pictures while the call runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._channel: Connection | None = None
+        self._stop: Any = None  # a shared c_bool: stop after this step
+        self._settings: Settings | None = None
+        # The models loaded there, as of the last reply: what the worker's claim reads for
+        # affinity, without asking the process.
+        self.loaded: frozenset[str] = frozenset()
+
+    def run(
+        self,
+        function: Callable[..., Any],
+        *args: Any,
+        on_step: Callable[[int], None] | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> Any:
+        """``function(*args)`` in the model process; ``on_step`` sees each denoising step,
+        and the call stops after the step during which ``stop()`` turned true."""
+        with self._lock:
+            channel, flag = self._started(args)
+            flag.value = False
+            channel.send((function, args))
+            while True:
+                if not channel.poll(_TICK_SECONDS):
+                    if stop is not None and not flag.value and stop():
+                        flag.value = True
+                    continue
+                try:
+                    kind, value, loaded = channel.recv()
+                except (EOFError, OSError):
+                    raise self._exited() from None
+                if kind == "step":
+                    if on_step is not None:
+                        on_step(value)
+                    if stop is not None and not flag.value and stop():
+                        flag.value = True
+                    continue
+                self.loaded = loaded
+                if kind == "error":
+                    raise value
+                return value
+
+    def pid(self) -> int | None:
+        """The model process's id, while it runs."""
+        process = self._process
+        return process.pid if process is not None and process.is_alive() else None
+
+    def _started(self, args: tuple[Any, ...]) -> tuple[Connection, Any]:
+        if self._process is not None and self._channel is not None and self._stop is not None:
+            return self._channel, self._stop
+        settings = next((a for a in args if isinstance(a, Settings)), None) or Settings()
+        context = multiprocessing.get_context("spawn")
+        mine, theirs = context.Pipe()
+        flag = context.RawValue(ctypes.c_bool, False)
+        process = context.Process(
+            target=_serve,
+            args=(theirs, flag, settings, os.getpid()),
+            name=f"{multiprocessing.current_process().name}/models",
+            daemon=True,
+        )
+        process.start()
+        theirs.close()
+        log.info("model process %s started", process.pid)
+        self._process, self._channel, self._stop = process, mine, flag
+        return mine, flag
+
+    def _exited(self) -> ModelProcessExited:
+        process = self._process
+        assert process is not None and self._channel is not None
+        self._channel.close()
+        process.join(10)
+        code = process.exitcode
+        self._process = self._channel = self._stop = None
+        self.loaded = frozenset()
+        how = (
+            f"killed by signal {signal.Signals(-code).name}"
+            if code is not None and code < 0
+            else f"with status {code}"
+        )
+        log.error("model process %s exited %s; it starts again on the next task", process.pid, how)
+        return ModelProcessExited(
+            f"the model process exited {how} during the call; it starts again, with no model "
+            "loaded, for the next task"
+        )
+
+
+HOST = Host()
+"""The model process of this worker process, started when a local model is first needed."""
+
+
+# What follows runs in the model process.
+
+_channel: Connection | None = None
+_stop: Any = None
+
+
+def _serve(channel: Connection, stop: Any, settings: Settings, parent: int) -> None:
+    """Run commands until the worker closes the channel (or dies)."""
+    global _channel, _stop
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent)
+    from genhook.logs import configure_logging
+
+    configure_logging(settings, "worker")
+    _channel, _stop = channel, stop
+    while True:
+        try:
+            function, args = channel.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply: tuple[str, Any] = ("done", function(*args))
+        except Exception as exc:
+            reply = ("error", _portable(exc))
+        try:
+            channel.send((*reply, RESIDENCY.loaded()))
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            channel.send(("error", _portable(exc), RESIDENCY.loaded()))
+
+
+def _die_with_parent(parent: int) -> None:
+    """End this process within a second of the worker's end, even by SIGKILL, mid-call.
+    (Linux's PR_SET_PDEATHSIG would fire when the worker's thread that started this
+    process ends, not the worker.)"""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="watch-worker", daemon=True).start()
+
+
+def _portable(exc: Exception) -> Exception:
+    """``exc`` as the worker can receive it, with this process's traceback as a note."""
+    with contextlib.suppress(Exception):
+        exc.add_note("in the model process:\n" + "".join(traceback.format_exception(exc)))
+    try:
+        pickle.loads(pickle.dumps(exc))  # noqa: S301 (bytes made on the line itself)
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+def after_step(pipe: Any, step: int, timestep: Any, tensors: dict[str, Any]) -> dict[str, Any]:
+    """The pipelines' ``callback_on_step_end``: report the step, stop if asked."""
+    assert _channel is not None and _stop is not None
+    _channel.send(("step", step, None))
+    if _stop.value:
+        raise Stopped
+    return {}
+
+
+def load(model: LocalModel, settings: Settings) -> str:
+    """Load ``model`` (unloading the least recently used as needed); its device."""
+    _pipeline(model, settings)
+    return RESIDENCY.device(model.id)
+
+
+def unload(model_id: str) -> None:
+    RESIDENCY.unload(model_id)
+
+
+def generate(
+    model: LocalModel,
+    settings: Settings,
+    arguments: dict[str, Any],
+    seeds: list[int],
+    threads: int,
+    dimensions: tuple[int, int],
+) -> tuple[Any, float]:
+    """One pipeline call (generating ``dimensions``): its pictures (or a video's frames)
+    and its seconds."""
+    import torch
+
+    pipe = _pipeline(model, settings)
+    # The process's share of the cores (torch otherwise takes every core in each process).
+    torch.set_num_threads(threads)
+    started = time.monotonic()
+    try:
+        output = pipe(
+            **arguments,
+            generator=[torch.Generator("cpu").manual_seed(seed) for seed in seeds],
+            callback_on_step_end=after_step,
+        )
+    except torch.OutOfMemoryError:
+        free_memory(RESIDENCY.device(model.id))
+        width, height = dimensions
+        raise OutOfMemory(
+            f"the device ran out of memory generating {width}*{height} with {model.id}; its "
+            "memory was freed. Ask for a smaller size (or fewer frames), or give the model a "
+            "device with fewer models beside it"
+        ) from None
+    seconds = time.monotonic() - started
+    return (output.frames if model.family.task == "video" else output.images), seconds
+
+
+def _pipeline(model: LocalModel, settings: Settings) -> Any:
+    import torch
+
+    try:
+        return RESIDENCY.pipeline(model, settings)
+    except torch.OutOfMemoryError:
+        free_memory("cuda")
+        raise OutOfMemory(
+            f"local model {model.id!r} does not fit in the device's free memory beside what "
+            "else runs there"
+        ) from None

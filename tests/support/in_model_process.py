@@ -1,0 +1,69 @@
+"""What a test runs inside the worker's model process (``HOST.run(function, ...)``), where the
+pipelines live: looking at a call's arguments, and making the device's own failures happen
+there (an out-of-memory, a crash)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from genhook.config import Settings
+from genhook.engines.local._config import LocalModel
+from genhook.engines.local._residency import RESIDENCY
+
+_prompts: list[Any] = []
+
+
+def record_prompts(model: LocalModel, settings: Settings) -> None:
+    """From now on, note each prompt the pipeline encodes."""
+    pipe = RESIDENCY.pipeline(model, settings)
+    encode = pipe.encode_prompt
+
+    def recorded(prompt: Any, *args: Any, **kwargs: Any) -> Any:
+        _prompts.append(prompt)
+        return encode(prompt, *args, **kwargs)
+
+    pipe.encode_prompt = recorded
+
+
+def recorded_prompts() -> list[Any]:
+    """The prompts encoded since the last look."""
+    prompts = list(_prompts)
+    _prompts.clear()
+    return prompts
+
+
+def exhaust_memory(model: LocalModel, settings: Settings) -> None:
+    """The device's side of an out-of-memory: the model's forward raises what CUDA would."""
+    import torch
+
+    def exhausted(*args: Any, **kwargs: Any) -> Any:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    RESIDENCY.pipeline(model, settings).transformer.forward = exhausted
+
+
+def crash_in_call(model: LocalModel, settings: Settings) -> None:
+    """A native library's crash: the process dies in the middle of the model's forward."""
+
+    def crashed(*args: Any, **kwargs: Any) -> Any:
+        os._exit(70)
+
+    RESIDENCY.pipeline(model, settings).transformer.forward = crashed
+
+
+def restore(model: LocalModel, settings: Settings) -> None:
+    """The model's own forward again."""
+    del RESIDENCY.pipeline(model, settings).transformer.forward
+
+
+def set_threads(count: int) -> None:
+    import torch
+
+    torch.set_num_threads(count)
+
+
+def threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
