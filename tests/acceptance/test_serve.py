@@ -133,6 +133,25 @@ def test_sigterm_finishes_in_flight_work(tmp_path: Path) -> None:
         stop_service(restarted)
 
 
+def test_ctrl_c_stops_every_role_gracefully(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C is SIGINT to every process of its foreground group: the supervisor
+    and each child, and the supervisor then sends each child its own SIGTERM. The API takes
+    the two as one request to stop, not as the second one that stops at once: it finishes
+    its requests and its application shutdown (closing the database and the blob store)."""
+    live = start_service(tmp_path)
+    children = subprocess.run(
+        ["pgrep", "-P", str(live.process.pid)], capture_output=True, text=True
+    ).stdout.split()
+    assert len(children) >= 3, live.log()
+    for pid in [live.process.pid, *map(int, children)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGINT)
+    assert live.process.wait(40) == 0
+    log = live.log()
+    assert "Application shutdown complete" in log, log[-3000:]
+    assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
+
+
 @pytest.mark.parametrize("service", ["sqlite"], indirect=True)
 def test_cli_accounts_and_keys(service: LiveService) -> None:
     live_service = service

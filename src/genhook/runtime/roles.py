@@ -90,6 +90,22 @@ def _watch_parent(parent: int | None, on_orphaned: Any) -> None:
         on_orphaned()
 
 
+def _exit_on_signals(role: ApiRole) -> None:
+    """The same signal twice stops the API at once (uvicorn's force exit), skipping the
+    requests in flight. SIGINT and SIGTERM once each is one request to stop: a terminal's
+    Ctrl-C reaches every process of ``genhook serve``, whose supervisor then sends its own
+    SIGTERM."""
+    seen: set[int] = set()
+
+    def on_signal(sig: int) -> None:
+        role.request_exit(force=sig in seen)
+        seen.add(sig)
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+
+
 def _stop_on_signals(stop: Any) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -419,9 +435,8 @@ def _server_class() -> type[Any]:
         def capture_signals(self) -> Iterator[None]:
             yield
 
-        def request_exit(self) -> None:
-            if self.should_exit:
-                self.force_exit = True
+        def request_exit(self, force: bool = False) -> None:
+            self.force_exit = self.force_exit or force
             self.should_exit = True
             wake = getattr(self, "_wake", None)
             if wake is not None:
@@ -494,8 +509,7 @@ async def _api(settings: Settings, parent: int | None, fd: int | None) -> None:
     # the collector's full passes, which otherwise stall requests for milliseconds.
     gc.collect()
     gc.freeze()
-    # A second signal stops at once (uvicorn's force exit), so it goes to the role itself.
-    _stop_on_signals(role.request_exit)
+    _exit_on_signals(role)
     await _run_role(role, settings, parent, asyncio.Event(), health=False)
 
 
@@ -509,9 +523,9 @@ class ApiRole:
         self.server = server
         self.sockets = sockets
 
-    def request_exit(self) -> None:
-        """Stop taking requests and finish those in flight; a second call stops at once."""
-        self.server.request_exit()
+    def request_exit(self, force: bool = False) -> None:
+        """Stop taking requests and finish those in flight (``force``: stop at once)."""
+        self.server.request_exit(force)
         self.state.watcher.close()
 
     async def run(self, stop: asyncio.Event) -> None:
