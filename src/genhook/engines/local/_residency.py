@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -144,7 +145,11 @@ def load_pipeline(model: LocalModel, device: str, dtype: str) -> Any:
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     import diffusers
     import torch
+    import transformers
 
+    # The log's own lines say what loads and how long it took; no progress bars in it.
+    diffusers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     pipeline_class = getattr(diffusers, model.pipeline)
     components: dict[str, Any] = {}
     if model.pipeline == "QwenImageEditPipeline":
@@ -152,13 +157,16 @@ def load_pipeline(model: LocalModel, device: str, dtype: str) -> Any:
         from genhook.engines.local._qwen import load_processor
 
         components["processor"] = load_processor(model.path / "processor")
-    pipeline = pipeline_class.from_pretrained(
-        model.path,
-        torch_dtype=getattr(torch, dtype),
-        local_files_only=True,
-        use_safetensors=True,
-        **components,
-    )
+    with warnings.catch_warnings():
+        # Newer diffusers name it ``dtype``; the older ones this supports know only this name.
+        warnings.filterwarnings("ignore", "`torch_dtype` is deprecated", FutureWarning)
+        pipeline = pipeline_class.from_pretrained(
+            model.path,
+            torch_dtype=getattr(torch, dtype),
+            local_files_only=True,
+            use_safetensors=True,
+            **components,
+        )
     pipeline.set_progress_bar_config(disable=True)
     return pipeline.to(device)
 
