@@ -67,3 +67,17 @@ def threads() -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+def slow_steps(model: LocalModel, settings: Settings, seconds: float) -> None:
+    """Each denoising step takes ``seconds`` longer, as a large model's do on a card."""
+    import time
+
+    pipe = RESIDENCY.pipeline(model, settings)
+    forward = pipe.unet.forward
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(seconds)
+        return forward(*args, **kwargs)
+
+    pipe.unet.forward = slow

@@ -117,6 +117,16 @@ class AsyncEngine(Engine, Protocol):
 
 
 @runtime_checkable
+class StepEngine(Engine, Protocol):
+    """An engine whose call, once every job's ``stop`` is set, stops at its next check point
+    (a denoising step), which may be seconds away for a large model."""
+
+    def stop_seconds(self) -> float:
+        """How long a call asked to stop may still run: the worker waits that long (at least
+        its usual half second) before it counts the call as stuck."""
+
+
+@runtime_checkable
 class BatchEngine(Engine, Protocol):
     """An engine that runs many jobs in one call (one forward pass for the batch).
 

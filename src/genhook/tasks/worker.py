@@ -27,7 +27,14 @@ from pydantic import BaseModel
 
 from genhook import tracing
 from genhook.db import Task, now_ms
-from genhook.engines.base import AsyncEngine, Engine, EngineJob, EngineResult, stored_request
+from genhook.engines.base import (
+    AsyncEngine,
+    Engine,
+    EngineJob,
+    EngineResult,
+    StepEngine,
+    stored_request,
+)
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.faults import is_infrastructure_error, retry_infrastructure
 from genhook.logs import bind_task, unbind
@@ -49,8 +56,9 @@ from genhook.tasks.store import reads
 log = logging.getLogger(__name__)
 
 
-# How long an engine asked to stop gets before its process is marked for replacement.
-ENGINE_STOP_POLLS = 10
+# How long an engine asked to stop gets before its process is marked for replacement (a
+# ``StepEngine`` may ask for longer).
+ENGINE_STOP_SECONDS = 0.5
 ENGINE_STOP_POLL_SECONDS = 0.05
 
 
@@ -317,19 +325,23 @@ class Worker(Services):
         # task's engine runs in the thread leaves nothing behind.
         if task.id in self._engine_tasks and job_stop.is_set():
             # Asked to stop (cancel, deadline, lost lease): an engine that can, stops soon.
-            await self.await_engine([task.id])
+            await self.await_engine([task.id], self._engines.get(task.model))
         elif task.id in self._engine_tasks:
             self._abandoned([task.id])
 
-    async def await_engine(self, task_ids: list[str]) -> None:
-        """Give an engine call whose tasks were all given up a moment to stop; one still
-        running taints the worker."""
-        for _ in range(ENGINE_STOP_POLLS):
-            if self._engine_tasks.isdisjoint(task_ids):
+    async def await_engine(self, task_ids: list[str], engine: Engine | None) -> None:
+        """Give an engine call whose tasks were all given up a moment to stop (a
+        ``StepEngine`` the time it says its steps take); one still running taints the
+        worker."""
+        started = time.monotonic()
+        while not self._engine_tasks.isdisjoint(task_ids):
+            allowed = ENGINE_STOP_SECONDS
+            if isinstance(engine, StepEngine):
+                allowed = max(allowed, engine.stop_seconds())
+            if time.monotonic() - started >= allowed:
+                self._abandoned(task_ids)
                 return
             await asyncio.sleep(ENGINE_STOP_POLL_SECONDS)
-        if not self._engine_tasks.isdisjoint(task_ids):
-            self._abandoned(task_ids)
 
     def _abandoned(self, task_ids: list[str]) -> None:
         # A thread cannot be killed: stop claiming so the supervisor replaces this process.

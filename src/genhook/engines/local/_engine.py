@@ -113,6 +113,10 @@ class DiffusersEngine(DetectorEngine):
         (result,) = self.generate([job])
         return result
 
+    def stop_seconds(self) -> float:
+        """A call stops at the end of its step: allow twice the slowest step seen."""
+        return 2 * HOST.slowest_step
+
     def generate(self, jobs: Sequence[EngineJob]) -> list[EngineResult]:
         """One pipeline call for ``jobs`` (same size, steps and guidance), one result each."""
         return self._generate(_each(self._prepare, jobs))

@@ -68,6 +68,10 @@ class Host:
         # The models loaded there, as of the last reply: what the worker's claim reads for
         # affinity, without asking the process.
         self.loaded: frozenset[str] = frozenset()
+        # The longest a call went without a step (from its start to the first, between two,
+        # from the last to its end), since this process started: how long a call asked to
+        # stop may still run.
+        self.slowest_step = 0.0
 
     def run(
         self,
@@ -82,6 +86,7 @@ class Host:
             channel, flag = self._started(args)
             flag.value = False
             channel.send((function, args))
+            last = time.monotonic()
             while True:
                 if not channel.poll(_TICK_SECONDS):
                     if stop is not None and not flag.value and stop():
@@ -91,6 +96,10 @@ class Host:
                     kind, value, loaded = channel.recv()
                 except (EOFError, OSError):
                     raise self._exited() from None
+                if on_step is not None:
+                    now = time.monotonic()
+                    self.slowest_step = max(self.slowest_step, now - last)
+                    last = now
                 if kind == "step":
                     if on_step is not None:
                         on_step(value)
