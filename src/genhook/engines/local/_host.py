@@ -64,7 +64,6 @@ class Host:
         self._process: multiprocessing.process.BaseProcess | None = None
         self._channel: Connection | None = None
         self._stop: Any = None  # a shared c_bool: stop after this step
-        self._settings: Settings | None = None
         # The models loaded there, as of the last reply: what the worker's claim reads for
         # affinity, without asking the process.
         self.loaded: frozenset[str] = frozenset()
@@ -119,6 +118,7 @@ class Host:
     def _started(self, args: tuple[Any, ...]) -> tuple[Connection, Any]:
         if self._process is not None and self._channel is not None and self._stop is not None:
             return self._channel, self._stop
+        # The first command's settings (each command carries its own) format its log lines.
         settings = next((a for a in args if isinstance(a, Settings)), None) or Settings()
         context = multiprocessing.get_context("spawn")
         mine, theirs = context.Pipe()
