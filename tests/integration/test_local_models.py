@@ -281,54 +281,29 @@ async def engine_stopped(worker: Worker) -> None:
     raise AssertionError("the pipeline call went on after the task was given up")
 
 
-async def test_cancel_in_the_middle_of_denoising(weights: dict[str, Path], tmp_path: Path) -> None:
-    pipeline = "StableDiffusionXLPipeline"
-    model = f"local/{pipeline}"
-    slow = entry(pipeline, weights[pipeline], steps=400, max_steps=400)
-    h = await harness_for(
-        tmp_path, [slow], progress_interval_seconds=0.05, cancel_check_seconds=0.1
-    )
-    stop = asyncio.Event()
-    running = asyncio.create_task(h.worker.run(stop))
-    try:
-        response = await h.submit(body(model, "text"))
-        task_id = response.json()["id"]
-        await wait_for_progress(h, task_id)
-        canceled = await h.client.post(f"/api/v1/model/result/{task_id}/cancel", headers=h.headers)
-        assert canceled.status_code == 200, canceled.text
-        await engine_stopped(h.worker)
-        assert (await h.result(task_id))["status"] == "canceled"
-        stop.set()
-        await running
-        # The pipeline stopped mid-call serves the next task.
-        done = await run_task(h, body(model, "text", num_inference_steps=2))
-        assert done["status"] == "completed", done
-    finally:
-        stop.set()
-        await running
-        await close(h)
-
-
-async def test_a_cancel_waits_for_a_slow_step_and_the_worker_stays(
-    weights: dict[str, Path], tmp_path: Path
+@pytest.mark.parametrize(("steps", "step_seconds"), [(400, 0.0), (20, 1.2)])
+async def test_cancel_in_the_middle_of_denoising(
+    weights: dict[str, Path], tmp_path: Path, steps: int, step_seconds: float
 ) -> None:
-    """A step of a large model takes a second or more: the worker waits for the step the
-    call is in to end, rather than counting the call as stuck and leaving."""
+    """The call stops at the end of its step, and the worker serves the next task. A large
+    model's step takes a second or more (``step_seconds``): the worker waits for it to end,
+    rather than counting the call as stuck and leaving."""
     pipeline = "StableDiffusionXLPipeline"
     model = f"local/{pipeline}"
-    slow = entry(pipeline, weights[pipeline], steps=20, max_steps=20)
+    slow = entry(pipeline, weights[pipeline], steps=steps, max_steps=steps)
     h = await harness_for(
         tmp_path, [slow], progress_interval_seconds=0.05, cancel_check_seconds=0.1
     )
-    local = h.worker.engine(model).model  # type: ignore[attr-defined]
-    HOST.run(in_model_process.slow_steps, local, h.state.settings, 1.2)
+    if step_seconds:
+        local = h.worker.engine(model).model  # type: ignore[attr-defined]
+        HOST.run(in_model_process.slow_steps, local, h.state.settings, step_seconds)
     stop = asyncio.Event()
     running = asyncio.create_task(h.worker.run(stop))
     try:
         response = await h.submit(body(model, "text"))
         task_id = response.json()["id"]
         await wait_for_progress(h, task_id)
-        await asyncio.sleep(0.3)  # into the next step
+        await asyncio.sleep(step_seconds / 4)  # into the next step
         canceled = await h.client.post(f"/api/v1/model/result/{task_id}/cancel", headers=h.headers)
         assert canceled.status_code == 200, canceled.text
         await engine_stopped(h.worker)
@@ -336,6 +311,7 @@ async def test_a_cancel_waits_for_a_slow_step_and_the_worker_stays(
         assert not h.worker.tainted
         stop.set()
         await running
+        # The pipeline stopped mid-call serves the next task.
         done = await run_task(h, body(model, "text", num_inference_steps=1))
         assert done["status"] == "completed", done
     finally:
