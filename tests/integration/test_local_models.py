@@ -320,6 +320,41 @@ async def test_cancel_in_the_middle_of_denoising(
         await close(h)
 
 
+async def test_a_stuck_call_is_ended_with_its_model_process(
+    weights: dict[str, Path], tmp_path: Path
+) -> None:
+    """A call that never reaches the end of its step (a hung kernel): once the wait for it is
+    over, the worker ends its model process rather than leave, and serves the next task from a
+    new one."""
+    pipeline = "StableDiffusionXLPipeline"
+    model = f"local/{pipeline}"
+    h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline])], cancel_check_seconds=0.1)
+    local = h.worker.engine(model).model  # type: ignore[attr-defined]
+    HOST.run(in_model_process.hang_in_call, local, h.state.settings)
+    stuck = HOST.pid()
+    stop = asyncio.Event()
+    running = asyncio.create_task(h.worker.run(stop))
+    try:
+        task_id = (await h.submit(body(model, "text"))).json()["id"]
+        for _ in range(600):
+            if h.worker._engine_tasks:
+                break
+            await asyncio.sleep(0.05)
+        canceled = await h.client.post(f"/api/v1/model/result/{task_id}/cancel", headers=h.headers)
+        assert canceled.status_code == 200, canceled.text
+        await engine_stopped(h.worker)
+        assert (await h.result(task_id))["status"] == "canceled"
+        assert not h.worker.tainted and HOST.pid() != stuck
+        stop.set()
+        await running
+        done = await run_task(h, body(model, "text"))
+        assert done["status"] == "completed", done
+    finally:
+        stop.set()
+        await running
+        await close(h)
+
+
 async def test_deadline_stops_denoising(weights: dict[str, Path], tmp_path: Path) -> None:
     pipeline = "StableDiffusionXLPipeline"
     model = f"local/{pipeline}"

@@ -81,3 +81,13 @@ def slow_steps(model: LocalModel, settings: Settings, seconds: float) -> None:
         return forward(*args, **kwargs)
 
     pipe.unet.forward = slow
+
+
+def hang_in_call(model: LocalModel, settings: Settings) -> None:
+    """A hung kernel: the model's forward never returns."""
+    import time
+
+    def hung(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(3600)
+
+    RESIDENCY.pipeline(model, settings).unet.forward = hung

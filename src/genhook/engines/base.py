@@ -125,6 +125,10 @@ class StepEngine(Engine, Protocol):
         """How long a call asked to stop may still run: the worker waits that long (at least
         its usual half second) before it counts the call as stuck."""
 
+    def abort(self) -> None:
+        """End a stuck call at once (called from another thread than the call's), so that
+        the call returns and the worker process stays in service."""
+
 
 @runtime_checkable
 class BatchEngine(Engine, Protocol):

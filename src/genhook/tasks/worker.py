@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 # ``StepEngine`` may ask for longer).
 ENGINE_STOP_SECONDS = 0.5
 ENGINE_STOP_POLL_SECONDS = 0.05
+# How long a ``StepEngine``'s call gets to end once aborted.
+ENGINE_ABORT_SECONDS = 15.0
 
 
 def default_worker_id() -> str:
@@ -330,18 +332,32 @@ class Worker(Services):
             self._abandoned([task.id])
 
     async def await_engine(self, task_ids: list[str], engine: Engine | None) -> None:
-        """Give an engine call whose tasks were all given up a moment to stop (a
-        ``StepEngine`` the time it says its steps take); one still running taints the
-        worker."""
+        """Give an engine call whose tasks were all given up a moment to stop; a
+        ``StepEngine`` gets the time it says its steps take, then is aborted. One still
+        running taints the worker."""
+
+        def allowed() -> float:
+            if isinstance(engine, StepEngine):
+                return max(ENGINE_STOP_SECONDS, engine.stop_seconds())
+            return ENGINE_STOP_SECONDS
+
+        if await self._engine_ended(task_ids, allowed):
+            return
+        if isinstance(engine, StepEngine):
+            log.warning("task(s) %s: the engine call did not stop in time; aborting it", task_ids)
+            engine.abort()
+            if await self._engine_ended(task_ids, lambda: ENGINE_ABORT_SECONDS):
+                return
+        self._abandoned(task_ids)
+
+    async def _engine_ended(self, task_ids: list[str], allowed: Callable[[], float]) -> bool:
+        """Whether the engine call of ``task_ids`` ends within ``allowed()`` seconds."""
         started = time.monotonic()
         while not self._engine_tasks.isdisjoint(task_ids):
-            allowed = ENGINE_STOP_SECONDS
-            if isinstance(engine, StepEngine):
-                allowed = max(allowed, engine.stop_seconds())
-            if time.monotonic() - started >= allowed:
-                self._abandoned(task_ids)
-                return
+            if time.monotonic() - started >= allowed():
+                return False
             await asyncio.sleep(ENGINE_STOP_POLL_SECONDS)
+        return True
 
     def _abandoned(self, task_ids: list[str]) -> None:
         # A thread cannot be killed: stop claiming so the supervisor replaces this process.

@@ -117,6 +117,11 @@ class DiffusersEngine(DetectorEngine):
         """A call stops at the end of its step: allow twice the slowest step seen."""
         return 2 * HOST.slowest_step
 
+    def abort(self) -> None:
+        """A stuck call (a hung kernel, a first step slower than the wait): end the model
+        process, which frees the device; the next task starts another."""
+        HOST.abort()
+
     def generate(self, jobs: Sequence[EngineJob]) -> list[EngineResult]:
         """One pipeline call for ``jobs`` (same size, steps and guidance), one result each."""
         return self._generate(_each(self._prepare, jobs))

@@ -110,6 +110,14 @@ class Host:
                     raise value
                 return value
 
+    def abort(self) -> None:
+        """End the running call now, with the model process and its models (from another
+        thread: the caller's ``run`` then raises ``ModelProcessExited``)."""
+        process = self._process
+        if process is not None and process.is_alive():
+            log.warning("ending model process %s: its call did not stop", process.pid)
+            process.kill()
+
     def pid(self) -> int | None:
         """The model process's id, while it runs."""
         process = self._process
