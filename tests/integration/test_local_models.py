@@ -323,13 +323,14 @@ async def test_cancel_in_the_middle_of_denoising(
 async def test_a_stuck_call_is_ended_with_its_model_process(
     weights: dict[str, Path], tmp_path: Path
 ) -> None:
-    """A call that never reaches the end of its step (a hung kernel): once the wait for it is
-    over, the worker ends its model process rather than leave, and serves the next task from a
-    new one."""
+    """A call that never reaches the end of its step (a hung kernel): once it has gone twice
+    its model's slowest step without one, the worker ends its model process rather than
+    leave, and serves the next task from a new one."""
     pipeline = "StableDiffusionXLPipeline"
     model = f"local/{pipeline}"
     h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline])], cancel_check_seconds=0.1)
     local = h.worker.engine(model).model  # type: ignore[attr-defined]
+    assert (await run_task(h, body(model, "text")))["status"] == "completed"  # steps timed
     HOST.run(in_model_process.hang_in_call, local, h.state.settings)
     stuck = HOST.pid()
     stop = asyncio.Event()
@@ -349,6 +350,94 @@ async def test_a_stuck_call_is_ended_with_its_model_process(
         await running
         done = await run_task(h, body(model, "text"))
         assert done["status"] == "completed", done
+    finally:
+        stop.set()
+        await running
+        await close(h)
+
+
+async def cancel(h: Harness, task_id: str) -> None:
+    canceled = await h.client.post(f"/api/v1/model/result/{task_id}/cancel", headers=h.headers)
+    assert canceled.status_code == 200, canceled.text
+
+
+async def in_engine(worker: Worker, task_id: str) -> None:
+    """Until the task's engine call has started (its inputs ready, its call sent or waiting)."""
+    for _ in range(1200):
+        if task_id in worker._engine_tasks:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the task's engine call did not start")
+
+
+@pytest.mark.parametrize("slow", ["first step", "load"])
+async def test_a_call_is_not_cut_short_before_its_first_step(
+    weights: dict[str, Path], tmp_path: Path, slow: str
+) -> None:
+    """A model's first step (a card's warm-up) has no measure yet, and a load (of a model
+    unloaded for another) may take minutes: a task given up then waits for the first step or
+    the load to end, rather than end the model process and the models it has loaded."""
+    pipeline = "StableDiffusionXLPipeline"
+    model = f"local/{pipeline}"
+    h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline])], cancel_check_seconds=0.1)
+    local = h.worker.engine(model).model  # type: ignore[attr-defined]
+    if slow == "first step":
+        HOST.run(in_model_process.slow_steps, local, h.state.settings, 1.5)
+    else:
+        HOST.run(_host.unload, model)
+        HOST.run(in_model_process.slow_loads, 2.0)
+    process = HOST.pid()
+    stop = asyncio.Event()
+    running = asyncio.create_task(h.worker.run(stop))
+    try:
+        task_id = (await h.submit(body(model, "text"))).json()["id"]
+        await in_engine(h.worker, task_id)
+        await asyncio.sleep(0.6)  # past the worker's usual wait for a call to stop
+        await cancel(h, task_id)
+        await engine_stopped(h.worker)
+        assert (await h.result(task_id))["status"] == "canceled"
+        assert not h.worker.tainted
+        assert HOST.pid() == process and model in HOST.loaded
+    finally:
+        HOST.run(in_model_process.slow_loads, 0.0)
+        stop.set()
+        await running
+        await close(h)
+
+
+async def test_a_call_given_up_while_waiting_its_turn_leaves_the_running_one_alone(
+    weights: dict[str, Path], tmp_path: Path
+) -> None:
+    """With concurrency 2, a task given up while its call waits for the other task's call to
+    end leaves at once; the other call goes on and completes."""
+    pipeline = "StableDiffusionXLPipeline"
+    model = f"local/{pipeline}"
+    h = await harness_for(
+        tmp_path,
+        [entry(pipeline, weights[pipeline], steps=6)],
+        model_batching={model: {"concurrency": 2}},
+        progress_interval_seconds=0.05,
+        cancel_check_seconds=0.1,
+    )
+    local = h.worker.engine(model).model  # type: ignore[attr-defined]
+    HOST.run(in_model_process.slow_steps, local, h.state.settings, 0.4)
+    process = HOST.pid()
+    stop = asyncio.Event()
+    running = asyncio.create_task(h.worker.run(stop))
+    try:
+        first = (await h.submit(body(model, "text", seed=1))).json()["id"]
+        await wait_for_progress(h, first)
+        second = (await h.submit(body(model, "text", seed=2))).json()["id"]
+        await in_engine(h.worker, second)
+        await cancel(h, second)
+
+        async def ended() -> bool:
+            return (await h.result(first))["status"] not in ("created", "processing")
+
+        await wait_until(ended, timeout=120)
+        assert (await h.result(first))["status"] == "completed"
+        assert (await h.result(second))["status"] == "canceled"
+        assert not h.worker.tainted and HOST.pid() == process
     finally:
         stop.set()
         await running

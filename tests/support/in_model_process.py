@@ -91,3 +91,20 @@ def hang_in_call(model: LocalModel, settings: Settings) -> None:
         time.sleep(3600)
 
     RESIDENCY.pipeline(model, settings).unet.forward = hung
+
+
+def slow_loads(seconds: float) -> None:
+    """From now on each load takes ``seconds`` longer, as a large model's read from disk
+    does (0: loads at their own speed again)."""
+    import time
+
+    from genhook.engines.local import _residency
+
+    load = getattr(_residency.load_pipeline, "__wrapped__", _residency.load_pipeline)
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(seconds)
+        return load(*args, **kwargs)
+
+    slow.__wrapped__ = load  # type: ignore[attr-defined]
+    _residency.load_pipeline = slow if seconds else load

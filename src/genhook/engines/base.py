@@ -121,9 +121,10 @@ class StepEngine(Engine, Protocol):
     """An engine whose call, once every job's ``stop`` is set, stops at its next check point
     (a denoising step), which may be seconds away for a large model."""
 
-    def stop_seconds(self) -> float:
-        """How long a call asked to stop may still run: the worker waits that long (at least
-        its usual half second) before it counts the call as stuck."""
+    def stuck(self, asked_at: float) -> bool:
+        """Whether a call asked to stop at ``asked_at`` (``time.monotonic()``) has run on
+        for longer than its check points are apart. The worker asks after its usual half
+        second, and aborts the call once it is."""
 
     def abort(self) -> None:
         """End a stuck call at once (called from another thread than the call's), so that

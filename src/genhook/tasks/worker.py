@@ -333,28 +333,31 @@ class Worker(Services):
 
     async def await_engine(self, task_ids: list[str], engine: Engine | None) -> None:
         """Give an engine call whose tasks were all given up a moment to stop; a
-        ``StepEngine`` gets the time it says its steps take, then is aborted. One still
+        ``StepEngine`` gets as long as it says its steps take, then is aborted. One still
         running taints the worker."""
+        asked = time.monotonic()
 
-        def allowed() -> float:
-            if isinstance(engine, StepEngine):
-                return max(ENGINE_STOP_SECONDS, engine.stop_seconds())
-            return ENGINE_STOP_SECONDS
+        def stuck() -> bool:
+            if time.monotonic() - asked < ENGINE_STOP_SECONDS:
+                return False
+            return not isinstance(engine, StepEngine) or engine.stuck(asked)
 
-        if await self._engine_ended(task_ids, allowed):
+        if await self._engine_ended(task_ids, stuck):
             return
         if isinstance(engine, StepEngine):
             log.warning("task(s) %s: the engine call did not stop in time; aborting it", task_ids)
             engine.abort()
-            if await self._engine_ended(task_ids, lambda: ENGINE_ABORT_SECONDS):
+            aborted = time.monotonic()
+            if await self._engine_ended(
+                task_ids, lambda: time.monotonic() - aborted >= ENGINE_ABORT_SECONDS
+            ):
                 return
         self._abandoned(task_ids)
 
-    async def _engine_ended(self, task_ids: list[str], allowed: Callable[[], float]) -> bool:
-        """Whether the engine call of ``task_ids`` ends within ``allowed()`` seconds."""
-        started = time.monotonic()
+    async def _engine_ended(self, task_ids: list[str], give_up: Callable[[], bool]) -> bool:
+        """Whether the engine call of ``task_ids`` ends before ``give_up()``."""
         while not self._engine_tasks.isdisjoint(task_ids):
-            if time.monotonic() - started >= allowed():
+            if give_up():
                 return False
             await asyncio.sleep(ENGINE_STOP_POLL_SECONDS)
         return True

@@ -36,7 +36,7 @@ from genhook.engines.image_edit._frames import moderate_inputs
 from genhook.engines.image_edit._moderation import check_prompt
 from genhook.engines.local import _host
 from genhook.engines.local._config import LocalModel
-from genhook.engines.local._host import HOST, ModelProcessExited, OutOfMemory, Stopped
+from genhook.engines.local._host import HOST, CallClock, ModelProcessExited, OutOfMemory, Stopped
 from genhook.engines.local._residency import ModelTooLarge
 from genhook.engines.local._spec import _SCHEMAS, output_dimensions
 from genhook.engines.onnx import shared_threads, usable_cores
@@ -89,6 +89,7 @@ class DiffusersEngine(DetectorEngine):
         self.model = model
         self._threads = settings.local_models_cpu_threads or shared_threads(settings)
         self._device: str | None = None
+        self._clock = CallClock()
 
     def load(self) -> None:
         self.pipeline()
@@ -113,9 +114,10 @@ class DiffusersEngine(DetectorEngine):
         (result,) = self.generate([job])
         return result
 
-    def stop_seconds(self) -> float:
-        """A call stops at the end of its step: allow twice the slowest step seen."""
-        return 2 * HOST.slowest_step
+    def stuck(self, asked_at: float) -> bool:
+        """A call stops at the end of its step: stuck once it has gone twice its model's
+        slowest step without one (a load is never cut short)."""
+        return self._clock.stuck(asked_at)
 
     def abort(self) -> None:
         """A stuck call (a hung kernel, a first step slower than the wait): end the model
@@ -196,6 +198,7 @@ class DiffusersEngine(DetectorEngine):
                 generate,
                 on_step=on_step,
                 stop=given_up,
+                clock=self._clock,
             )
         except Stopped:
             raise self._stopped(prepared) from None

@@ -28,7 +28,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 
 # How often the worker looks at its jobs (cancel, deadline, shutdown) while a call runs.
 _TICK_SECONDS = 0.05
+# How long a model's first step may take (its first call's warm-up on a card) before a call
+# asked to stop counts as stuck; later, twice its slowest step.
+FIRST_STEP_SECONDS = 60.0
 
 
 class OutOfMemory(RuntimeError):
@@ -47,11 +50,48 @@ class OutOfMemory(RuntimeError):
 
 
 class Stopped(Exception):
-    """The call stopped after a step because the worker asked it to."""
+    """The call stopped after a step (or never began) because the worker asked it to."""
 
 
 class ModelProcessExited(RuntimeError):
     """The model process died; it starts again, with no model loaded, on the next command."""
+
+
+class CallClock:
+    """When one model's calls last showed progress, and how long they go without: what says
+    whether a call asked to stop is stuck. A call stops at the end of its denoising step, and a
+    large model's step takes seconds; its load (of a model unloaded for another) may take
+    minutes, and is never cut short: the model is what the next task needs."""
+
+    def __init__(self) -> None:
+        # The longest a call went without a sign of progress (from its start to its first
+        # step, between two, from the last to its end).
+        self.slowest = 0.0
+        self._phase = "idle"  # or "loading" (a command loads its model first), "calling"
+        self._since = 0.0
+
+    def stuck(self, asked_at: float) -> bool:
+        """Whether the running call, asked to stop at ``asked_at`` (``time.monotonic()``),
+        has gone longer without a step since than twice the slowest its model has made; a
+        model with no step yet gets ``FIRST_STEP_SECONDS`` (a card's first call warms up)."""
+        if self._phase != "calling":
+            return False
+        allowed = 2 * self.slowest if self.slowest else FIRST_STEP_SECONDS
+        return time.monotonic() - max(asked_at, self._since) > allowed
+
+    def loading(self) -> None:
+        self._phase = "loading"
+
+    def progressed(self) -> None:
+        now = time.monotonic()
+        if self._phase == "calling":
+            self.slowest = max(self.slowest, now - self._since)
+        self._phase, self._since = "calling", now
+
+    def ended(self, replied: bool) -> None:
+        if replied:
+            self.progressed()
+        self._phase = "idle"
 
 
 class Host:
@@ -67,10 +107,6 @@ class Host:
         # The models loaded there, as of the last reply: what the worker's claim reads for
         # affinity, without asking the process.
         self.loaded: frozenset[str] = frozenset()
-        # The longest a call went without a step (from its start to the first, between two,
-        # from the last to its end), since this process started: how long a call asked to
-        # stop may still run.
-        self.slowest_step = 0.0
 
     def run(
         self,
@@ -78,37 +114,54 @@ class Host:
         *args: Any,
         on_step: Callable[[int], None] | None = None,
         stop: Callable[[], bool] | None = None,
+        clock: CallClock | None = None,
     ) -> Any:
         """``function(*args)`` in the model process; ``on_step`` sees each denoising step,
-        and the call stops after the step during which ``stop()`` turned true."""
-        with self._lock:
+        the call stops after the step during which ``stop()`` turned true (or does not start,
+        if it turned true while the call waited for another's to end), and ``clock`` times
+        its progress."""
+        with self._turn(stop):
             channel, flag = self._started(args)
             flag.value = False
+            clock = clock or CallClock()
+            clock.loading()
             channel.send((function, args))
-            last = time.monotonic()
-            while True:
-                if not channel.poll(_TICK_SECONDS):
-                    if stop is not None and not flag.value and stop():
-                        flag.value = True
-                    continue
-                try:
-                    kind, value, loaded = channel.recv()
-                except (EOFError, OSError):
-                    raise self._exited() from None
-                if on_step is not None:
-                    now = time.monotonic()
-                    self.slowest_step = max(self.slowest_step, now - last)
-                    last = now
-                if kind == "step":
-                    if on_step is not None:
-                        on_step(value)
-                    if stop is not None and not flag.value and stop():
-                        flag.value = True
-                    continue
-                self.loaded = loaded
-                if kind == "error":
-                    raise value
-                return value
+            replied = False
+            try:
+                while True:
+                    if not channel.poll(_TICK_SECONDS):
+                        if stop is not None and not flag.value and stop():
+                            flag.value = True
+                        continue
+                    try:
+                        kind, value, loaded = channel.recv()
+                    except (EOFError, OSError):
+                        raise self._exited() from None
+                    if kind in ("call", "step"):
+                        clock.progressed()
+                        if kind == "step" and on_step is not None:
+                            on_step(value)
+                        if stop is not None and not flag.value and stop():
+                            flag.value = True
+                        continue
+                    replied = True
+                    self.loaded = loaded
+                    if kind == "error":
+                        raise value
+                    return value
+            finally:
+                clock.ended(replied)
+
+    @contextlib.contextmanager
+    def _turn(self, stop: Callable[[], bool] | None) -> Iterator[None]:
+        """The model process to oneself; a call given up while it waits never starts."""
+        while not self._lock.acquire(timeout=_TICK_SECONDS):
+            if stop is not None and stop():
+                raise Stopped
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def abort(self) -> None:
         """End the running call now, with the model process and its models (from another
@@ -253,6 +306,10 @@ def generate(
     import torch
 
     pipe = _pipeline(model, settings)
+    assert _channel is not None and _stop is not None
+    if _stop.value:  # given up while the model loaded
+        raise Stopped
+    _channel.send(("call", None, None))
     # The process's share of the cores (torch otherwise takes every core in each process).
     torch.set_num_threads(threads)
     started = time.monotonic()
