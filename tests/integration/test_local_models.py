@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -488,6 +489,30 @@ async def test_a_failed_call_fails_its_task_and_the_worker_goes_on(
             assert HOST.pid() is None and HOST.loaded == frozenset()
         assert (await run_task(h, body(model, "text")))["status"] == "completed"
         assert HOST.loaded == {model} and (HOST.pid() == process) == survived
+    finally:
+        await close(h)
+
+
+async def test_a_model_process_killed_between_tasks_is_started_again(
+    weights: dict[str, Path], tmp_path: Path
+) -> None:
+    """The kernel's out-of-memory killer may pick the model process while it waits for a
+    call: the next task starts a new one, loads its model there and completes."""
+    pipeline = "FluxPipeline"
+    model = f"local/{pipeline}"
+    h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline])])
+    try:
+        h.worker.engine(model)
+        process = HOST.pid()
+        assert process is not None
+        os.kill(process, signal.SIGKILL)
+        for _ in range(200):
+            if HOST.pid() is None:
+                break
+            await asyncio.sleep(0.05)
+        done = await run_task(h, body(model, "text"))
+        assert done["status"] == "completed", done
+        assert HOST.pid() not in (None, process) and HOST.loaded == {model}
     finally:
         await close(h)
 

@@ -125,9 +125,12 @@ class Host:
             flag.value = False
             clock = clock or CallClock()
             clock.loading()
-            channel.send((function, args))
             replied = False
             try:
+                try:
+                    channel.send((function, args))
+                except OSError:  # it died since the check
+                    raise self._exited() from None
                 while True:
                     if not channel.poll(_TICK_SECONDS):
                         if stop is not None and not flag.value and stop():
@@ -177,6 +180,8 @@ class Host:
         return process.pid if process is not None and process.is_alive() else None
 
     def _started(self, args: tuple[Any, ...]) -> tuple[Connection, Any]:
+        if self._process is not None and not self._process.is_alive():
+            self._exited()  # while it waited (the kernel's out-of-memory killer): start anew
         if self._process is not None and self._channel is not None and self._stop is not None:
             return self._channel, self._stop
         # The first command's settings (each command carries its own) format its log lines.
