@@ -86,7 +86,8 @@ class CallClock:
         now = time.monotonic()
         if self._phase == "calling":
             self.slowest = max(self.slowest, now - self._since)
-        self._phase, self._since = "calling", now
+        self._since = now  # before the phase: ``stuck`` reads both from another thread
+        self._phase = "calling"
 
     def ended(self, replied: bool) -> None:
         if replied:
