@@ -406,6 +406,43 @@ async def test_a_call_is_not_cut_short_before_its_first_step(
         await close(h)
 
 
+@pytest.mark.parametrize("slow", ["first step", "load"])
+async def test_shutdown_does_not_wait_for_a_load_or_first_step(
+    weights: dict[str, Path], tmp_path: Path, slow: str
+) -> None:
+    """A worker on its way out keeps no model for a next task: past its grace it ends the
+    model process in the middle of a load or a first step (here: ones that never end), rather
+    than wait for them."""
+    pipeline = "StableDiffusionXLPipeline"
+    model = f"local/{pipeline}"
+    h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline])], cancel_check_seconds=0.1)
+    h.state.settings.shutdown_grace_seconds = 0.2
+    local = h.worker.engine(model).model  # type: ignore[attr-defined]
+    if slow == "first step":
+        HOST.run(in_model_process.hang_in_call, local, h.state.settings)
+    else:
+        HOST.run(_host.unload, model)
+        HOST.run(in_model_process.slow_loads, 3600.0)
+    process = HOST.pid()
+    stop = asyncio.Event()
+    running = asyncio.create_task(h.worker.run(stop))
+    try:
+        task_id = (await h.submit(body(model, "text"))).json()["id"]
+        await in_engine(h.worker, task_id)
+        stop.set()
+        try:
+            async with asyncio.timeout(45):  # rather than an hour, or a minute for the first step
+                await running
+        finally:
+            HOST.abort()  # nothing of this test outlives it, even when it fails
+        assert HOST.pid() != process
+        assert (await h.result(task_id))["status"] == "created"  # back in the queue
+    finally:
+        stop.set()
+        await running
+        await close(h)
+
+
 async def test_a_call_given_up_while_waiting_its_turn_leaves_the_running_one_alone(
     weights: dict[str, Path], tmp_path: Path
 ) -> None:

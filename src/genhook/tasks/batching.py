@@ -291,7 +291,7 @@ async def _run_group(
         await _supervise(worker, group, work, stop)
     if not work.done():
         # Every task of the call was given up: an engine that can, stops soon.
-        await worker.await_engine(ids, engine)
+        await worker.await_engine(ids, engine, stop is not None and stop.is_set())
         return
     results = work.result()
     worker.ran_for(spec.id, time.monotonic() - started)

@@ -327,20 +327,24 @@ class Worker(Services):
         # task's engine runs in the thread leaves nothing behind.
         if task.id in self._engine_tasks and job_stop.is_set():
             # Asked to stop (cancel, deadline, lost lease): an engine that can, stops soon.
-            await self.await_engine([task.id], self._engines.get(task.model))
+            leaving = stop is not None and stop.is_set()
+            await self.await_engine([task.id], self._engines.get(task.model), leaving)
         elif task.id in self._engine_tasks:
             self._abandoned([task.id])
 
-    async def await_engine(self, task_ids: list[str], engine: Engine | None) -> None:
+    async def await_engine(
+        self, task_ids: list[str], engine: Engine | None, leaving: bool = False
+    ) -> None:
         """Give an engine call whose tasks were all given up a moment to stop; a
         ``StepEngine`` gets as long as it says its steps take, then is aborted. One still
-        running taints the worker."""
+        running taints the worker. A worker ``leaving`` (shutdown) keeps nothing for a next
+        task, so it waits for no step or load beyond the usual moment."""
         asked = time.monotonic()
 
         def stuck() -> bool:
             if time.monotonic() - asked < ENGINE_STOP_SECONDS:
                 return False
-            return not isinstance(engine, StepEngine) or engine.stuck(asked)
+            return leaving or not isinstance(engine, StepEngine) or engine.stuck(asked)
 
         if await self._engine_ended(task_ids, stuck):
             return
