@@ -26,7 +26,7 @@ pytest.importorskip("diffusers")
 
 from PIL import Image
 
-from genhook.engines.local import _host
+from genhook.engines.local import _host, resident_models
 from genhook.engines.local._host import HOST
 from genhook.engines.registry import build_registry
 from genhook.errors import ErrorCode
@@ -547,6 +547,7 @@ async def test_a_model_process_killed_between_tasks_is_started_again(
             if HOST.pid() is None:
                 break
             await asyncio.sleep(0.05)
+        assert resident_models() == frozenset()  # affinity no longer counts it loaded here
         done = await run_task(h, body(model, "text"))
         assert done["status"] == "completed", done
         assert HOST.pid() not in (None, process) and HOST.loaded == {model}

@@ -18,7 +18,7 @@ def resident_models() -> frozenset[str]:
     """Ids of the local models this worker's model process holds loaded (for affinity)."""
     from genhook.engines.local._host import HOST
 
-    return HOST.loaded
+    return HOST.loaded if HOST.pid() is not None else frozenset()  # it may have died idle
 
 
 __all__ = [
