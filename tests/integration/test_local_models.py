@@ -165,6 +165,65 @@ async def test_image_family_end_to_end(
         await close(h)
 
 
+async def test_listed_moderated_and_checked_like_any_other_model(
+    weights: dict[str, Path], tmp_path: Path
+) -> None:
+    """The catalogue lists a local model with its schema and price, the console's playground
+    builds its form from that, blocked prompt terms refuse it, and the NSFW detector checks
+    its inputs and flags its outputs, as for the edit engine."""
+    flux, ip2p = "FluxPipeline", "StableDiffusionInstructPix2PixPipeline"
+    entries = [
+        entry(flux, weights[flux], description="FLUX, tiny", max_steps=8),
+        entry(ip2p, weights[ip2p]),
+    ]
+    h = await harness_for(tmp_path, entries, moderation_blocked_terms=["banana split"])
+    try:
+        listed = await h.client.get(f"/api/v1/models/local/{flux}", headers=h.headers)
+        model = listed.json()
+        assert model["kind"] == "image" and model["description"] == "FLUX, tiny"
+        assert model["submit_paths"] == ["/api/v1/model/generateImage"]
+        assert model["pricing"]["prices_usd"] == {"task": "0.01"}
+        properties = model["request_schema"]["properties"]
+        knobs = {"prompt", "size", "seed", "num_inference_steps", "guidance_scale"}
+        assert knobs <= set(properties)
+        assert "images" not in properties
+        assert properties["num_inference_steps"]["anyOf"][0]["maximum"] == 8
+        assert properties["guidance_scale"]["anyOf"][0]["maximum"] == 50
+        # The entry's sizes, and a default among them (2048*2048 is not offered).
+        assert properties["size"]["enum"] == ["1024*1024", "1152*2048"]
+        assert properties["size"]["default"] == "1024*1024"
+        edit = (await h.client.get(f"/api/v1/models/local/{ip2p}", headers=h.headers)).json()
+        assert "images" in edit["request_schema"]["properties"]
+
+        console = httpx.AsyncClient(transport=h.client._transport, base_url="http://testserver")
+        signed_in = await console.post("/console/login", data={"api_key": h.account.api_key})
+        assert signed_in.status_code == 303, signed_in.text
+        page = await console.get(f"/console/play/local/{flux}")
+        assert page.status_code == 200, page.text
+        assert 'name="num_inference_steps"' in page.text and 'name="seed"' in page.text
+        assert 'name="images"' not in page.text
+        await console.aclose()
+
+        blocked = await run_task(h, body(f"local/{flux}", "text", prompt="a Banana-Split"))
+        assert blocked["error_code"] == ErrorCode.MODERATION_PROMPT_BLOCKED, blocked
+        unsized = body(f"local/{flux}", "text")
+        del unsized["size"]
+        scored = await run_task(h, unsized)
+        assert scored["has_nsfw_contents"] == [False] and "nsfw_score" in scored["info"]
+        assert scored["info"]["size"] == "1024*1024"
+    finally:
+        await close(h)
+    # At a threshold of 0 every picture counts as NSFW: inputs are refused, outputs flagged.
+    strict = await harness_for(tmp_path / "strict", entries, nsfw_threshold=0.0)
+    try:
+        refused = await run_task(strict, body(f"local/{ip2p}", "edit"))
+        assert refused["error_code"] == ErrorCode.MODERATION_NSFW_INPUT, refused
+        flagged = await run_task(strict, body(f"local/{flux}", "text"))
+        assert flagged["status"] == "completed" and flagged["has_nsfw_contents"] == [True]
+    finally:
+        await close(strict)
+
+
 async def test_qwen_guidance_is_true_classifier_free_guidance(
     weights: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field, StrictFloat, StrictInt, StrictStr, field_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from genhook.config import Settings
 from genhook.engines.base import Charge, Engine, ModelKind, ModelSpec
@@ -29,7 +30,7 @@ class _Sampling(BaseModel):
     # The same seed, request and device give the same output; unset, a random one (in info).
     seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     num_inference_steps: StrictInt | None = Field(default=None, ge=1, le=500)
-    guidance_scale: StrictFloat | StrictInt | None = Field(default=None, ge=0, le=50)
+    guidance_scale: StrictFloat | None = Field(default=None, ge=0, le=50)
 
 
 class LocalEditRequest(EditRequest, _Sampling):
@@ -37,9 +38,16 @@ class LocalEditRequest(EditRequest, _Sampling):
 
 
 class LocalTextRequest(EditRequest, _Sampling):
-    """A text-to-image request: the edit request without ``images``."""
+    """A text-to-image request: the edit request without ``images`` (nor in its schema)."""
 
-    images: list[StrictStr] = Field(default_factory=list, max_length=0)
+    images: SkipJsonSchema[list[StrictStr]] = Field(default_factory=list)
+
+    @field_validator("images", mode="before")
+    @classmethod
+    def _no_images(cls, value: Any) -> Any:
+        if value:
+            raise ValueError("this model makes its picture from the prompt alone: send no images")
+        return value
 
 
 class LocalVideoRequest(VideoRequest, _Sampling):
@@ -54,19 +62,20 @@ _SCHEMAS: dict[str, type[BaseModel]] = {
 
 
 def request_schema(model: LocalModel) -> type[BaseModel]:
-    """The family's schema with the entry's bounds: its sizes and its most steps."""
+    """The family's schema with the entry's bounds, in the schema too (the catalogue, the
+    console's form): its most steps, its sizes and a default among them (the contract's
+    2048*2048 where offered, else its first)."""
     base: Any = _SCHEMAS[model.family.task]
     sizes = set(model.sizes)
+    default_size = "2048*2048" if "2048*2048" in sizes else model.sizes[0]
 
     class Bounded(base):  # type: ignore[misc]
-        @field_validator("num_inference_steps")
-        @classmethod
-        def _steps(cls, value: int | None) -> int | None:
-            if value is not None and value > model.max_steps:
-                raise ValueError(f"num_inference_steps may be at most {model.max_steps}")
-            return value
+        num_inference_steps: StrictInt | None = Field(default=None, ge=1, le=model.max_steps)
 
         if model.family.task != "video":
+            size: StrictStr = Field(
+                default=default_size, json_schema_extra={"enum": list(model.sizes)}
+            )
 
             @field_validator("size")
             @classmethod
