@@ -649,6 +649,46 @@ async def test_a_model_that_cannot_fit_is_refused_at_load(
         await close(h)
 
 
+async def test_a_model_on_a_missing_device_fails_its_task_and_stops_a_preloading_worker(
+    weights: dict[str, Path], tmp_path: Path
+) -> None:
+    """A device the worker does not have (no CUDA in its torch, no such card) is named in the
+    task's error; ``genhook worker --preload`` stops with that one line, exit status 1."""
+    pipeline = "FluxPipeline"
+    model = f"local/{pipeline}"
+    entries = [entry(pipeline, weights[pipeline], device="cuda:99")]
+    message = f"local model '{model}' is set to run on cuda:99, but"
+    h = await harness_for(tmp_path, entries)
+    try:
+        failed = await run_task(h, body(model, "text"))
+        assert failed["error_code"] == ErrorCode.ENGINE_ERROR, failed
+        assert failed["error"].startswith(message), failed
+        settings = h.state.settings
+        result = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "genhook.cli", "worker", "--preload", model],
+            env={
+                **os.environ,
+                "GENHOOK_DATA_DIR": str(settings.data_dir),
+                "GENHOOK_DATABASE_URL": settings.database_url or "",
+                "GENHOOK_LOCAL_MODELS": json.dumps(entries),
+                "GENHOOK_HEALTH_PORT": str(free_port()),
+                "PYTHONPATH": os.pathsep.join(
+                    [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]
+                ),
+            },
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        output = result.stdout + result.stderr
+        assert result.returncode == 1, output
+        assert f"cannot preload {model}: {message}" in output, output
+        assert "Traceback" not in output, output
+    finally:
+        await close(h)
+
+
 async def test_affinity_the_loaded_worker_wins(weights: dict[str, Path], tmp_path: Path) -> None:
     """Two workers in two processes on one database: this process has the model loaded, a
     ``genhook worker`` process has not. The cold one leaves a fresh task to the loaded one, and

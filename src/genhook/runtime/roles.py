@@ -225,11 +225,17 @@ def _prepare_role(settings: Settings, role: str) -> None:
 
 def worker_main(settings: Settings, index: int, parent: int | None = None) -> None:
     """Entry point of one worker process; ``parent`` is its supervisor's pid, if any."""
+    from genhook.tasks.worker import PreloadFailed
+
     _name_process("worker", index, parent)
     configure_logging(settings, "worker")
     runner = asyncio.Runner(loop_factory=_fast_loop())
     try:
         tainted = runner.run(_worker(settings, index, parent))
+    except PreloadFailed as failure:
+        runner.close()
+        log.error("%s", failure)
+        raise SystemExit(1) from None
     except BaseException:
         runner.close()
         raise

@@ -68,6 +68,10 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+class PreloadFailed(RuntimeError):
+    """A model of ``GENHOOK_PRELOAD_MODELS`` could not be loaded: the worker does not start."""
+
+
 @dataclass
 class Worker(Services):
     worker_id: str = field(default_factory=default_worker_id)
@@ -147,8 +151,11 @@ class Worker(Services):
         for model in self.settings.preload_models:
             started = time.monotonic()
             log.info("worker %s: preloading %s", self.worker_id, model)
-            async with self._load_lock:
-                await asyncio.to_thread(self.engine, model)
+            try:
+                async with self._load_lock:
+                    await asyncio.to_thread(self.engine, model)
+            except TaskFailure as failure:  # the engine's own words: no traceback
+                raise PreloadFailed(f"cannot preload {model}: {failure.message}") from None
             log.info(
                 "worker %s: %s loaded in %.1f s", self.worker_id, model, time.monotonic() - started
             )

@@ -37,7 +37,7 @@ from genhook.engines.image_edit._moderation import check_prompt
 from genhook.engines.local import _host
 from genhook.engines.local._config import LocalModel
 from genhook.engines.local._host import HOST, CallClock, ModelProcessExited, OutOfMemory, Stopped
-from genhook.engines.local._residency import ModelTooLarge
+from genhook.engines.local._residency import DeviceUnavailable, ModelTooLarge
 from genhook.engines.local._spec import _SCHEMAS, output_dimensions
 from genhook.engines.onnx import shared_threads, usable_cores
 from genhook.errors import ErrorCode, TaskFailure
@@ -107,7 +107,7 @@ class DiffusersEngine(DetectorEngine):
             self._device = HOST.run(_host.load, self.model, self._settings)
         except (ModelTooLarge, OutOfMemory) as exc:
             raise TaskFailure(ErrorCode.ENGINE_OUT_OF_MEMORY, str(exc)) from None
-        except ModelProcessExited as exc:
+        except (DeviceUnavailable, ModelProcessExited) as exc:
             raise TaskFailure(ErrorCode.ENGINE_ERROR, str(exc)) from None
 
     def _run(self, job: EngineJob) -> EngineResult:
@@ -204,7 +204,7 @@ class DiffusersEngine(DetectorEngine):
             raise self._stopped(prepared) from None
         except (ModelTooLarge, OutOfMemory) as exc:
             raise TaskFailure(ErrorCode.ENGINE_OUT_OF_MEMORY, str(exc)) from None
-        except ModelProcessExited as exc:
+        except (DeviceUnavailable, ModelProcessExited) as exc:
             raise TaskFailure(ErrorCode.ENGINE_ERROR, str(exc)) from None
         info = {
             "pipeline": self.model.pipeline,

@@ -32,6 +32,10 @@ class ModelTooLarge(RuntimeError):
     """A model's weights alone exceed its device's budget."""
 
 
+class DeviceUnavailable(RuntimeError):
+    """A model's device is not there (a torch without CUDA, no such card)."""
+
+
 @dataclass(slots=True)
 class Resident:
     pipeline: Any
@@ -41,13 +45,23 @@ class Resident:
 
 def resolve_device(model: LocalModel, settings: Settings) -> str:
     """The entry's device; ``auto`` takes the worker's, else cuda when present, else cpu."""
-    if model.device != "auto":
-        return model.device
-    if settings.local_models_device != "auto":
-        return settings.local_models_device
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    device = model.device if model.device != "auto" else settings.local_models_device
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        asked = f"local model {model.id!r} is set to run on {device}, but"
+        if not torch.cuda.is_available():
+            if torch.version.cuda is None:
+                raise DeviceUnavailable(f"{asked} this machine's torch is built without CUDA")
+            raise DeviceUnavailable(
+                f"{asked} torch sees no CUDA device (check the driver and CUDA_VISIBLE_DEVICES)"
+            )
+        count = torch.cuda.device_count()
+        if int(device.partition(":")[2] or 0) >= count:
+            raise DeviceUnavailable(f"{asked} this worker sees {count} CUDA device(s)")
+    return device
 
 
 def budget_bytes(device: str, settings: Settings) -> int:
