@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from genhook.config import Settings
@@ -56,3 +57,14 @@ def test_every_metric_is_documented() -> None:
     operations = (DOCS / "operations.md").read_text()
     for name in metric_names():
         assert f"| `{name}` |" in operations, name
+
+
+def test_the_local_model_entries_of_the_docs_are_valid() -> None:
+    """One entry per pipeline family, as a reader copies it: each passes the entry's checks
+    (all but its weights' directory) and the families are all there."""
+    from genhook.engines.local._config import FAMILIES, LocalModel
+
+    page = (DOCS / "engines" / "local-models.md").read_text()
+    block = page.split("## One entry per family", 1)[1].split("```json", 1)[1].split("```", 1)[0]
+    models = [LocalModel.model_validate(entry) for entry in json.loads(block)]
+    assert {model.pipeline for model in models} == set(FAMILIES)
