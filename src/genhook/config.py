@@ -285,13 +285,19 @@ class Settings(BaseSettings):
         return f"http://{self.host}:{self.port}"
 
 
-def model_entries(inline: list[dict[str, Any]], file: Path | None) -> list[Any]:
+def model_entries(inline: list[dict[str, Any]], file: Path | None, variable: str) -> list[Any]:
     """The entries of a models setting (``GENHOOK_*_MODELS``) followed by those of its
-    ``*_FILE`` (a JSON list, or one object)."""
+    ``*_FILE`` (a JSON list, or one object); ``variable`` names that file's setting in the
+    ``ValueError`` of a file that cannot be read."""
     entries: list[Any] = list(inline)
     if file is not None:
         import json
 
-        loaded = json.loads(file.read_text())
+        try:
+            loaded = json.loads(file.read_text())
+        except OSError as exc:
+            raise ValueError(f"{variable}: {file}: {exc.strerror or exc}") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{variable}: {file} is not valid JSON: {exc}") from None
         entries.extend(loaded if isinstance(loaded, list) else [loaded])
     return entries

@@ -1,6 +1,7 @@
-"""A role command whose settings name a model badly stops before it starts anything: one
-line naming the setting, exit status 1, no traceback, nothing written to the data directory
-(``genhook serve`` used to migrate, start its children, and let each fail with a traceback)."""
+"""A role command whose settings name a model badly (or hold a value that does not parse)
+stops before it starts anything: one line naming the setting, exit status 1, no traceback,
+nothing written to the data directory (``genhook serve`` used to migrate, start its children,
+and let each fail with a traceback)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,14 @@ BAD = {
             )
         },
         "local model entry 0 (local/gone): /nonexistent/weights/model_index.json does not exist",
+    ),
+    "models file": (
+        {"GENHOOK_LOCAL_MODELS_FILE": "/nonexistent/models.json"},
+        "GENHOOK_LOCAL_MODELS_FILE: /nonexistent/models.json: No such file or directory",
+    ),
+    "setting": (
+        {"GENHOOK_UPSTREAM_MODELS": '[{"id": 1'},
+        "GENHOOK_UPSTREAM_MODELS is not valid JSON: Expecting ',' delimiter",
     ),
     "batching": (
         {"GENHOOK_MODEL_BATCHING": '{"no/such": {"max_batch_size": 2}}'},

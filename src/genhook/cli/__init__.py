@@ -38,9 +38,9 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def _settings(**overrides: Any) -> Any:
-    from genhook.config import Settings
+    from genhook.cli._settings import load_settings
 
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    return load_settings(**overrides)
 
 
 def _fail(message: str) -> None:

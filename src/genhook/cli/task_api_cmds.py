@@ -54,12 +54,12 @@ def limits(
 ) -> None:
     """Show or override an account's submit limits (no option: show them)."""
     from genhook.accounts import find_account
-    from genhook.config import Settings
+    from genhook.cli._settings import load_settings
     from genhook.db import Database
     from genhook.db.migrate import upgrade_in_thread
     from genhook.tasks.admission import effective_limits, set_account_limits
 
-    settings = Settings()
+    settings = load_settings()
 
     async def main() -> dict[str, Any]:
         upgrade_in_thread(settings.resolved_database_url)

@@ -23,10 +23,10 @@ console = Console()
 
 def _run(func: Callable[[Any, Any], Awaitable[T]]) -> T:
     """Run ``func(settings, db)`` against the configured database."""
-    from genhook.config import Settings
+    from genhook.cli._settings import load_settings
     from genhook.db import Database
 
-    settings = Settings()
+    settings = load_settings()
 
     async def main() -> T:
         db = Database(settings.resolved_database_url)

@@ -159,7 +159,9 @@ def check_device(value: str) -> None:
 def load_local_models(settings: Settings) -> list[LocalModel]:
     """Every configured local model; raises ``ValueError`` naming the bad entry and field, or
     the file of its directory that is missing or wrong."""
-    entries = model_entries(settings.local_models, settings.local_models_file)
+    entries = model_entries(
+        settings.local_models, settings.local_models_file, "GENHOOK_LOCAL_MODELS_FILE"
+    )
     models = []
     for index, entry in enumerate(entries):
         try:

@@ -109,7 +109,9 @@ class UpstreamModel(BaseModel):
 
 def load_upstream_models(settings: Settings) -> list[UpstreamModel]:
     """Every configured upstream model; raises ``ValueError`` naming the bad entry and field."""
-    entries = model_entries(settings.upstream_models, settings.upstream_models_file)
+    entries = model_entries(
+        settings.upstream_models, settings.upstream_models_file, "GENHOOK_UPSTREAM_MODELS_FILE"
+    )
     models = []
     for index, entry in enumerate(entries):
         try:
