@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -321,6 +322,39 @@ def test_a_bad_directory_is_refused_at_start(weights: dict[str, Path], tmp_path:
     settings = make_settings(tmp_path, "sqlite+aiosqlite://", local_models_file=listed)
     with pytest.raises(ValueError, match=r"local model entry 1 is invalid"):
         build_registry(settings)
+
+
+async def test_a_weights_variant_is_loaded_and_weighed_alone(
+    weights: dict[str, Path], tmp_path: Path
+) -> None:
+    """A hub download often holds plain and fp16 files side by side: only the entry's
+    variant is loaded and weighed against the budget. A directory that holds only another
+    variant is refused at start, saying which it holds; the entry's ``variant`` loads it."""
+    import diffusers
+
+    from genhook.engines.local._config import check_directory, weight_bytes
+
+    pipeline = "FluxPipeline"
+    source = weights[pipeline]
+    loaded = diffusers.FluxPipeline.from_pretrained(source)
+    both, only = tmp_path / "both", tmp_path / "only-fp16"
+    shutil.copytree(source, both)
+    loaded.save_pretrained(both, variant="fp16")
+    loaded.save_pretrained(only, variant="fp16")
+    plain = check_directory(source, pipeline)
+    assert check_directory(both, pipeline) == [both / f.relative_to(source) for f in plain]
+    fp16 = check_directory(both, pipeline, "fp16")
+    assert fp16 and all(".fp16" in file.name for file in fp16)
+    assert weight_bytes(fp16, "float32") == weight_bytes(plain, "float32")
+    settings = make_settings(tmp_path, "sqlite+aiosqlite://", local_models=[entry(pipeline, only)])
+    with pytest.raises(ValueError, match=r"has no plain \.safetensors weights, only: fp16;"):
+        build_registry(settings)
+    h = await harness_for(tmp_path, [entry(pipeline, only, variant="fp16")])
+    try:
+        done = await run_task(h, body(f"local/{pipeline}", "text"))
+        assert done["status"] == "completed", done
+    finally:
+        await close(h)
 
 
 async def wait_for_progress(h: Harness, task_id: str) -> None:

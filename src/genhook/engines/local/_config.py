@@ -8,6 +8,7 @@ field or file named, instead of failing tasks later. Nothing here imports torch.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass
 from decimal import Decimal
@@ -59,6 +60,9 @@ class LocalModel(BaseModel):
     # present, else cpu.
     device: str = "auto"
     dtype: Literal["float32", "float16", "bfloat16"] = "float16"
+    # The weights' variant, as their files name it (``fp16``: diffusion_pytorch_model.fp16.
+    # safetensors); unset, the plain files.
+    variant: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_]+$")
     steps: int = Field(default=28, ge=1, le=500)
     max_steps: int = Field(default=100, ge=1, le=500)
     guidance_scale: float = Field(default=3.5, ge=0, le=50)
@@ -169,18 +173,21 @@ def load_local_models(settings: Settings) -> list[LocalModel]:
         except ValidationError as exc:
             raise ValueError(f"local model entry {index} is invalid: {exc}") from None
         try:
-            check_directory(model.path, model.pipeline)
+            check_directory(model.path, model.pipeline, model.variant)
         except ValueError as exc:
             raise ValueError(f"local model entry {index} ({model.id}): {exc}") from None
         models.append(model)
     return models
 
 
-def check_directory(path: Path, pipeline: str) -> list[Path]:
-    """The safetensors files of a ``save_pretrained`` directory of ``pipeline``.
+def check_directory(path: Path, pipeline: str, variant: str | None = None) -> list[Path]:
+    """The safetensors files the loader reads from a ``save_pretrained`` directory of
+    ``pipeline``: those of ``variant`` (a hub download often holds the plain files and an
+    ``fp16`` variant side by side; only one of them is loaded, and weighed).
 
     Refused, naming the file: no ``model_index.json``, one naming another pipeline class, a
-    component without its folder or config, or weights only in pickle form.
+    component without its folder or config, weights only in pickle form, or only in another
+    variant.
     """
     index_file = path / "model_index.json"
     if not index_file.is_file():
@@ -201,13 +208,30 @@ def check_directory(path: Path, pipeline: str) -> list[Path]:
             raise ValueError(f"{folder} (component {component!r}) does not exist")
         if not (folder / "config.json").is_file():
             continue  # a tokenizer, scheduler or processor: configuration only
-        found = sorted(folder.glob("*.safetensors"))
+        every = sorted(folder.glob("*.safetensors"))
+        found = [file for file in every if _variant(file.name) == variant]
         if not found:
             pickled = [p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
+            if every:
+                has = sorted({_variant(file.name) or "plain" for file in every})
+                wanted = f"{variant!r} variant" if variant else "plain"
+                raise ValueError(
+                    f"{folder} has no {wanted} .safetensors weights, only: {', '.join(has)}; "
+                    'set the entry\'s "variant" to match (unset: the plain files)'
+                )
             why = f" (only pickle weights: {', '.join(pickled)})" if pickled else ""
             raise ValueError(f"{folder} has no .safetensors weights{why}")
         weights.extend(found)
     return weights
+
+
+# A weights file's name: its base, then ``.variant``, then ``-00001-of-00003`` when sharded.
+_WEIGHTS_NAME = re.compile(r"^[^.]+?(?:\.(?P<variant>[^.]+?))?(?:-\d+-of-\d+)?\.safetensors$")
+
+
+def _variant(name: str) -> str | None:
+    match = _WEIGHTS_NAME.match(name)
+    return match.group("variant") if match else None
 
 
 def weight_bytes(files: list[Path], dtype: str) -> int:

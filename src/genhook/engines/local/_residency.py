@@ -100,7 +100,8 @@ class Residency:
                 return resident.pipeline
             device = resolve_device(model, settings)
             dtype = effective_dtype(model.dtype, device)
-            need = weight_bytes(check_directory(model.path, model.pipeline), dtype)
+            files = check_directory(model.path, model.pipeline, model.variant)
+            need = weight_bytes(files, dtype)
             budget = budget_bytes(device, settings)
             if budget and need > budget:
                 raise ModelTooLarge(
@@ -179,6 +180,7 @@ def load_pipeline(model: LocalModel, device: str, dtype: str) -> Any:
             torch_dtype=getattr(torch, dtype),
             local_files_only=True,
             use_safetensors=True,
+            variant=model.variant,
             **components,
         )
     pipeline.set_progress_bar_config(disable=True)
