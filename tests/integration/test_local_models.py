@@ -464,6 +464,23 @@ async def in_engine(worker: Worker, task_id: str) -> None:
     raise AssertionError("the task's engine call did not start")
 
 
+async def slowed(
+    weights: dict[str, Path], tmp_path: Path, slow: str, seconds: float
+) -> tuple[Harness, str]:
+    """A harness whose SDXL model takes ``seconds`` longer for each step (``slow`` is "first
+    step") or for its next load ("load": it is unloaded first); and the model's id."""
+    pipeline = "StableDiffusionXLPipeline"
+    model = f"local/{pipeline}"
+    h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline])], cancel_check_seconds=0.1)
+    local = h.worker.engine(model).model  # type: ignore[attr-defined]
+    if slow == "first step":
+        HOST.run(in_model_process.slow_steps, local, h.state.settings, seconds)
+    else:
+        HOST.run(_host.unload, model)
+        HOST.run(in_model_process.slow_loads, seconds)
+    return h, model
+
+
 @pytest.mark.parametrize("slow", ["first step", "load"])
 async def test_a_call_is_not_cut_short_before_its_first_step(
     weights: dict[str, Path], tmp_path: Path, slow: str
@@ -471,15 +488,7 @@ async def test_a_call_is_not_cut_short_before_its_first_step(
     """A model's first step (a card's warm-up) has no measure yet, and a load (of a model
     unloaded for another) may take minutes: a task given up then waits for the first step or
     the load to end, rather than end the model process and the models it has loaded."""
-    pipeline = "StableDiffusionXLPipeline"
-    model = f"local/{pipeline}"
-    h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline])], cancel_check_seconds=0.1)
-    local = h.worker.engine(model).model  # type: ignore[attr-defined]
-    if slow == "first step":
-        HOST.run(in_model_process.slow_steps, local, h.state.settings, 1.5)
-    else:
-        HOST.run(_host.unload, model)
-        HOST.run(in_model_process.slow_loads, 2.0)
+    h, model = await slowed(weights, tmp_path, slow, 1.5 if slow == "first step" else 2.0)
     process = HOST.pid()
     stop = asyncio.Event()
     running = asyncio.create_task(h.worker.run(stop))
@@ -506,16 +515,8 @@ async def test_shutdown_does_not_wait_for_a_load_or_first_step(
     """A worker on its way out keeps no model for a next task: past its grace it ends the
     model process in the middle of a load or a first step (here: ones that never end), rather
     than wait for them."""
-    pipeline = "StableDiffusionXLPipeline"
-    model = f"local/{pipeline}"
-    h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline])], cancel_check_seconds=0.1)
+    h, model = await slowed(weights, tmp_path, slow, 3600.0)
     h.state.settings.shutdown_grace_seconds = 0.2
-    local = h.worker.engine(model).model  # type: ignore[attr-defined]
-    if slow == "first step":
-        HOST.run(in_model_process.hang_in_call, local, h.state.settings)
-    else:
-        HOST.run(_host.unload, model)
-        HOST.run(in_model_process.slow_loads, 3600.0)
     process = HOST.pid()
     stop = asyncio.Event()
     running = asyncio.create_task(h.worker.run(stop))
