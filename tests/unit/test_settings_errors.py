@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from genhook.cli._settings import describe
+from genhook.cli._environment import describe
 from genhook.config import Settings
 
 

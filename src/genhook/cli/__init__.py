@@ -38,7 +38,7 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def _settings(**overrides: Any) -> Any:
-    from genhook.cli._settings import load_settings
+    from genhook.cli._environment import load_settings
 
     return load_settings(**overrides)
 

@@ -54,7 +54,7 @@ def limits(
 ) -> None:
     """Show or override an account's submit limits (no option: show them)."""
     from genhook.accounts import find_account
-    from genhook.cli._settings import load_settings
+    from genhook.cli._environment import load_settings
     from genhook.db import Database
     from genhook.db.migrate import upgrade_in_thread
     from genhook.tasks.admission import effective_limits, set_account_limits

@@ -23,7 +23,7 @@ console = Console()
 
 def _run(func: Callable[[Any, Any], Awaitable[T]]) -> T:
     """Run ``func(settings, db)`` against the configured database."""
-    from genhook.cli._settings import load_settings
+    from genhook.cli._environment import load_settings
     from genhook.db import Database
 
     settings = load_settings()
