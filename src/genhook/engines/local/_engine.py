@@ -103,8 +103,13 @@ class DiffusersEngine(DetectorEngine):
 
     def pipeline(self) -> None:
         """Load the model in the model process, unless it is there already."""
+        self._device = self._in_model_process(_host.load, self.model, self._settings)
+
+    def _in_model_process(self, function: Callable[..., Any], *args: Any, **options: Any) -> Any:
+        """``HOST.run``, its failures the task's: out of memory (3020), a device the worker
+        lacks or the process's death (3099)."""
         try:
-            self._device = HOST.run(_host.load, self.model, self._settings)
+            return HOST.run(function, *args, **options)
         except (ModelTooLarge, OutOfMemory) as exc:
             raise TaskFailure(ErrorCode.ENGINE_OUT_OF_MEMORY, str(exc)) from None
         except (DeviceUnavailable, ModelProcessExited) as exc:
@@ -188,7 +193,7 @@ class DiffusersEngine(DetectorEngine):
 
         seeds = [item.seed for item in prepared]
         try:
-            pictures, seconds = HOST.run(
+            pictures, seconds = self._in_model_process(
                 _host.generate,
                 self.model,
                 self._settings,
@@ -202,10 +207,6 @@ class DiffusersEngine(DetectorEngine):
             )
         except Stopped:
             raise self._stopped(prepared) from None
-        except (ModelTooLarge, OutOfMemory) as exc:
-            raise TaskFailure(ErrorCode.ENGINE_OUT_OF_MEMORY, str(exc)) from None
-        except (DeviceUnavailable, ModelProcessExited) as exc:
-            raise TaskFailure(ErrorCode.ENGINE_ERROR, str(exc)) from None
         info = {
             "pipeline": self.model.pipeline,
             "steps": steps,
