@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,25 @@ async def harness_for(tmp_path: Path, entries: list[dict[str, Any]], **extra: An
 async def close(harness: Harness) -> None:
     await harness.client.aclose()
     await harness.state.db.dispose()
+
+
+@contextlib.asynccontextmanager
+async def working(h: Harness) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """The harness's worker claiming tasks in the background for the block, then the
+    harness closed; the yielded ``halt()`` stops the worker earlier (a task may then run
+    in the test's own hands, with ``run_task``)."""
+    stop = asyncio.Event()
+    running = asyncio.create_task(h.worker.run(stop))
+
+    async def halt() -> None:
+        stop.set()
+        await running
+
+    try:
+        yield halt
+    finally:
+        await halt()
+        await close(h)
 
 
 def body(model: str, task: str, **extra: Any) -> dict[str, Any]:
@@ -391,27 +411,19 @@ async def test_cancel_in_the_middle_of_denoising(
     if step_seconds:
         local = h.worker.engine(model).model  # type: ignore[attr-defined]
         HOST.run(in_model_process.slow_steps, local, h.state.settings, step_seconds)
-    stop = asyncio.Event()
-    running = asyncio.create_task(h.worker.run(stop))
-    try:
+    async with working(h) as halt:
         response = await h.submit(body(model, "text"))
         task_id = response.json()["id"]
         await wait_for_progress(h, task_id)
         await asyncio.sleep(step_seconds / 4)  # into the next step
-        canceled = await h.client.post(f"/api/v1/model/result/{task_id}/cancel", headers=h.headers)
-        assert canceled.status_code == 200, canceled.text
+        await cancel(h, task_id)
         await engine_stopped(h.worker)
         assert (await h.result(task_id))["status"] == "canceled"
         assert not h.worker.tainted
-        stop.set()
-        await running
+        await halt()
         # The pipeline stopped mid-call serves the next task.
         done = await run_task(h, body(model, "text", num_inference_steps=1))
         assert done["status"] == "completed", done
-    finally:
-        stop.set()
-        await running
-        await close(h)
 
 
 async def test_a_stuck_call_is_ended_with_its_model_process(
@@ -427,27 +439,16 @@ async def test_a_stuck_call_is_ended_with_its_model_process(
     assert (await run_task(h, body(model, "text")))["status"] == "completed"  # steps timed
     HOST.run(in_model_process.hang_in_call, local, h.state.settings)
     stuck = HOST.pid()
-    stop = asyncio.Event()
-    running = asyncio.create_task(h.worker.run(stop))
-    try:
+    async with working(h) as halt:
         task_id = (await h.submit(body(model, "text"))).json()["id"]
-        for _ in range(600):
-            if h.worker._engine_tasks:
-                break
-            await asyncio.sleep(0.05)
-        canceled = await h.client.post(f"/api/v1/model/result/{task_id}/cancel", headers=h.headers)
-        assert canceled.status_code == 200, canceled.text
+        await in_engine(h.worker, task_id)
+        await cancel(h, task_id)
         await engine_stopped(h.worker)
         assert (await h.result(task_id))["status"] == "canceled"
         assert not h.worker.tainted and HOST.pid() != stuck
-        stop.set()
-        await running
+        await halt()
         done = await run_task(h, body(model, "text"))
         assert done["status"] == "completed", done
-    finally:
-        stop.set()
-        await running
-        await close(h)
 
 
 async def cancel(h: Harness, task_id: str) -> None:
@@ -490,22 +491,18 @@ async def test_a_call_is_not_cut_short_before_its_first_step(
     the load to end, rather than end the model process and the models it has loaded."""
     h, model = await slowed(weights, tmp_path, slow, 1.5 if slow == "first step" else 2.0)
     process = HOST.pid()
-    stop = asyncio.Event()
-    running = asyncio.create_task(h.worker.run(stop))
-    try:
-        task_id = (await h.submit(body(model, "text"))).json()["id"]
-        await in_engine(h.worker, task_id)
-        await asyncio.sleep(0.6)  # past the worker's usual wait for a call to stop
-        await cancel(h, task_id)
-        await engine_stopped(h.worker)
-        assert (await h.result(task_id))["status"] == "canceled"
-        assert not h.worker.tainted
-        assert HOST.pid() == process and model in HOST.loaded
-    finally:
-        HOST.run(in_model_process.slow_loads, 0.0)
-        stop.set()
-        await running
-        await close(h)
+    async with working(h):
+        try:
+            task_id = (await h.submit(body(model, "text"))).json()["id"]
+            await in_engine(h.worker, task_id)
+            await asyncio.sleep(0.6)  # past the worker's usual wait for a call to stop
+            await cancel(h, task_id)
+            await engine_stopped(h.worker)
+            assert (await h.result(task_id))["status"] == "canceled"
+            assert not h.worker.tainted
+            assert HOST.pid() == process and model in HOST.loaded
+        finally:
+            HOST.run(in_model_process.slow_loads, 0.0)
 
 
 @pytest.mark.parametrize("slow", ["first step", "load"])
@@ -518,23 +515,16 @@ async def test_shutdown_does_not_wait_for_a_load_or_first_step(
     h, model = await slowed(weights, tmp_path, slow, 3600.0)
     h.state.settings.shutdown_grace_seconds = 0.2
     process = HOST.pid()
-    stop = asyncio.Event()
-    running = asyncio.create_task(h.worker.run(stop))
-    try:
+    async with working(h) as halt:
         task_id = (await h.submit(body(model, "text"))).json()["id"]
         await in_engine(h.worker, task_id)
-        stop.set()
         try:
             async with asyncio.timeout(45):  # rather than an hour, or a minute for the first step
-                await running
+                await halt()
         finally:
             HOST.abort()  # nothing of this test outlives it, even when it fails
         assert HOST.pid() != process
         assert (await h.result(task_id))["status"] == "created"  # back in the queue
-    finally:
-        stop.set()
-        await running
-        await close(h)
 
 
 async def test_a_call_given_up_while_waiting_its_turn_leaves_the_running_one_alone(
@@ -554,9 +544,7 @@ async def test_a_call_given_up_while_waiting_its_turn_leaves_the_running_one_alo
     local = h.worker.engine(model).model  # type: ignore[attr-defined]
     HOST.run(in_model_process.slow_steps, local, h.state.settings, 0.4)
     process = HOST.pid()
-    stop = asyncio.Event()
-    running = asyncio.create_task(h.worker.run(stop))
-    try:
+    async with working(h):
         first = (await h.submit(body(model, "text", seed=1))).json()["id"]
         await wait_for_progress(h, first)
         second = (await h.submit(body(model, "text", seed=2))).json()["id"]
@@ -570,10 +558,6 @@ async def test_a_call_given_up_while_waiting_its_turn_leaves_the_running_one_alo
         assert (await h.result(first))["status"] == "completed"
         assert (await h.result(second))["status"] == "canceled"
         assert not h.worker.tainted and HOST.pid() == process
-    finally:
-        stop.set()
-        await running
-        await close(h)
 
 
 async def test_deadline_stops_denoising(weights: dict[str, Path], tmp_path: Path) -> None:
@@ -905,9 +889,7 @@ async def test_concurrent_calls_of_one_model_take_turns_at_the_pipeline(
         [entry(pipeline, weights[pipeline])],
         model_batching={model: {"concurrency": 2}},
     )
-    stop = asyncio.Event()
-    running = asyncio.create_task(h.worker.run(stop))
-    try:
+    async with working(h) as halt:
         ids = []
         for seed in (1, 2, 3, 4):
             response = await h.submit(body(model, "edit", seed=seed))
@@ -923,12 +905,7 @@ async def test_concurrent_calls_of_one_model_take_turns_at_the_pipeline(
         assert [r["status"] for r in results] == ["completed"] * 4, results
         assert [r["info"]["seed"] for r in results] == [1, 2, 3, 4]
         assert len({r["outputs"][0] for r in results}) == 4
-        stop.set()
-        await running
+        await halt()
         for seed, together in zip((1, 4), (results[0], results[3]), strict=True):
             alone = await run_task(h, body(model, "edit", seed=seed))
             assert alone["outputs"] == together["outputs"]
-    finally:
-        stop.set()
-        await running
-        await close(h)
