@@ -28,6 +28,7 @@ pytest.importorskip("diffusers")
 
 from PIL import Image
 
+from genhook.engines.base import EngineJob
 from genhook.engines.local import _host, resident_models
 from genhook.engines.local._host import HOST
 from genhook.engines.registry import build_registry
@@ -294,6 +295,21 @@ async def test_image_to_video_end_to_end(weights: dict[str, Path], tmp_path: Pat
         assert len(frames) == 24 and result["info"]["frames_generated"] == 9
         again = await run_task(h, payload, "generateVideo")
         assert base64.b64decode(again["outputs"][0]) == data
+        # Without aspect_ratio, the ratio nearest the first picture's, as for the built-in
+        # model: a portrait picture, turned so by its EXIF orientation, makes a 9:16 video.
+        lying = io.BytesIO()
+        exif = Image.Exif()
+        exif[0x0112] = 6  # rotate 90°: 48*24 as stored, 24*48 as seen
+        Image.new("RGB", (48, 24), (30, 200, 30)).save(lying, "JPEG", exif=exif)
+        portrait = "data:image/jpeg;base64," + base64.b64encode(lying.getvalue()).decode()
+        del payload["aspect_ratio"]
+        payload["images"] = [portrait]
+        upright = await run_task(h, payload, "generateVideo")
+        assert upright["status"] == "completed", upright
+        assert upright["info"]["size"] == "480*854"
+        params = {key: value for key, value in payload.items() if key != "images"}
+        job = EngineJob("t", model, params, [lying.getvalue()])
+        assert h.worker.engine(model).batch_key(job)[0] == (480, 854)  # type: ignore[attr-defined]
     finally:
         await close(h)
 

@@ -13,6 +13,7 @@ its deadline, so the device is free within one step and the worker stays in serv
 from __future__ import annotations
 
 import contextvars
+import io
 import logging
 import os
 import secrets
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-from PIL import Image
+from PIL import ExifTags, Image
 
 from genhook.config import Settings
 from genhook.engines.base import EngineJob, EngineOutput, EngineResult
@@ -41,7 +42,7 @@ from genhook.engines.local._residency import DeviceUnavailable, ModelTooLarge
 from genhook.engines.local._spec import _SCHEMAS, output_dimensions
 from genhook.engines.onnx import shared_threads, usable_cores
 from genhook.errors import ErrorCode, TaskFailure
-from genhook.media import DecodeLimits
+from genhook.media import DecodeLimits, register_heif
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +139,13 @@ class DiffusersEngine(DetectorEngine):
         (and a video's duration and frame rate); prompts, images and seeds may differ."""
         request: Any = job.request_as(_SCHEMAS[self.model.family.task])
         steps = request.num_inference_steps or self.model.steps
-        video = (request.duration, request.fps) if self.model.family.task == "video" else ()
-        return (output_dimensions(request), steps, request.guidance_scale, *video)
+        video: tuple[Any, ...] = ()
+        first = None
+        if self.model.family.task == "video":
+            video = (request.duration, request.fps)
+            if request.aspect_ratio is None and job.images:
+                first = _oriented_size(job.images[0])
+        return (output_dimensions(request, first), steps, request.guidance_scale, *video)
 
     def run_batch(self, jobs: Sequence[EngineJob]) -> list[EngineResult | TaskFailure]:
         """One pipeline call for the jobs that decode and pass moderation; a job that does
@@ -228,6 +234,7 @@ class DiffusersEngine(DetectorEngine):
         request: Any = job.request_as(_SCHEMAS[task])
         check_prompt(request.prompt, self._terms)
         image = None
+        first = None
         if task != "text":
             if not job.images:
                 raise TaskFailure(ErrorCode.INSTRUCTION_INVALID, "the task has no input image")
@@ -235,8 +242,10 @@ class DiffusersEngine(DetectorEngine):
             if self._settings.moderation_reject_nsfw_inputs:
                 moderate_inputs(self.detector, decoded, self._settings.nsfw_threshold)
             image = _side_by_side([item.image.convert("RGB") for item in decoded])
+            first = decoded[0].image.size
         seed = request.seed if request.seed is not None else secrets.randbelow(2**32)
-        return _Prepared(job, request, request.prompt, image, seed, output_dimensions(request))
+        size = output_dimensions(request, first)
+        return _Prepared(job, request, request.prompt, image, seed, size)
 
     def _decode(self, data: bytes, number: int) -> DecodedImage:
         settings = self._settings
@@ -334,6 +343,19 @@ class DiffusersEngine(DetectorEngine):
             "nsfw_score": round(score, 4),
         }
         return EngineResult([EngineOutput(data, "video/mp4", nsfw)], info=details)
+
+
+def _oriented_size(data: bytes) -> tuple[int, int] | None:
+    """A picture's width and height as decoding turns it (EXIF orientation), from its header
+    alone; None when that cannot be read (the task then fails alone, in preparing)."""
+    try:
+        register_heif()
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+            turned = image.getexif().get(ExifTags.Base.Orientation) in (5, 6, 7, 8)
+    except Exception:  # any reader's error: the decode that follows names it
+        return None
+    return (height, width) if turned else (width, height)
 
 
 def _side_by_side(images: list[Image.Image]) -> Image.Image:

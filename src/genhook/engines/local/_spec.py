@@ -16,7 +16,7 @@ from genhook.config import Settings
 from genhook.engines.base import Charge, Engine, ModelKind, ModelSpec
 from genhook.engines.edit_request import EditRequest, parse_size
 from genhook.engines.local._config import LocalModel, load_local_models
-from genhook.engines.video_request import VideoRequest, frame_size
+from genhook.engines.video_request import VideoRequest, frame_size, nearest_aspect_ratio
 
 if TYPE_CHECKING:
     from genhook.engines.registry import Registry
@@ -93,10 +93,20 @@ def _slug(model_id: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in model_id)
 
 
-def output_dimensions(request: BaseModel) -> tuple[int, int]:
-    """The exact size of the output: the edit contract's ``size``, or the video frame's."""
+def output_dimensions(
+    request: BaseModel, first_image: tuple[int, int] | None = None
+) -> tuple[int, int]:
+    """The exact size of the output: the edit contract's ``size``, or the video frame's.
+
+    A video request without ``aspect_ratio`` takes the ratio nearest the first image's
+    (``first_image``, its width and height), as ``genhook/image-to-video`` does; before the
+    image is known (the price), a 16:9 frame's, which no other ratio of the tier exceeds.
+    """
     if isinstance(request, VideoRequest):
-        return frame_size(request.resolution, request.aspect_ratio or "16:9")
+        aspect: str = request.aspect_ratio or "16:9"
+        if request.aspect_ratio is None and first_image is not None:
+            aspect = nearest_aspect_ratio(*first_image)
+        return frame_size(request.resolution, aspect)
     assert isinstance(request, EditRequest)
     return parse_size(request.size)
 
