@@ -615,6 +615,8 @@ async def test_a_failed_call_fails_its_task_and_the_worker_goes_on(
         survived = fault == "exhaust_memory"
         if survived:
             assert HOST.pid() == process and HOST.loaded == {model}
+            # Nothing of the failed call is held while the next one runs.
+            assert HOST.run(in_model_process.activations_held) == 0
             HOST.run(in_model_process.restore, local, h.state.settings)
         else:
             assert HOST.pid() is None and HOST.loaded == frozenset()

@@ -5,6 +5,7 @@ there (an out-of-memory, a crash)."""
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 from genhook.config import Settings
@@ -12,6 +13,7 @@ from genhook.engines.local._config import LocalModel
 from genhook.engines.local._residency import RESIDENCY
 
 _prompts: list[Any] = []
+_activations: list[weakref.ref[Any]] = []
 
 
 def record_prompts(model: LocalModel, settings: Settings) -> None:
@@ -34,13 +36,22 @@ def recorded_prompts() -> list[Any]:
 
 
 def exhaust_memory(model: LocalModel, settings: Settings) -> None:
-    """The device's side of an out-of-memory: the model's forward raises what CUDA would."""
+    """The device's side of an out-of-memory: the model's forward, holding an activation,
+    raises what CUDA would."""
     import torch
 
     def exhausted(*args: Any, **kwargs: Any) -> Any:
+        activation = torch.zeros(1 << 20)
+        _activations.append(weakref.ref(activation))
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
     RESIDENCY.pipeline(model, settings).transformer.forward = exhausted
+
+
+def activations_held() -> int:
+    """How many of the failed forwards' activations something still holds (no collection:
+    what the next call would find taken)."""
+    return sum(ref() is not None for ref in _activations)
 
 
 def crash_in_call(model: LocalModel, settings: Settings) -> None:

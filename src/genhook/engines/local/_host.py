@@ -243,17 +243,24 @@ def _serve(channel: Connection, stop: Any, settings: Settings, parent: int) -> N
     _channel, _stop = channel, stop
     while True:
         try:
-            function, args = channel.recv()
+            command = channel.recv()
         except (EOFError, OSError):
             return
-        try:
-            reply: tuple[str, Any] = ("done", function(*args))
-        except Exception as exc:
-            reply = ("error", _portable(exc))
-        try:
-            channel.send((*reply, RESIDENCY.loaded()))
-        except (pickle.PicklingError, TypeError, AttributeError) as exc:
-            channel.send(("error", _portable(exc), RESIDENCY.loaded()))
+        _answer(channel, *command)
+        del command  # its arguments (the pictures) are the call's, not the next one's
+
+
+def _answer(channel: Connection, function: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """Run one command and send its reply. Nothing of the call outlives this function: a
+    failed call's tensors, which its error's frames hold, are freed before the next call."""
+    try:
+        reply: tuple[str, Any] = ("done", function(*args))
+    except Exception as exc:
+        reply = ("error", _portable(exc))
+    try:
+        channel.send((*reply, RESIDENCY.loaded()))
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        channel.send(("error", _portable(exc), RESIDENCY.loaded()))
 
 
 def _die_with_parent(parent: int) -> None:
@@ -270,9 +277,14 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _portable(exc: Exception) -> Exception:
-    """``exc`` as the worker can receive it, with this process's traceback as a note."""
+    """``exc`` as the worker can receive it, with this process's traceback as a note, and
+    without the frames (and the tensors they hold) of it and the errors it chains."""
     with contextlib.suppress(Exception):
         exc.add_note("in the model process:\n" + "".join(traceback.format_exception(exc)))
+    chained: BaseException | None = exc
+    while chained is not None:
+        chained.__traceback__ = None
+        chained = chained.__cause__ or chained.__context__
     try:
         pickle.loads(pickle.dumps(exc))  # noqa: S301 (bytes made on the line itself)
     except Exception:
@@ -319,20 +331,22 @@ def generate(
     # The process's share of the cores (torch otherwise takes every core in each process).
     torch.set_num_threads(threads)
     started = time.monotonic()
-    try:
+    output = None
+    # Out of memory is handled after the error is gone: its frames hold the call's tensors.
+    with contextlib.suppress(torch.OutOfMemoryError):
         output = pipe(
             **arguments,
             generator=[torch.Generator("cpu").manual_seed(seed) for seed in seeds],
             callback_on_step_end=after_step,
         )
-    except torch.OutOfMemoryError:
+    if output is None:
         free_memory(RESIDENCY.device(model.id))
         width, height = dimensions
         raise OutOfMemory(
             f"the device ran out of memory generating {width}*{height} with {model.id}; its "
             "memory was freed. Ask for a smaller size (or fewer frames), or give the model a "
             "device with fewer models beside it"
-        ) from None
+        )
     seconds = time.monotonic() - started
     return (output.frames if model.family.task == "video" else output.images), seconds
 
@@ -340,11 +354,11 @@ def generate(
 def _pipeline(model: LocalModel, settings: Settings) -> Any:
     import torch
 
-    try:
+    # Out of memory is handled after the error is gone: its frames hold the half-loaded weights.
+    with contextlib.suppress(torch.OutOfMemoryError):
         return RESIDENCY.pipeline(model, settings)
-    except torch.OutOfMemoryError:
-        free_memory("cuda")
-        raise OutOfMemory(
-            f"local model {model.id!r} does not fit in the device's free memory beside what "
-            "else runs there"
-        ) from None
+    free_memory("cuda")
+    raise OutOfMemory(
+        f"local model {model.id!r} does not fit in the device's free memory beside what else "
+        "runs there"
+    )
