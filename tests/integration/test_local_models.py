@@ -671,12 +671,16 @@ async def test_lru_eviction_under_a_small_budget(weights: dict[str, Path], tmp_p
         await close(h)
 
 
+@pytest.mark.parametrize("batch", [1, 2])
 async def test_a_model_that_cannot_fit_is_refused_at_load(
-    weights: dict[str, Path], tmp_path: Path
+    batch: int, weights: dict[str, Path], tmp_path: Path
 ) -> None:
+    """Alone or batched, the task says why (3020, the budget), not "failed unexpectedly"."""
     pipeline = "FluxPipeline"
     h = await harness_for(
-        tmp_path, [entry(pipeline, weights[pipeline])], local_models_memory_gb=1e-6
+        tmp_path,
+        [entry(pipeline, weights[pipeline], max_batch_size=batch)],
+        local_models_memory_gb=1e-6,
     )
     try:
         failed = await run_task(h, body(f"local/{pipeline}", "text"))

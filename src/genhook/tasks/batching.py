@@ -171,14 +171,11 @@ async def _prepare(worker: Worker, spec: ModelSpec, members: list[_Member]) -> E
     """Load the engine and every task's inputs; a task whose inputs fail ends alone."""
     try:
         engine = await worker.load_engine(spec.id)
-    except Exception:
-        log.exception("model %s: the engine failed to load", spec.id)
+    except Exception as error:  # each task ends as the error says (a model too large: 3020)
         for member in members:
             if not member.gone:
                 member.gone = True
-                await worker.end_task(
-                    member.task, worker.lifecycle.fail, ErrorCode.ENGINE_ERROR, ENGINE_FAILED
-                )
+                await _end_failed(worker, member.task, error, in_engine=True)
         return None
     live = [member for member in members if not member.gone]
     loaded = await asyncio.gather(
@@ -240,7 +237,8 @@ def call_batch(engine: Engine, jobs: Sequence[EngineJob]) -> list[EngineResult |
                 raise RuntimeError(f"run_batch returned {len(results)} entries for {len(jobs)}")
             return [_checked(entry) for entry in results]
         except Exception:
-            log.exception("a batch of %d failed; running each of its tasks alone", len(jobs))
+            if not all(_given_up(job) for job in jobs):  # a call stopped for them is no fault
+                log.exception("a batch of %d failed; running each of its tasks alone", len(jobs))
     return [_alone(engine, job) for job in jobs]
 
 
@@ -250,9 +248,15 @@ def _checked(entry: object) -> EngineResult | Exception:
     return RuntimeError(f"run_batch returned {type(entry).__name__}, not a result")
 
 
+def _given_up(job: EngineJob) -> bool:
+    return job.stop.is_set() or (job.deadline is not None and time.time() >= job.deadline)
+
+
 def _alone(engine: Engine, job: EngineJob) -> EngineResult | Exception:
     if job.stop.is_set():
         return TaskFailure(ErrorCode.ENGINE_ERROR, "stopped early: the task was given up")
+    if _given_up(job):
+        return TaskFailure(ErrorCode.TIMEOUT, "the task did not finish by its deadline")
     try:
         return engine.run(job)
     except Exception as error:
