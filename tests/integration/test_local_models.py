@@ -690,6 +690,35 @@ async def test_a_model_that_cannot_fit_is_refused_at_load(
         await close(h)
 
 
+def test_a_card_is_named_by_its_number(
+    weights: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cuda``, ``auto`` and ``cuda:1`` on a worker whose current card is 1 are one device
+    with one memory budget, not three."""
+    import torch
+
+    from genhook.engines.local._config import LocalModel
+    from genhook.engines.local._residency import DeviceUnavailable, resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    settings = make_settings(tmp_path, "sqlite+aiosqlite://")
+
+    def device(name: str) -> str:
+        model = LocalModel.model_validate(entry("FluxPipeline", weights["FluxPipeline"]))
+        return resolve_device(model.model_copy(update={"device": name}), settings)
+
+    assert [device(name) for name in ("cuda", "auto", "cuda:1", "cuda:0")] == [
+        "cuda:1",
+        "cuda:1",
+        "cuda:1",
+        "cuda:0",
+    ]
+    with pytest.raises(DeviceUnavailable, match="this worker sees 2 CUDA device"):
+        device("cuda:2")
+
+
 async def test_a_model_on_a_missing_device_fails_its_task_and_stops_a_preloading_worker(
     weights: dict[str, Path], tmp_path: Path
 ) -> None:

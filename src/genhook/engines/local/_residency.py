@@ -44,12 +44,14 @@ class Resident:
 
 
 def resolve_device(model: LocalModel, settings: Settings) -> str:
-    """The entry's device; ``auto`` takes the worker's, else cuda when present, else cpu."""
+    """The entry's device; ``auto`` takes the worker's, else cuda when present, else cpu.
+    A card is always named by its number (``cuda`` is ``cuda:0`` when that is the current
+    one), so two spellings of one card share its memory budget."""
     import torch
 
     device = model.device if model.device != "auto" else settings.local_models_device
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda"):
         asked = f"local model {model.id!r} is set to run on {device}, but"
         if not torch.cuda.is_available():
@@ -59,8 +61,10 @@ def resolve_device(model: LocalModel, settings: Settings) -> str:
                 f"{asked} torch sees no CUDA device (check the driver and CUDA_VISIBLE_DEVICES)"
             )
         count = torch.cuda.device_count()
-        if int(device.partition(":")[2] or 0) >= count:
+        number = int(device.partition(":")[2] or torch.cuda.current_device())
+        if number >= count:
             raise DeviceUnavailable(f"{asked} this worker sees {count} CUDA device(s)")
+        return f"cuda:{number}"
     return device
 
 
