@@ -445,19 +445,24 @@ async def test_cancel_in_the_middle_of_denoising(
 async def test_a_stuck_call_is_ended_with_its_model_process(
     weights: dict[str, Path], tmp_path: Path
 ) -> None:
-    """A call that never reaches the end of its step (a hung kernel): once it has gone twice
-    its model's slowest step without one, the worker ends its model process rather than
-    leave, and serves the next task from a new one."""
+    """A call that never reaches the end of its step (a hung kernel, here in its second):
+    once it has gone twice its model's slowest step without one, the worker ends its model
+    process rather than leave, and serves the next task from a new one."""
     pipeline = "StableDiffusionXLPipeline"
     model = f"local/{pipeline}"
     h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline])], cancel_check_seconds=0.1)
     local = h.worker.engine(model).model  # type: ignore[attr-defined]
     assert (await run_task(h, body(model, "text")))["status"] == "completed"  # steps timed
-    HOST.run(in_model_process.hang_in_call, local, h.state.settings)
+    hanging = tmp_path / "hanging"
+    HOST.run(in_model_process.hang_in_call, local, h.state.settings, str(hanging))
     stuck = HOST.pid()
     async with working(h) as halt:
         task_id = (await h.submit(body(model, "text"))).json()["id"]
-        await in_engine(h.worker, task_id)
+
+        async def hung() -> bool:
+            return hanging.exists()
+
+        await wait_until(hung, timeout=60)
         await cancel(h, task_id)
         await engine_stopped(h.worker)
         assert (await h.result(task_id))["status"] == "canceled"
@@ -491,6 +496,8 @@ async def slowed(
     h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline])], cancel_check_seconds=0.1)
     local = h.worker.engine(model).model  # type: ignore[attr-defined]
     if slow == "first step":
+        # Its steps timed at their own speed first: the slow call is heavier than any before.
+        assert (await run_task(h, body(model, "text")))["status"] == "completed"
         HOST.run(in_model_process.slow_steps, local, h.state.settings, seconds)
     else:
         HOST.run(_host.unload, model)
@@ -502,9 +509,10 @@ async def slowed(
 async def test_a_call_is_not_cut_short_before_its_first_step(
     weights: dict[str, Path], tmp_path: Path, slow: str
 ) -> None:
-    """A model's first step (a card's warm-up) has no measure yet, and a load (of a model
-    unloaded for another) may take minutes: a task given up then waits for the first step or
-    the load to end, rather than end the model process and the models it has loaded."""
+    """A call's first step (a card's warm-up; a call heavier than any the model has made,
+    as here) has no measure yet, and a load (of a model unloaded for another) may take
+    minutes: a task given up then waits for the first step or the load to end, rather than
+    end the model process and the models it has loaded."""
     h, model = await slowed(weights, tmp_path, slow, 1.5 if slow == "first step" else 2.0)
     process = HOST.pid()
     async with working(h):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from pathlib import Path
 from typing import Any
 
 from genhook.config import Settings
@@ -94,14 +95,23 @@ def slow_steps(model: LocalModel, settings: Settings, seconds: float) -> None:
     pipe.unet.forward = slow
 
 
-def hang_in_call(model: LocalModel, settings: Settings) -> None:
-    """A hung kernel: the model's forward never returns."""
+def hang_in_call(model: LocalModel, settings: Settings, marker: str) -> None:
+    """A hung kernel: the model's forward makes the call's first step, then creates the file
+    ``marker`` and never returns."""
     import time
 
-    def hung(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(3600)
+    pipe = RESIDENCY.pipeline(model, settings)
+    forward = pipe.unet.forward
+    steps: list[None] = []
 
-    RESIDENCY.pipeline(model, settings).unet.forward = hung
+    def hung(*args: Any, **kwargs: Any) -> Any:
+        if steps:
+            Path(marker).touch()
+            time.sleep(3600)
+        steps.append(None)
+        return forward(*args, **kwargs)
+
+    pipe.unet.forward = hung
 
 
 def slow_loads(seconds: float) -> None:

@@ -122,7 +122,7 @@ class DiffusersEngine(DetectorEngine):
 
     def stuck(self, asked_at: float) -> bool:
         """A call stops at the end of its step: stuck once it has gone twice its model's
-        slowest step without one (a load is never cut short)."""
+        slowest step without one, and a minute before its first (a load is never cut short)."""
         return self._clock.stuck(asked_at)
 
     def abort(self) -> None:

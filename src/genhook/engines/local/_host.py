@@ -40,8 +40,9 @@ log = logging.getLogger(__name__)
 
 # How often the worker looks at its jobs (cancel, deadline, shutdown) while a call runs.
 _TICK_SECONDS = 0.05
-# How long a model's first step may take (its first call's warm-up on a card) before a call
-# asked to stop counts as stuck; later, twice its slowest step.
+# How long a call's first step may take before the call, asked to stop, counts as stuck (a
+# card's warm-up, or a call heavier than any before: a batch, a larger size); later steps,
+# twice the model's slowest.
 FIRST_STEP_SECONDS = 60.0
 
 
@@ -69,29 +70,34 @@ class CallClock:
         self.slowest = 0.0
         self._phase = "idle"  # or "loading" (a command loads its model first), "calling"
         self._since = 0.0
+        self._stepped = False  # the running call has ended a step
 
     def stuck(self, asked_at: float) -> bool:
         """Whether the running call, asked to stop at ``asked_at`` (``time.monotonic()``),
-        has gone longer without a step since than twice the slowest its model has made; a
-        model with no step yet gets ``FIRST_STEP_SECONDS`` (a card's first call warms up)."""
+        has gone longer without a step since than twice the slowest its model has made, and
+        at least ``FIRST_STEP_SECONDS`` before its first step."""
         if self._phase != "calling":
             return False
-        allowed = 2 * self.slowest if self.slowest else FIRST_STEP_SECONDS
+        allowed = 2 * self.slowest
+        if not self._stepped:
+            allowed = max(allowed, FIRST_STEP_SECONDS)
         return time.monotonic() - max(asked_at, self._since) > allowed
 
     def loading(self) -> None:
         self._phase = "loading"
 
-    def progressed(self) -> None:
+    def progressed(self, stepped: bool) -> None:
+        """The call began (``stepped`` false) or ended a step or itself."""
         now = time.monotonic()
         if self._phase == "calling":
             self.slowest = max(self.slowest, now - self._since)
-        self._since = now  # before the phase: ``stuck`` reads both from another thread
+        # Before the phase: ``stuck`` reads them from another thread.
+        self._since, self._stepped = now, stepped
         self._phase = "calling"
 
     def ended(self, replied: bool) -> None:
         if replied:
-            self.progressed()
+            self.progressed(True)
         self._phase = "idle"
 
 
@@ -142,7 +148,7 @@ class Host:
                     except (EOFError, OSError):
                         raise self._exited() from None
                     if kind in ("call", "step"):
-                        clock.progressed()
+                        clock.progressed(kind == "step")
                         if kind == "step" and on_step is not None:
                             on_step(value)
                         if stop is not None and not flag.value and stop():
