@@ -49,6 +49,16 @@ def exhaust_memory(model: LocalModel, settings: Settings) -> None:
     RESIDENCY.pipeline(model, settings).transformer.forward = exhausted
 
 
+def exhaust_cpu_memory(model: LocalModel, settings: Settings) -> None:
+    """The CPU's out-of-memory: the model's forward asks its allocator for an exabyte."""
+    import torch
+
+    def exhausted(*args: Any, **kwargs: Any) -> Any:
+        return torch.empty(1 << 60, dtype=torch.uint8)
+
+    RESIDENCY.pipeline(model, settings).transformer.forward = exhausted
+
+
 def activations_held() -> int:
     """How many of the failed forwards' activations something still holds (no collection:
     what the next call would find taken)."""

@@ -339,12 +339,15 @@ def generate(
     started = time.monotonic()
     output = None
     # Out of memory is handled after the error is gone: its frames hold the call's tensors.
-    with contextlib.suppress(torch.OutOfMemoryError):
+    try:
         output = pipe(
             **arguments,
             generator=[torch.Generator("cpu").manual_seed(seed) for seed in seeds],
             callback_on_step_end=after_step,
         )
+    except RuntimeError as error:
+        if not _exhausted(error):
+            raise
     if output is None:
         free_memory(RESIDENCY.device(model.id))
         width, height = dimensions
@@ -357,12 +360,22 @@ def generate(
     return (output.frames if model.family.task == "video" else output.images), seconds
 
 
-def _pipeline(model: LocalModel, settings: Settings) -> Any:
+def _exhausted(error: RuntimeError) -> bool:
+    """Out of memory, as torch says it on a card, or as the CPU's allocator does (a plain
+    ``RuntimeError``)."""
     import torch
 
+    return isinstance(error, torch.OutOfMemoryError) or "can't allocate memory" in str(error)
+
+
+def _pipeline(model: LocalModel, settings: Settings) -> Any:
+
     # Out of memory is handled after the error is gone: its frames hold the half-loaded weights.
-    with contextlib.suppress(torch.OutOfMemoryError):
+    try:
         return RESIDENCY.pipeline(model, settings)
+    except RuntimeError as error:
+        if not _exhausted(error):
+            raise
     free_memory("cuda")
     raise OutOfMemory(
         f"local model {model.id!r} does not fit in the device's free memory beside what else "
