@@ -185,10 +185,9 @@ class DiffusersEngine(DetectorEngine):
             job.report(progress=0.05, log=f"generating with {self.model.pipeline}")
 
         def on_step(step: int) -> None:
+            done = min(step + 1, steps)  # a second-order scheduler calls back twice a step
             for job in jobs:
-                job.report(
-                    progress=0.05 + 0.85 * (step + 1) / steps, log=f"step {step + 1}/{steps}"
-                )
+                job.report(progress=0.05 + 0.85 * done / steps, log=f"step {done}/{steps}")
 
         def given_up() -> bool:
             now = time.time()
