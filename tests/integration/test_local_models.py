@@ -151,6 +151,26 @@ async def run_task(
     return logged.json()
 
 
+async def test_progress_counts_steps_with_a_second_order_scheduler(
+    weights: dict[str, Path], tmp_path: Path
+) -> None:
+    """Heun calls the pipeline back twice a step: progress still ends at the last step."""
+    pipeline = "StableDiffusionXLPipeline"
+    heun = tmp_path / "heun"
+    shutil.copytree(weights[pipeline], heun)
+    for name in ("model_index.json", "scheduler/scheduler_config.json"):
+        text = (heun / name).read_text().replace("EulerDiscreteScheduler", "HeunDiscreteScheduler")
+        (heun / name).write_text(text)
+    h = await harness_for(tmp_path, [entry(pipeline, heun)])
+    try:
+        done = await run_task(h, body(f"local/{pipeline}", "text"))
+        assert done["status"] == "completed", done
+        steps = [line["message"] for line in done["logs"] if line["message"].startswith("step")]
+        assert steps and set(steps) <= {"step 1/2", "step 2/2"}, steps
+    finally:
+        await close(h)
+
+
 @pytest.mark.parametrize("pipeline", list(IMAGE_FAMILIES))
 async def test_image_family_end_to_end(
     pipeline: str, weights: dict[str, Path], tmp_path: Path
