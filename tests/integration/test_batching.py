@@ -10,20 +10,32 @@ import asyncio
 import contextlib
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 
-from genhook.db import Task, UsageLine, WebhookDelivery
+from genhook.db import Task, UsageLine, WebhookDelivery, now_ms
 from genhook.errors import ErrorCode
 from genhook.tasks.worker import Worker
-from tests.conftest import Harness, make_harness, make_settings
+from tests.conftest import ROOT, Harness, make_harness, make_settings
 from tests.integration.test_hot_path import submit as submit_edit
-from tests.support.engines import BATCH_MODEL, PAIRED_MODEL, CountingBatchEngine
+from tests.support.engines import (
+    BATCH_MODEL,
+    PAIRED_MODEL,
+    SLOW_LOAD_MODEL,
+    CountingBatchEngine,
+    SlowLoadEngine,
+)
 from tests.support.images import data_url
+from tests.support.postgres import free_port
 
 HOOK = "http://127.0.0.1:9/hook"
 
@@ -44,7 +56,7 @@ async def batching(
         tmp_path,
         database_url,
         extra_engines=["tests.support.engines:register_batching"],
-        model_batching={BATCH_MODEL: tuning},
+        model_batching={BATCH_MODEL: tuning, **overrides.pop("model_batching", {})},
         **overrides,
     )
     harness = await make_harness(settings)
@@ -274,3 +286,172 @@ async def test_a_batched_model_runs_two_batches_at_once(tmp_path: Path, database
         assert [len(call) for call in CountingBatchEngine.calls] == [2, 2, 2]
         assert {task.info["batch_size"] for task in tasks.values()} == {2}
         assert await usage_of(h, ids) == 6
+
+
+async def test_a_stop_starts_no_new_call_of_the_batch(tmp_path: Path, database_url: str) -> None:
+    """Told to stop while a batch's first call runs, the worker lets that call finish within
+    the grace and starts none of the others: their tasks go back to the queue."""
+    async with batching(tmp_path, database_url, shutdown_grace_seconds=0.5) as h:
+        first = await submit(h, "wait=30", size="1024*1024")
+        second = await submit(h, "edit", size="1536*1536")
+        stop = asyncio.Event()
+        running = asyncio.create_task(h.worker.run(stop))
+        async with asyncio.timeout(30):
+            while not CountingBatchEngine.calls:
+                await asyncio.sleep(0.01)
+        stop.set()
+        async with asyncio.timeout(30):
+            await running
+        assert CountingBatchEngine.calls == [(first,)]
+        tasks = await rows(h, [first, second])
+        assert [tasks[first].status, tasks[second].status] == ["created", "created"]
+
+
+async def test_a_call_abandoned_by_all_its_tasks_lets_no_other_call_start_beside_it(
+    tmp_path: Path, database_url: str
+) -> None:
+    """A call that cannot stop taints the worker: the batch's next key does not run beside
+    it in the same engine (a pipeline is not thread-safe); its task goes back."""
+    async with batching(tmp_path, database_url, cancel_check_seconds=0.05) as h:
+        stuck = await submit(h, "sleep=3", size="1024*1024")
+        other = await submit(h, "edit", size="1536*1536")
+        running = asyncio.create_task(h.worker.run_once())
+        async with asyncio.timeout(30):
+            while not CountingBatchEngine.calls:
+                await asyncio.sleep(0.01)
+        await cancel(h, stuck)
+        async with asyncio.timeout(30):
+            await running
+        assert h.worker.tainted and CountingBatchEngine.calls == [(stuck,)]
+        assert (await rows(h, [other]))[other].status == "created"
+        await asyncio.sleep(3)  # the abandoned call ends before the test does
+
+
+@pytest.mark.parametrize("size", [1, 4])
+async def test_a_stop_while_the_model_loads_gives_the_tasks_back_at_the_grace(
+    size: int, tmp_path: Path, database_url: str
+) -> None:
+    """Alone or batched, a task whose model is still loading when the grace ends goes back
+    to the queue; the load goes on in its thread, and the worker says so."""
+    settings = {"model_batching": {SLOW_LOAD_MODEL: {"max_batch_size": size}}}
+    async with batching(tmp_path, database_url, shutdown_grace_seconds=0.3, **settings) as h:
+        SlowLoadEngine.reset()
+        try:
+            ids = [await submit(h, model=SLOW_LOAD_MODEL) for _ in range(2)]
+            stop = asyncio.Event()
+            running = asyncio.create_task(h.worker.run(stop))
+            async with asyncio.timeout(30):
+                while not SlowLoadEngine.loads:
+                    await asyncio.sleep(0.01)
+            stop.set()
+            async with asyncio.timeout(30):
+                await running
+            assert h.worker.loading and not SlowLoadEngine.loaded.is_set()
+            assert {task.status for task in (await rows(h, ids)).values()} == {"created"}
+        finally:
+            SlowLoadEngine.loaded.set()
+
+
+async def test_a_task_canceled_while_its_model_loads_leaves_one_load_for_the_next(
+    tmp_path: Path, database_url: str
+) -> None:
+    settings = {"model_batching": {SLOW_LOAD_MODEL: {"max_batch_size": 1}}}
+    async with batching(tmp_path, database_url, cancel_check_seconds=0.05, **settings) as h:
+        SlowLoadEngine.reset()
+        try:
+            first = await submit(h, model=SLOW_LOAD_MODEL)
+            second = await submit(h, model=SLOW_LOAD_MODEL)
+            stop = asyncio.Event()
+            running = asyncio.create_task(h.worker.run(stop))
+            async with asyncio.timeout(30):
+                while not SlowLoadEngine.loads:
+                    await asyncio.sleep(0.01)
+            await cancel(h, first)
+            async with asyncio.timeout(30):
+                while (await rows(h, [second]))[second].status != "processing":
+                    await asyncio.sleep(0.01)
+            await asyncio.sleep(0.3)  # the second task waits for the load under way
+            SlowLoadEngine.loaded.set()
+            async with asyncio.timeout(30):
+                while (await rows(h, [second]))[second].status != "completed":
+                    await asyncio.sleep(0.02)
+            stop.set()
+            await running
+            assert (SlowLoadEngine.loads, SlowLoadEngine.most) == (1, 1)
+        finally:
+            SlowLoadEngine.loaded.set()
+
+
+async def test_a_database_fault_at_a_deadline_in_a_batch_spares_the_neighbours(
+    tmp_path: Path, database_url: str
+) -> None:
+    """The timeout of one task of a running batch is retried through a database fault; its
+    neighbour's call goes on and completes."""
+    async with batching(tmp_path, database_url) as h:
+        late = await submit(h, "wait=30")
+        kept = await submit(h, "sleep=1")
+        lifecycle = h.worker.lifecycle
+        claim_batch, time_out = lifecycle.claim_batch, lifecycle.time_out
+        faults: list[None] = []
+
+        async def claim_with_a_near_deadline(*args: Any, **kwargs: Any) -> Any:
+            tasks, more = await claim_batch(*args, **kwargs)
+            for task in tasks:
+                if task.id == late:
+                    task.deadline_at = now_ms() + 300
+            return tasks, more
+
+        async def faulty_time_out(*args: Any, **kwargs: Any) -> Any:
+            if not faults:
+                faults.append(None)
+                raise OperationalError("UPDATE tasks", {}, Exception("database is locked"))
+            return await time_out(*args, **kwargs)
+
+        lifecycle.claim_batch = claim_with_a_near_deadline  # type: ignore[method-assign]
+        lifecycle.time_out = faulty_time_out  # type: ignore[method-assign]
+        await h.worker.run_once()
+        tasks = await rows(h, [late, kept])
+        assert faults and (tasks[late].status, tasks[kept].status) == ("timeout", "completed")
+        assert await usage_of(h, [kept]) == 1
+
+
+async def test_a_worker_stopped_while_a_model_loads_leaves_without_waiting_for_it(
+    tmp_path: Path, database_url: str
+) -> None:
+    """``genhook worker`` told to stop while its model loads (for a minute here) gives its
+    task back at the grace and exits 0 at once, rather than join the loading thread."""
+    tuning = {SLOW_LOAD_MODEL: {"max_batch_size": 1}}
+    async with batching(tmp_path, database_url, model_batching=tuning) as h:
+        task_id = await submit(h, model=SLOW_LOAD_MODEL)
+        settings = h.state.settings
+        environment = {
+            **os.environ,
+            "GENHOOK_DATA_DIR": str(settings.data_dir),
+            "GENHOOK_DATABASE_URL": settings.database_url or "",
+            "GENHOOK_EXTRA_ENGINES": json.dumps(settings.extra_engines),
+            "GENHOOK_MODEL_BATCHING": json.dumps(tuning),
+            "GENHOOK_SHUTDOWN_GRACE_SECONDS": "0.3",
+            "GENHOOK_HEALTH_PORT": str(free_port()),
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        }
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "genhook.cli", "worker"],
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            async with asyncio.timeout(60):
+                while (await rows(h, [task_id]))[task_id].status != "processing":
+                    await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)  # inside the load
+            worker.send_signal(signal.SIGTERM)
+            output, _ = await asyncio.to_thread(worker.communicate, timeout=30)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        assert worker.returncode == 0, output
+        assert "leaving with a model load unfinished" in output, output
+        assert (await rows(h, [task_id]))[task_id].status == "created"

@@ -28,11 +28,12 @@ pytest.importorskip("diffusers")
 
 from PIL import Image
 
-from genhook.engines.base import EngineJob
+from genhook.engines.base import EngineJob, EngineResult
 from genhook.engines.local import _host, resident_models
 from genhook.engines.local._host import HOST
 from genhook.engines.registry import build_registry
-from genhook.errors import ErrorCode
+from genhook.errors import ErrorCode, TaskFailure
+from genhook.tasks.batching import call_batch
 from genhook.tasks.worker import Worker
 from tests.conftest import ROOT, Harness, make_harness, make_settings
 from tests.support import in_model_process
@@ -547,6 +548,63 @@ async def test_a_call_is_not_cut_short_before_its_first_step(
             assert HOST.pid() == process and model in HOST.loaded
         finally:
             HOST.run(in_model_process.slow_loads, 0.0)
+
+
+async def test_a_stop_after_a_cancel_does_not_wait_for_the_load(
+    weights: dict[str, Path], tmp_path: Path
+) -> None:
+    """A task canceled while its model loads leaves the load running; a shutdown that comes
+    while the worker waits for it no longer waits for that load."""
+    h, model = await slowed(weights, tmp_path, "load", 3600.0)
+    h.state.settings.shutdown_grace_seconds = 0.2
+    try:
+        async with working(h) as halt:
+            task_id = (await h.submit(body(model, "text"))).json()["id"]
+            await in_engine(h.worker, task_id)
+            await cancel(h, task_id)
+            await asyncio.sleep(1.0)  # the worker waits for the given-up call's load
+            async with asyncio.timeout(20):
+                await halt()
+    finally:
+        HOST.abort()  # nothing of this test outlives it, even when it fails
+        HOST.run(in_model_process.slow_loads, 0.0)
+
+
+async def test_a_task_given_up_while_its_batch_is_prepared_leaves_the_call_to_the_others(
+    weights: dict[str, Path], tmp_path: Path
+) -> None:
+    """Canceled while the batch's other inputs were prepared: that job alone ends, and the
+    others share one pipeline call, rather than each running alone after a failed batch."""
+    pipeline = "StableDiffusionXLPipeline"
+    model = f"local/{pipeline}"
+    h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline], max_batch_size=4)])
+    try:
+        engine: Any = h.worker.engine(model)
+        generate, prepare = engine._generate, engine._prepare
+        calls: list[int] = []
+        params = {"prompt": "a red square", "size": "1024*1024", "output_format": "png"}
+        jobs = [
+            EngineJob(f"t{seed}", model, {**params, "seed": seed}, [], deadline=time.time() + 600)
+            for seed in range(3)
+        ]
+
+        def counted(prepared: list[Any]) -> Any:
+            calls.append(len(prepared))
+            return generate(prepared)
+
+        def prepare_then_cancel(job: EngineJob) -> Any:
+            prepared = prepare(job)
+            if job is jobs[2]:
+                jobs[0].stop.set()
+            return prepared
+
+        engine._generate, engine._prepare = counted, prepare_then_cancel
+        ended = call_batch(engine, jobs)
+        assert calls == [2]
+        assert isinstance(ended[0], TaskFailure) and "stopped early" in ended[0].message
+        assert [type(result) for result in ended[1:]] == [EngineResult, EngineResult]
+    finally:
+        await close(h)
 
 
 @pytest.mark.parametrize("slow", ["first step", "load"])

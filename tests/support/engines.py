@@ -196,9 +196,35 @@ class MatmulEngine:
         return results
 
 
+class SlowLoadEngine(CountingBatchEngine):
+    """``CountingBatchEngine`` whose load (a model's weights read from disk) lasts until the
+    test sets ``loaded``; ``loads`` counts the loads begun, ``most`` the most at once."""
+
+    loaded: ClassVar[threading.Event] = threading.Event()
+    loads: ClassVar[int] = 0
+    most: ClassVar[int] = 0
+    _running: ClassVar[int] = 0
+
+    def load(self) -> None:
+        cls = SlowLoadEngine
+        with cls.lock:
+            cls.loads += 1
+            cls._running += 1
+            cls.most = max(cls.most, cls._running)
+        cls.loaded.wait(60)
+        with cls.lock:
+            cls._running -= 1
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.loaded.clear()
+        cls.loads = cls.most = cls._running = 0
+
+
 BATCH_MODEL = "test/batch"
 PAIRED_MODEL = "test/paired"
 MATMUL_MODEL = "test/matmul"
+SLOW_LOAD_MODEL = "test/slow-load"
 
 
 def register_batching(registry: Registry) -> None:
@@ -209,6 +235,7 @@ def register_batching(registry: Registry) -> None:
         (BATCH_MODEL, CountingBatchEngine, 4, 1),
         (PAIRED_MODEL, PairedEngine, 1, 2),
         (MATMUL_MODEL, MatmulEngine, 1, 1),
+        (SLOW_LOAD_MODEL, SlowLoadEngine, 4, 1),
     ]
     for model_id, engine, size, concurrency in engines:
         registry.register(

@@ -43,6 +43,10 @@ def _no_report(progress: float | None = None, log: str | None = None) -> None:
     """Where a job reports when nobody listens (an engine run outside the worker)."""
 
 
+# What a task given up (canceled, timed out, released) before its engine finished ends with.
+STOPPED_EARLY = "stopped early: the task was given up"
+
+
 @dataclass(frozen=True, slots=True)
 class EngineJob:
     task_id: str
@@ -67,7 +71,7 @@ class EngineJob:
     def stop_if_asked(self) -> None:
         """Raise when the task was given up; its outcome is no longer recorded anyway."""
         if self.stop.is_set():
-            raise TaskFailure(ErrorCode.ENGINE_ERROR, "stopped early: the task was given up")
+            raise TaskFailure(ErrorCode.ENGINE_ERROR, STOPPED_EARLY)
 
     def request_as(self, schema: type[R]) -> R:
         """The validated request, typed: the one the worker parsed, or (a job built by hand)

@@ -231,7 +231,7 @@ def worker_main(settings: Settings, index: int, parent: int | None = None) -> No
     configure_logging(settings, "worker")
     runner = asyncio.Runner(loop_factory=_fast_loop())
     try:
-        tainted = runner.run(_worker(settings, index, parent))
+        tainted, loading = runner.run(_worker(settings, index, parent))
     except PreloadFailed as failure:
         runner.close()
         log.error("%s", failure)
@@ -239,15 +239,20 @@ def worker_main(settings: Settings, index: int, parent: int | None = None) -> No
     except BaseException:
         runner.close()
         raise
-    if tainted:
-        # An abandoned engine thread is still computing; leave without waiting for it (closing
-        # the loop would: it joins the executor's threads).
+    if tainted or loading:
+        # An abandoned engine thread is still computing, or a model still loading for a task
+        # given back; leave without waiting for it (closing the loop would: it joins the
+        # executor's threads).
+        if not tainted:
+            log.info("leaving with a model load unfinished")
         logging.shutdown()
-        os._exit(EXIT_TAINTED)
+        os._exit(EXIT_TAINTED if tainted else 0)
     runner.close()
 
 
-async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
+async def _worker(settings: Settings, index: int, parent: int | None) -> tuple[bool, bool]:
+    """Run the worker role until it stops; whether it ended tainted, and with a model load
+    still running."""
     # Not the API's state: a worker without FastAPI and the console is ~27 MB smaller.
     from genhook.runtime.services import open_services
     from genhook.storage.blobs import close_blob_store
@@ -267,7 +272,7 @@ async def _worker(settings: Settings, index: int, parent: int | None) -> bool:
     finally:
         await close_blob_store(state.storage)
         await state.db.dispose()
-    return role.tainted
+    return role.tainted, role.worker.loading
 
 
 async def _leave_when_orphaned(worker: Worker) -> None:

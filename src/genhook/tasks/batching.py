@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 from genhook import metrics
 from genhook.db import Task, now_ms
-from genhook.engines.base import BatchEngine, Engine, EngineJob, EngineResult, ModelSpec
+from genhook.engines.base import (
+    STOPPED_EARLY,
+    BatchEngine,
+    Engine,
+    EngineJob,
+    EngineResult,
+    ModelSpec,
+)
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.faults import is_infrastructure_error, retry_infrastructure
 from genhook.runtime.wakeups import Waiter, Wake
@@ -85,10 +92,17 @@ async def run_batch(
     started = time.monotonic()
     try:
         woken = await _fill(worker, spec, members, stop, waiter, more_waiting)
-        engine = await _prepare(worker, spec, members)
+        engine = await _prepared_in_time(worker, spec, members, stop)
         if engine is None:
             return woken
         for group in _groups(engine, [m for m in members if not m.gone]):
+            if (stop is not None and stop.is_set()) or worker.tainted:
+                # Leaving, or an abandoned call still runs: the rest go back to the queue.
+                for member in group:
+                    if not member.gone:
+                        _give_up(member)
+                        await worker.release_task(member.task)
+                continue
             await _run_group(worker, spec, engine, group, stop, time.monotonic() - started)
         return woken
     finally:
@@ -165,6 +179,33 @@ def _drop_lost(members: list[_Member]) -> None:
         if member.lost.is_set() and not member.gone:
             member.gone = True
             log.info("task %s: canceled or lost before its engine call", member.task.id)
+
+
+async def _prepared_in_time(
+    worker: Worker, spec: ModelSpec, members: list[_Member], stop: asyncio.Event | None
+) -> Engine | None:
+    """``_prepare``, unless the worker leaves meanwhile: past its grace the tasks go back to
+    the queue (a model load goes on in its thread; the worker leaves without it)."""
+    preparing = asyncio.ensure_future(_prepare(worker, spec, members))
+    if stop is None:
+        return await preparing
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({preparing, stopping}, return_when="FIRST_COMPLETED")
+        if not preparing.done():
+            await asyncio.wait({preparing}, timeout=worker.settings.shutdown_grace_seconds)
+    finally:
+        stopping.cancel()
+    if preparing.done():
+        return preparing.result()
+    preparing.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await preparing
+    for member in members:
+        if not member.gone:
+            _give_up(member)
+            await worker.release_task(member.task)
+    return None
 
 
 async def _prepare(worker: Worker, spec: ModelSpec, members: list[_Member]) -> Engine | None:
@@ -254,7 +295,7 @@ def _given_up(job: EngineJob) -> bool:
 
 def _alone(engine: Engine, job: EngineJob) -> EngineResult | Exception:
     if job.stop.is_set():
-        return TaskFailure(ErrorCode.ENGINE_ERROR, "stopped early: the task was given up")
+        return TaskFailure(ErrorCode.ENGINE_ERROR, STOPPED_EARLY)
     if _given_up(job):
         return TaskFailure(ErrorCode.TIMEOUT, "the task did not finish by its deadline")
     try:
@@ -295,7 +336,7 @@ async def _run_group(
         await _supervise(worker, group, work, stop)
     if not work.done():
         # Every task of the call was given up: an engine that can, stops soon.
-        await worker.await_engine(ids, engine, stop is not None and stop.is_set())
+        await worker.await_engine(ids, engine, stop)
         return
     results = work.result()
     worker.ran_for(spec.id, time.monotonic() - started)
@@ -345,7 +386,7 @@ async def _supervise(
                 _give_up(member)
             elif now >= member.task.deadline_at:
                 _give_up(member)
-                if await worker.lifecycle.time_out(member.task.id, worker.worker_id):
+                if await worker.end_task(member.task, worker.lifecycle.time_out):
                     log.info("task %s timed out in a batch", member.task.id)
         if stop is not None and stop.is_set() and grace is None:
             grace = loop.time() + worker.settings.shutdown_grace_seconds

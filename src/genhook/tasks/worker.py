@@ -96,6 +96,9 @@ class Worker(Services):
             spec.id: spec.max_batch_size for spec in self.registry if spec.max_batch_size > 1
         }
         self._load_lock = asyncio.Lock()
+        # Each model's load in progress, shared by every task that needs it: a task given up
+        # meanwhile leaves the load running (a thread), and the next one waits for it.
+        self._loading: dict[str, asyncio.Future[Engine]] = {}
         self._completer = GroupCompleter(self.lifecycle, self.worker_id)
         self.keeper = LeaseKeeper(
             self.lifecycle,
@@ -135,10 +138,28 @@ class Worker(Services):
     async def load_engine(self, model: str) -> Engine:
         """The model's engine, loaded (in a thread, one model at a time) on first use."""
         engine = self._engines.get(model)
-        if engine is None:
-            async with self._load_lock:
-                engine = await asyncio.to_thread(self.engine, model)
-        return engine
+        if engine is not None:
+            return engine
+        loading = self._loading.get(model)
+        if loading is None:
+            loading = asyncio.ensure_future(self._load(model))
+            self._loading[model] = loading
+            loading.add_done_callback(lambda done: self._loaded(model, done))
+        return await asyncio.shield(loading)
+
+    async def _load(self, model: str) -> Engine:
+        async with self._load_lock:
+            return await asyncio.to_thread(self.engine, model)
+
+    def _loaded(self, model: str, done: asyncio.Future[Engine]) -> None:
+        del self._loading[model]
+        if not done.cancelled():
+            done.exception()  # read, even when every task that waited has been given up
+
+    @property
+    def loading(self) -> bool:
+        """A model load is still running (in a thread, which nothing can stop)."""
+        return bool(self._loading)
 
     def request_of(self, task: Task) -> BaseModel | None:
         """The model's validated request, parsed once here from the stored params."""
@@ -152,8 +173,7 @@ class Worker(Services):
             started = time.monotonic()
             log.info("worker %s: preloading %s", self.worker_id, model)
             try:
-                async with self._load_lock:
-                    await asyncio.to_thread(self.engine, model)
+                await self.load_engine(model)
             except TaskFailure as failure:  # the engine's own words: no traceback
                 raise PreloadFailed(f"cannot preload {model}: {failure.message}") from None
             log.info(
@@ -334,23 +354,24 @@ class Worker(Services):
         # task's engine runs in the thread leaves nothing behind.
         if task.id in self._engine_tasks and job_stop.is_set():
             # Asked to stop (cancel, deadline, lost lease): an engine that can, stops soon.
-            leaving = stop is not None and stop.is_set()
-            await self.await_engine([task.id], self._engines.get(task.model), leaving)
+            await self.await_engine([task.id], self._engines.get(task.model), stop)
         elif task.id in self._engine_tasks:
             self._abandoned([task.id])
 
     async def await_engine(
-        self, task_ids: list[str], engine: Engine | None, leaving: bool = False
+        self, task_ids: list[str], engine: Engine | None, stop: asyncio.Event | None = None
     ) -> None:
         """Give an engine call whose tasks were all given up a moment to stop; a
         ``StepEngine`` gets as long as it says its steps take, then is aborted. One still
-        running taints the worker. A worker ``leaving`` (shutdown) keeps nothing for a next
-        task, so it waits for no step or load beyond the usual moment."""
+        running taints the worker. A worker leaving (``stop`` set, now or while it waits)
+        keeps nothing for a next task, so it waits for no step or load beyond the usual
+        moment."""
         asked = time.monotonic()
 
         def stuck() -> bool:
             if time.monotonic() - asked < ENGINE_STOP_SECONDS:
                 return False
+            leaving = stop is not None and stop.is_set()
             return leaving or not isinstance(engine, StepEngine) or engine.stuck(asked)
 
         if await self._engine_ended(task_ids, stuck):
@@ -422,7 +443,7 @@ class Worker(Services):
                 if loop.time() >= deadline:
                     job_stop.set()
                     work.cancel()
-                    if await self.lifecycle.time_out(task.id, self.worker_id):
+                    if await self.end_task(task, self.lifecycle.time_out):
                         log.info("task %s timed out", task.id)
                     return
                 if stop_waiter is not None and stop_waiter.done() and grace_deadline is None:
@@ -432,8 +453,7 @@ class Worker(Services):
                 elif grace_deadline is not None and loop.time() >= grace_deadline:
                     job_stop.set()
                     work.cancel()
-                    await self.lifecycle.release(task.id, self.worker_id)
-                    log.info("task %s: released at shutdown", task.id)
+                    await self.release_task(task)
                     return
             await work
         finally:

@@ -29,7 +29,7 @@ import numpy as np
 from PIL import ExifTags, Image
 
 from genhook.config import Settings
-from genhook.engines.base import EngineJob, EngineOutput, EngineResult
+from genhook.engines.base import STOPPED_EARLY, EngineJob, EngineOutput, EngineResult
 from genhook.engines.image_edit import _output
 from genhook.engines.image_edit._decode import DecodedImage, decode_image
 from genhook.engines.image_edit._engine import DetectorEngine
@@ -152,6 +152,9 @@ class DiffusersEngine(DetectorEngine):
         not fails alone, before the call. A failure of the call itself (out of memory, say)
         raises, and the worker then runs each job alone."""
         entries: list[EngineResult | TaskFailure | _Prepared] = _each(self._prepare_alone, jobs)
+        for index, item in enumerate(entries):  # given up while the others were prepared
+            if isinstance(item, _Prepared) and item.job.stop.is_set():
+                entries[index] = TaskFailure(ErrorCode.ENGINE_ERROR, STOPPED_EARLY)
         ready = [(index, item) for index, item in enumerate(entries) if isinstance(item, _Prepared)]
         if ready:
             results = self._generate([item for _, item in ready])
@@ -312,7 +315,7 @@ class DiffusersEngine(DetectorEngine):
         job = prepared[0].job
         if not job.stop.is_set() and job.deadline is not None and time.time() >= job.deadline:
             return TaskFailure(ErrorCode.TIMEOUT, "the model did not finish by the deadline")
-        return TaskFailure(ErrorCode.ENGINE_ERROR, "stopped early: the task was given up")
+        return TaskFailure(ErrorCode.ENGINE_ERROR, STOPPED_EARLY)
 
     def _image(self, item: _Prepared, picture: Image.Image, info: dict[str, Any]) -> EngineResult:
         request = item.request
