@@ -6,6 +6,7 @@ for real: validation, storage, leases, outputs, billing, webhooks.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import os
@@ -104,6 +105,21 @@ FAKE_AUDIO = ModelSpec(
 def register(registry: Registry) -> None:
     registry.register(FAKE_EDIT)
     registry.register(FAKE_AUDIO)
+
+
+# A model whose tasks go preferably to a worker that has it loaded, as a local model's do
+# (a test says which models a worker counts as loaded through ``Worker.resident``).
+AFFINE = dataclasses.replace(FAKE_EDIT, id="test/affine", affinity=True)
+
+
+def register_affine(registry: Registry) -> None:
+    registry.register(AFFINE)
+
+
+def register_affine_and_io(registry: Registry) -> None:
+    """``AFFINE`` beside a model of several calls at once: the worker's concurrent loop."""
+    registry.register(AFFINE)
+    registry.register(dataclasses.replace(FAKE_EDIT, id="test/io", concurrency=4))
 
 
 class CountingBatchEngine(FakeEditEngine):

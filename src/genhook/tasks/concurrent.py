@@ -36,11 +36,11 @@ async def run_concurrent(worker: Worker, stop: asyncio.Event) -> None:
     # after ``worker_poll_seconds``, not each time one of the other tasks finishes.
     idle_since: dict[tuple[str, ...], float] = {}
     loop = asyncio.get_running_loop()
-    poll = worker.settings.worker_poll_seconds
     stopping = asyncio.ensure_future(stop.wait())
     waited = False
     try:
         while not stop.is_set() and not worker.tainted:
+            poll = worker.idle_poll()
             for finished in [job for job in running if job.done()]:
                 _reap(running, finished)
             claimed = False
@@ -69,7 +69,8 @@ async def run_concurrent(worker: Worker, stop: asyncio.Event) -> None:
                 waited = False
                 continue
             # Idle (a writer may take it alone) only with a slot free for what it is sent.
-            free = bool(_free_slots(worker.limits, list(running.values())))
+            # Not alone either when it would hold a task back for another worker (affinity).
+            free = bool(_free_slots(worker.limits, list(running.values()))) and not worker.hold_ms()
             waking = asyncio.ensure_future(worker.wakeup.wait(poll, idle=free))
             waiters: set[asyncio.Future[Any]] = {stopping, waking, *running}
             await asyncio.wait(waiters, return_when="FIRST_COMPLETED")
@@ -91,18 +92,19 @@ async def _claim(worker: Worker, models: list[str], free: int) -> list[list[Task
     """Work for ``free`` slots of ``models``: a task each, or a batch each for a batched
     model (its first task and up to its batch size less one more of its model)."""
     lifecycle, owner, reserve = worker.lifecycle, worker.worker_id, worker.reserve_ms()
+    hold = worker.hold_ms()
     if len(models) == 1 and models[0] in worker.batch_sizes:
         size = worker.batch_sizes[models[0]]
         batches = []
         for _ in range(free):
             batch = await lifecycle.claim_more(
-                owner, models[0], size, reserve, inputs=worker.prefetched
+                owner, models[0], size, reserve, inputs=worker.prefetched, hold_ms=hold
             )
             if not batch:
                 break
             batches.append(batch)
         return batches
-    tasks = await lifecycle.claim_many(owner, models, free, inputs=worker.prefetched)
+    tasks = await lifecycle.claim_many(owner, models, free, inputs=worker.prefetched, hold_ms=hold)
     batches = []
     for task in tasks:
         size = worker.batch_sizes.get(task.model, 1)
@@ -117,7 +119,7 @@ async def _claim(worker: Worker, models: list[str], free: int) -> list[list[Task
 
 async def _any_runnable(worker: Worker, models: list[str]) -> bool:
     try:
-        return await worker.lifecycle.any_runnable(models)
+        return await worker.lifecycle.any_runnable(models, hold_ms=worker.hold_ms())
     except Exception:
         return True  # let the claim report the fault
 

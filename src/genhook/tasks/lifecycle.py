@@ -217,12 +217,13 @@ class Lifecycle:
         limit: int,
         reserve_ms: Mapping[str, int] | None = None,
         inputs: dict[str, dict[str, bytes]] | None = None,
+        hold_ms: Mapping[str, int] | None = None,
     ) -> list[Task]:
         """Take up to ``limit`` of ``model``'s oldest runnable tasks in one transaction: the
         claim that fills a batch (``SKIP LOCKED`` on PostgreSQL, so competing workers split
         the queue rather than wait for each other)."""
         async with self.db.transaction() as tx:
-            return await self._take_in(tx, worker_id, model, limit, reserve_ms, inputs)
+            return await self._take_in(tx, worker_id, model, limit, reserve_ms, inputs, hold_ms)
 
     async def _take_in(
         self,
@@ -232,6 +233,7 @@ class Lifecycle:
         limit: int,
         reserve_ms: Mapping[str, int] | None,
         inputs: dict[str, dict[str, bytes]] | None,
+        hold_ms: Mapping[str, int] | None = None,
     ) -> list[Task]:
         """The claim of ``claim_more`` in the caller's write transaction.
 
@@ -242,7 +244,7 @@ class Lifecycle:
         if self.closed or limit < 1:
             return []
         key = (model,)
-        params = claim_params(key, worker_id, now_ms(), self._lease_ms, reserve_ms or {})
+        params = claim_params(key, worker_id, now_ms(), self._lease_ms, reserve_ms or {}, hold_ms)
         chosen = await tx.rows(claim_candidates(key), params | {"limit": limit})
         ids = [row["id"] for row in chosen]
         if not ids:
@@ -277,6 +279,7 @@ class Lifecycle:
         models: Sequence[str],
         limit: int,
         inputs: dict[str, dict[str, bytes]] | None = None,
+        hold_ms: Mapping[str, int] | None = None,
     ) -> list[Task]:
         """Take up to ``limit`` of the oldest runnable tasks in one transaction (I/O engines).
 
@@ -284,10 +287,12 @@ class Lifecycle:
         than once per UPDATE and so take more than ``limit`` rows.
         """
         if limit <= 1:
-            task = await self.claim(worker_id, models, inputs=inputs)
+            task, _ = await self.claim_next(
+                worker_id, models, inputs=inputs, look_on=False, hold_ms=hold_ms
+            )
             return [] if task is None else [task]
         key = tuple(models)
-        params = claim_params(key, worker_id, now_ms(), self._lease_ms, {})
+        params = claim_params(key, worker_id, now_ms(), self._lease_ms, {}, hold_ms)
         now = params["now"]
         async with self.db.write() as session:
             if self.closed:

@@ -181,14 +181,23 @@ class Worker(Services):
             )
         self.preloaded = True
 
-    def _hold_ms(self) -> dict[str, int] | None:
+    def hold_ms(self) -> dict[str, int] | None:
         """Per model with affinity whose weights this process lacks, the time its task must
-        have waited before this worker takes it (a worker that has them is preferred)."""
-        if not self._affine:
+        have waited before this worker takes it (a worker that has them is preferred); None
+        when there is none, or affinity is off (a wait of 0)."""
+        wait = int(self.settings.local_models_affinity_seconds * 1000)
+        if not self._affine or not wait:
             return None
         resident = self.resident()
-        wait = int(self.settings.local_models_affinity_seconds * 1000)
-        return {model: wait for model in self._affine if model not in resident}
+        return {model: wait for model in self._affine if model not in resident} or None
+
+    def idle_poll(self) -> float:
+        """How long an idle worker waits before it looks again: the poll, or the affinity
+        time while a task held for another worker may become this one's."""
+        poll = self.settings.worker_poll_seconds
+        if self.hold_ms():
+            return min(poll, max(0.05, self.settings.local_models_affinity_seconds))
+        return poll
 
     async def run(self, stop: asyncio.Event) -> None:
         """Claim and run tasks until ``stop`` is set; the task in hand finishes first."""
@@ -226,7 +235,7 @@ class Worker(Services):
         failures = 0
         waited = ran = False
         while not stop.is_set() and not self.tainted:
-            pause = self.settings.worker_poll_seconds
+            pause = self.idle_poll()
             try:
                 # After a wait (a broadcast wake-up or the poll), read before claiming: a
                 # claim is a write, and a broadcast wakes every idle worker while only one
@@ -240,7 +249,7 @@ class Worker(Services):
                     self._next is not None
                     or not waited
                     or await self.lifecycle.any_runnable(
-                        self._models, self.reserve_ms(), self._hold_ms()
+                        self._models, self.reserve_ms(), self.hold_ms()
                     )
                 ):
                     ran = await self.run_once(stop)
@@ -256,11 +265,10 @@ class Worker(Services):
                 pause = backoff_delay(failures, pause, 2.0)
                 ran = False
             waited = False
-            if self._hold_ms():
-                # A held task becomes this worker's after the affinity time: look again then.
-                pause = min(pause, max(0.05, self.settings.local_models_affinity_seconds))
             if not ran and not stop.is_set():
-                wake = await self.wakeup.wait(pause)
+                # A worker that would hold a task back for another (affinity) is not woken
+                # alone on SQLite: that wake-up could be for the task the other should take.
+                wake = await self.wakeup.wait(pause, idle=not self.hold_ms())
                 log.debug("worker %s: woken (%s)", self.worker_id, wake.value)
                 # On PostgreSQL a claim that finds nothing writes nothing and locks nothing
                 # (SKIP LOCKED), so a worker woken by NOTIFY claims at once too.
@@ -290,7 +298,7 @@ class Worker(Services):
                 self.batch_sizes,
                 self.reserve_ms(),
                 inputs=self.prefetched,
-                hold_ms=self._hold_ms(),
+                hold_ms=self.hold_ms(),
             )
         else:
             task, self._more = await self.lifecycle.claim_next(
@@ -298,7 +306,7 @@ class Worker(Services):
                 self._models,
                 self.reserve_ms(),
                 inputs=self.prefetched,
-                hold_ms=self._hold_ms(),
+                hold_ms=self.hold_ms(),
             )
             tasks = [] if task is None else [task]
         if not tasks:
@@ -550,7 +558,7 @@ class Worker(Services):
         inputs: dict[str, dict[str, bytes]] = {}
         try:
             (done,), claimed, self._more = await self.lifecycle.complete_and_claim(
-                self.worker_id, [item], self._models, self.reserve_ms(), inputs, self._hold_ms()
+                self.worker_id, [item], self._models, self.reserve_ms(), inputs, self.hold_ms()
             )
         except Exception as error:
             if not is_infrastructure_error(error):

@@ -1,0 +1,145 @@
+"""Affinity: a task of a model with affinity (a local model) goes preferably to a worker that
+has the model loaded; one without takes it only once it has waited the affinity time. The
+fake model ``test/affine`` stands in for the weights, ``Worker.resident`` for what is loaded."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, Harness, make_harness, make_settings
+from tests.support.engines import AFFINE
+from tests.support.images import data_url
+
+
+def body(number: int = 0) -> dict[str, Any]:
+    return {
+        "model": AFFINE.id,
+        "prompt": f"edit {number}",
+        "size": "1024*1024",
+        "output_format": "png",
+        "images": [data_url((1, 2, 3))],
+    }
+
+
+async def harness(tmp_path: Path, database_url: str, engines: str, **extra: Any) -> Harness:
+    settings = make_settings(
+        tmp_path, database_url, extra_engines=[f"tests.support.engines:{engines}"], **extra
+    )
+    return await make_harness(settings)
+
+
+@pytest.fixture
+async def running() -> AsyncIterator[list[tuple[Harness, asyncio.Event, asyncio.Task[None]]]]:
+    started: list[tuple[Harness, asyncio.Event, asyncio.Task[None]]] = []
+    yield started
+    for h, stop, task in started:
+        stop.set()
+        await task
+        await h.client.aclose()
+        await h.state.db.dispose()
+
+
+def start(h: Harness, runs: list[tuple[Harness, asyncio.Event, asyncio.Task[None]]]) -> None:
+    stop = asyncio.Event()
+    runs.append((h, stop, asyncio.create_task(h.worker.run(stop))))
+
+
+@pytest.mark.parametrize("engines", ["register_affine", "register_affine_and_io"])
+async def test_a_worker_without_the_model_leaves_a_fresh_task_in_either_loop(
+    engines: str, tmp_path: Path, database_url: str, running: list[Any]
+) -> None:
+    """The one-at-a-time loop and the loop of several calls at once (a model of concurrency
+    4 beside) both hold a fresh task back."""
+    h = await harness(
+        tmp_path, database_url, engines, local_models_affinity_seconds=30, worker_poll_seconds=0.1
+    )
+    h.worker.resident = frozenset  # nothing loaded here
+    start(h, running)
+    task_id = (await h.submit(body())).json()["id"]
+    await asyncio.sleep(1.5)
+    assert (await h.result(task_id))["status"] == "created"
+
+
+async def test_affinity_off_holds_nothing_back(tmp_path: Path, database_url: str) -> None:
+    """A wait of 0 turns affinity off: no hold, and an idle worker polls at its usual pace."""
+    h = await harness(
+        tmp_path,
+        database_url,
+        "register_affine",
+        local_models_affinity_seconds=0,
+        worker_poll_seconds=5,
+    )
+    try:
+        h.worker.resident = frozenset
+        assert h.worker.hold_ms() is None
+        assert h.worker.idle_poll() == h.state.settings.worker_poll_seconds
+        h.state.settings.local_models_affinity_seconds = 2
+        assert h.worker.hold_ms() == {AFFINE.id: 2000} and h.worker.idle_poll() == 2
+    finally:
+        await h.client.aclose()
+        await h.state.db.dispose()
+
+
+async def test_on_sqlite_a_fresh_task_wakes_the_worker_that_has_the_model(
+    tmp_path: Path,
+) -> None:
+    """On SQLite a submit wakes one idle worker alone: never one that would hold the task
+    back for another, so of two idle ``genhook worker`` processes the one with the model
+    takes each task at once, and the one without it never does."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'genhook.db'}"
+    h = await harness(tmp_path, url, "register_affine")
+    environment = {
+        **os.environ,
+        "GENHOOK_DATA_DIR": str(h.state.settings.data_dir),
+        "GENHOOK_DATABASE_URL": url,
+        "GENHOOK_EXTRA_ENGINES": '["tests.support.engines:register_affine"]',
+        "GENHOOK_LOCAL_MODELS_AFFINITY_SECONDS": "2",
+        "GENHOOK_WORKER_POLL_SECONDS": "5",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+    }
+    workers: dict[int, str] = {}
+    running: list[subprocess.Popen[bytes]] = []
+    logs = {kind: tmp_path / f"{kind}.log" for kind in ("warm", "cold")}
+    try:
+        for kind, log_path in logs.items():
+            with log_path.open("wb") as log:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "tests.support.affine_worker", kind],
+                    env=environment,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            workers[process.pid] = kind
+            running.append(process)
+        async with asyncio.timeout(60):
+            while not all(b" started (models" in log.read_bytes() for log in logs.values()):
+                await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)  # both idle
+        takers = []
+        for number in range(8):
+            task_id = (await h.submit(body(number))).json()["id"]
+            async with asyncio.timeout(30):
+                while (result := await h.result(task_id))["status"] in ("created", "processing"):
+                    await asyncio.sleep(0.02)
+            takers.append(workers.get(result["info"]["pid"]))
+            await asyncio.sleep(0.2)  # idle again
+        assert takers == ["warm"] * 8, logs["cold"].read_text()
+    finally:
+        for process in running:
+            process.terminate()
+        for process in running:
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        await h.client.aclose()
+        await h.state.db.dispose()
