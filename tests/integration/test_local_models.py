@@ -33,6 +33,7 @@ from genhook.engines.local import _host, resident_models
 from genhook.engines.local._host import HOST
 from genhook.engines.registry import build_registry
 from genhook.errors import ErrorCode, TaskFailure
+from genhook.runtime.supervisor import EXIT_CANNOT_START
 from genhook.tasks.batching import call_batch
 from genhook.tasks.worker import Worker
 from tests.conftest import ROOT, Harness, make_harness, make_settings
@@ -758,6 +759,30 @@ async def test_lru_eviction_under_a_small_budget(weights: dict[str, Path], tmp_p
         await close(h)
 
 
+async def test_models_preloaded_that_do_not_fit_together_stop_the_start(
+    weights: dict[str, Path], tmp_path: Path
+) -> None:
+    """Each fits the budget alone, not both: the second's load would unload the first, so
+    the worker refuses to start rather than report ready without it."""
+    flux, sdxl = "FluxPipeline", "StableDiffusionXLPipeline"
+    from genhook.engines.local._config import check_directory, weight_bytes
+    from genhook.tasks.worker import PreloadFailed
+
+    sizes = [weight_bytes(check_directory(weights[p], p), "float32") for p in (flux, sdxl)]
+    h = await harness_for(
+        tmp_path,
+        [entry(flux, weights[flux]), entry(sdxl, weights[sdxl])],
+        local_models_memory_gb=(max(sizes) + min(sizes) // 2) / (1 << 30),
+        preload_models=[f"local/{flux}", f"local/{sdxl}"],
+    )
+    try:
+        with pytest.raises(PreloadFailed, match=f"cannot preload local/{flux} beside the models"):
+            await h.worker.preload()
+        assert not h.worker.preloaded
+    finally:
+        await close(h)
+
+
 @pytest.mark.parametrize("batch", [1, 2])
 async def test_a_model_that_cannot_fit_is_refused_at_load(
     batch: int, weights: dict[str, Path], tmp_path: Path
@@ -810,7 +835,8 @@ async def test_a_model_on_a_missing_device_fails_its_task_and_stops_a_preloading
     weights: dict[str, Path], tmp_path: Path
 ) -> None:
     """A device the worker does not have (no CUDA in its torch, no such card) is named in the
-    task's error; ``genhook worker --preload`` stops with that one line, exit status 1."""
+    task's error; ``genhook worker --preload`` stops with that one line, exit status 1 (a
+    worker of ``genhook serve``: the status that tells its supervisor it could not start)."""
     pipeline = "FluxPipeline"
     model = f"local/{pipeline}"
     entries = [entry(pipeline, weights[pipeline], device="cuda:99")]
@@ -821,27 +847,37 @@ async def test_a_model_on_a_missing_device_fails_its_task_and_stops_a_preloading
         assert failed["error_code"] == ErrorCode.ENGINE_ERROR, failed
         assert failed["error"].startswith(message), failed
         settings = h.state.settings
-        result = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-m", "genhook.cli", "worker", "--preload", model],
-            env={
-                **os.environ,
-                "GENHOOK_DATA_DIR": str(settings.data_dir),
-                "GENHOOK_DATABASE_URL": settings.database_url or "",
-                "GENHOOK_LOCAL_MODELS": json.dumps(entries),
-                "GENHOOK_HEALTH_PORT": str(free_port()),
-                "PYTHONPATH": os.pathsep.join(
-                    [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]
-                ),
-            },
-            capture_output=True,
-            text=True,
-            timeout=120,
+        supervised = (
+            "import os; from genhook.cli._environment import load_settings; "
+            "from genhook.runtime.roles import worker_main; "
+            "worker_main(load_settings(), 0, os.getppid())"
         )
-        output = result.stdout + result.stderr
-        assert result.returncode == 1, output
-        assert f"cannot preload {model}: {message}" in output, output
-        assert "Traceback" not in output, output
+        for command, status in (
+            (["-m", "genhook.cli", "worker", "--preload", model], 1),
+            (["-c", supervised], EXIT_CANNOT_START),
+        ):
+            result = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, *command],
+                env={
+                    **os.environ,
+                    "GENHOOK_DATA_DIR": str(settings.data_dir),
+                    "GENHOOK_DATABASE_URL": settings.database_url or "",
+                    "GENHOOK_LOCAL_MODELS": json.dumps(entries),
+                    "GENHOOK_PRELOAD_MODELS": json.dumps([model]),
+                    "GENHOOK_HEALTH_PORT": str(free_port()),
+                    "PYTHONPATH": os.pathsep.join(
+                        [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]
+                    ),
+                },
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            output = result.stdout + result.stderr
+            assert result.returncode == status, output
+            assert f"cannot preload {model}: {message}" in output, output
+            assert "Traceback" not in output, output
     finally:
         await close(h)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from genhook.runtime.supervisor import START_ATTEMPTS, START_SECONDS, Child
+from genhook.runtime.supervisor import EXIT_CANNOT_START, START_ATTEMPTS, START_SECONDS, Child
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -72,6 +72,9 @@ def test_a_role_that_never_starts_stops_the_supervisor(tmp_path: Path) -> None:
         ([(START_SECONDS + 1, 1)] + [(0.1, 1)] * (START_ATTEMPTS * 2), False),
         # A long run in between starts the count again.
         ([(0.1, 1)] * (START_ATTEMPTS - 1) + [(START_SECONDS + 1, 0), (0.1, 1)], False),
+        # A worker whose preload failed could not start, however long it took to fail.
+        ([(START_SECONDS + 30, EXIT_CANNOT_START)] * START_ATTEMPTS, True),
+        ([(START_SECONDS + 30, EXIT_CANNOT_START)] * (START_ATTEMPTS - 1), False),
     ],
 )
 def test_which_exits_stop_the_service(runs: list[tuple[float, int]], expected: bool) -> None:

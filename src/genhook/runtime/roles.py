@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from genhook.config import Settings
 from genhook.files import private_dir, tighten_data
-from genhook.runtime.supervisor import dispatcher_owner_for, worker_id_for
+from genhook.runtime.supervisor import EXIT_CANNOT_START, dispatcher_owner_for, worker_id_for
 
 if TYPE_CHECKING:
     from genhook.api.deps import AppState
@@ -235,7 +235,8 @@ def worker_main(settings: Settings, index: int, parent: int | None = None) -> No
     except PreloadFailed as failure:
         runner.close()
         log.error("%s", failure)
-        raise SystemExit(1) from None
+        # Under serve, a status that says so however long the preload took; alone, 1.
+        raise SystemExit(EXIT_CANNOT_START if parent is not None else 1) from None
     except BaseException:
         runner.close()
         raise

@@ -62,6 +62,9 @@ RELEASE = "release"
 START_SECONDS = 5.0
 # Failed starts in a row, of a role that never ran longer, after which the service stops.
 START_ATTEMPTS = 5
+# The exit status of a child that could not start, however long it tried (a worker whose
+# models to preload cannot load): a failed start, even after ``START_SECONDS``.
+EXIT_CANNOT_START = 4
 
 
 def worker_id_for(pid: int, index: int) -> str:
@@ -93,6 +96,9 @@ class Child:
     def exited(self, now: float, code: int) -> bool:
         """Count an exit; True when the role cannot start and the service must stop. An
         exit by a signal (a kill from outside, negative ``code``) is no failure of its own."""
+        if code == EXIT_CANNOT_START:
+            self.failures += 1
+            return self.failures >= START_ATTEMPTS
         if now - self.started_at < START_SECONDS:
             self.failures += 1
         else:

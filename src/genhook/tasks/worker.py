@@ -179,6 +179,14 @@ class Worker(Services):
             log.info(
                 "worker %s: %s loaded in %.1f s", self.worker_id, model, time.monotonic() - started
             )
+        resident, preloaded = self.resident(), self.settings.preload_models
+        unloaded = [m for m in preloaded if m in self._affine and m not in resident]
+        if unloaded:  # a later one's load made room by unloading it
+            raise PreloadFailed(
+                f"cannot preload {', '.join(unloaded)} beside the models preloaded after it: "
+                "together they need more than the device's memory budget "
+                "(GENHOOK_LOCAL_MODELS_MEMORY_GB); preload fewer, or put them on other devices"
+            )
         self.preloaded = True
 
     def hold_ms(self) -> dict[str, int] | None:
