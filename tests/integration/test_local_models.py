@@ -783,6 +783,23 @@ async def test_models_preloaded_that_do_not_fit_together_stop_the_start(
         await close(h)
 
 
+async def test_weights_gone_since_the_start_stop_a_preload_in_one_line(
+    weights: dict[str, Path], tmp_path: Path
+) -> None:
+    from genhook.tasks.worker import PreloadFailed
+
+    pipeline = "FluxPipeline"
+    copy = tmp_path / "copy"
+    shutil.copytree(weights[pipeline], copy)
+    h = await harness_for(tmp_path, [entry(pipeline, copy)], preload_models=[f"local/{pipeline}"])
+    try:
+        shutil.rmtree(copy / "transformer")
+        with pytest.raises(PreloadFailed, match=f"^cannot preload local/{pipeline}: .*transformer"):
+            await h.worker.preload()
+    finally:
+        await close(h)
+
+
 @pytest.mark.parametrize("batch", [1, 2])
 async def test_a_model_that_cannot_fit_is_refused_at_load(
     batch: int, weights: dict[str, Path], tmp_path: Path

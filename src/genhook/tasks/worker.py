@@ -176,6 +176,9 @@ class Worker(Services):
                 await self.load_engine(model)
             except TaskFailure as failure:  # the engine's own words: no traceback
                 raise PreloadFailed(f"cannot preload {model}: {failure.message}") from None
+            except Exception as error:  # unforeseen (weights changed since the start): logged
+                log.exception("worker %s: preloading %s failed", self.worker_id, model)
+                raise PreloadFailed(f"cannot preload {model}: {error}") from None
             log.info(
                 "worker %s: %s loaded in %.1f s", self.worker_id, model, time.monotonic() - started
             )
