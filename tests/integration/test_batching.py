@@ -109,6 +109,13 @@ def outputs_of(body: dict[str, Any]) -> list[str]:
     return outputs
 
 
+async def until_called() -> None:
+    """Until the batch engine's first call has begun."""
+    async with asyncio.timeout(30):
+        while not CountingBatchEngine.calls:
+            await asyncio.sleep(0.01)
+
+
 async def until_processing(h: Harness, ids: Sequence[str]) -> None:
     async with asyncio.timeout(30):
         while {task.status for task in (await rows(h, ids)).values()} != {"processing"}:
@@ -212,9 +219,7 @@ async def test_a_task_canceled_in_a_running_batch_is_discarded_alone(
         # The second job waits until it is given up; the others finish normally.
         ids = [await submit(h), await submit(h, "wait=20"), await submit(h)]
         running = asyncio.create_task(h.worker.run_once())
-        async with asyncio.timeout(30):
-            while not CountingBatchEngine.calls:
-                await asyncio.sleep(0.01)
+        await until_called()
         await cancel(h, ids[1])
         async with asyncio.timeout(30):
             assert await running
@@ -296,9 +301,7 @@ async def test_a_stop_starts_no_new_call_of_the_batch(tmp_path: Path, database_u
         second = await submit(h, "edit", size="1536*1536")
         stop = asyncio.Event()
         running = asyncio.create_task(h.worker.run(stop))
-        async with asyncio.timeout(30):
-            while not CountingBatchEngine.calls:
-                await asyncio.sleep(0.01)
+        await until_called()
         stop.set()
         async with asyncio.timeout(30):
             await running
@@ -316,9 +319,7 @@ async def test_a_call_abandoned_by_all_its_tasks_lets_no_other_call_start_beside
         stuck = await submit(h, "sleep=3", size="1024*1024")
         other = await submit(h, "edit", size="1536*1536")
         running = asyncio.create_task(h.worker.run_once())
-        async with asyncio.timeout(30):
-            while not CountingBatchEngine.calls:
-                await asyncio.sleep(0.01)
+        await until_called()
         await cancel(h, stuck)
         async with asyncio.timeout(30):
             await running
