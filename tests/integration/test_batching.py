@@ -353,6 +353,32 @@ async def test_a_stop_while_the_model_loads_gives_the_tasks_back_at_the_grace(
             SlowLoadEngine.loaded.set()
 
 
+@pytest.mark.parametrize("size", [1, 4])
+async def test_a_load_that_ends_within_the_grace_lets_the_task_in_hand_finish(
+    size: int, tmp_path: Path, database_url: str
+) -> None:
+    """Alone or batched, the tasks in hand when the stop comes run once their model has
+    loaded within the grace, and the worker then leaves."""
+    settings = {"model_batching": {SLOW_LOAD_MODEL: {"max_batch_size": size}}}
+    async with batching(tmp_path, database_url, shutdown_grace_seconds=30, **settings) as h:
+        SlowLoadEngine.reset()
+        try:
+            ids = [await submit(h, model=SLOW_LOAD_MODEL) for _ in range(size)]
+            stop = asyncio.Event()
+            running = asyncio.create_task(h.worker.run(stop))
+            async with asyncio.timeout(30):
+                while not SlowLoadEngine.loads:
+                    await asyncio.sleep(0.01)
+            stop.set()
+            await asyncio.sleep(0.3)
+            SlowLoadEngine.loaded.set()
+            async with asyncio.timeout(30):
+                await running
+            assert {task.status for task in (await rows(h, ids)).values()} == {"completed"}
+        finally:
+            SlowLoadEngine.loaded.set()
+
+
 async def test_a_task_canceled_while_its_model_loads_leaves_one_load_for_the_next(
     tmp_path: Path, database_url: str
 ) -> None:

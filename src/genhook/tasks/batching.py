@@ -90,20 +90,25 @@ async def run_batch(
     for member in members:
         worker.keeper.hold(member.task.id, member.lost)
     started = time.monotonic()
+    grace = _Grace(worker.settings.shutdown_grace_seconds)
     try:
         woken = await _fill(worker, spec, members, stop, waiter, more_waiting)
-        engine = await _prepared_in_time(worker, spec, members, stop)
+        engine = await _prepared_in_time(worker, spec, members, stop, grace)
         if engine is None:
             return woken
+        called = False
         for group in _groups(engine, [m for m in members if not m.gone]):
-            if (stop is not None and stop.is_set()) or worker.tainted:
-                # Leaving, or an abandoned call still runs: the rest go back to the queue.
+            if worker.tainted or (called and stop is not None and stop.is_set()):
+                # An abandoned call still runs, or the worker is leaving after this batch's
+                # first call (the one a lone task would make): the rest go back to the queue.
                 for member in group:
                     if not member.gone:
                         _give_up(member)
                         await worker.release_task(member.task)
                 continue
-            await _run_group(worker, spec, engine, group, stop, time.monotonic() - started)
+            waited = time.monotonic() - started
+            await _run_group(worker, spec, engine, group, stop, waited, grace)
+            called = True
         return woken
     finally:
         for member in members:
@@ -135,7 +140,7 @@ async def _fill(
             if remaining <= 0:
                 break
             if waiter is not None:
-                if await waiter.wait(remaining) is Wake.TIMEOUT:
+                if await waiter.wait(remaining, idle=not worker.hold_ms()) is Wake.TIMEOUT:
                     break
                 woken = True
             else:
@@ -181,8 +186,26 @@ def _drop_lost(members: list[_Member]) -> None:
             log.info("task %s: canceled or lost before its engine call", member.task.id)
 
 
+@dataclass
+class _Grace:
+    """When a batch told to stop gives back what it still holds: its grace, counted once from
+    the stop it first saw, across its model's load and its first call."""
+
+    seconds: float
+    until: float | None = None  # the loop's time
+
+    def start(self) -> float:
+        if self.until is None:
+            self.until = asyncio.get_running_loop().time() + self.seconds
+        return self.until
+
+
 async def _prepared_in_time(
-    worker: Worker, spec: ModelSpec, members: list[_Member], stop: asyncio.Event | None
+    worker: Worker,
+    spec: ModelSpec,
+    members: list[_Member],
+    stop: asyncio.Event | None,
+    grace: _Grace,
 ) -> Engine | None:
     """``_prepare``, unless the worker leaves meanwhile: past its grace the tasks go back to
     the queue (a model load goes on in its thread; the worker leaves without it)."""
@@ -193,7 +216,8 @@ async def _prepared_in_time(
     try:
         await asyncio.wait({preparing, stopping}, return_when="FIRST_COMPLETED")
         if not preparing.done():
-            await asyncio.wait({preparing}, timeout=worker.settings.shutdown_grace_seconds)
+            left = grace.start() - asyncio.get_running_loop().time()
+            await asyncio.wait({preparing}, timeout=max(0.0, left))
     finally:
         stopping.cancel()
     if preparing.done():
@@ -311,6 +335,7 @@ async def _run_group(
     group: list[_Member],
     stop: asyncio.Event | None,
     waited: float,
+    grace: _Grace,
 ) -> None:
     _drop_lost(group)  # canceled while an earlier key's call ran
     group = [member for member in group if not member.gone]
@@ -333,7 +358,7 @@ async def _run_group(
         for member in group:
             assert member.progress is not None
             await stack.enter_async_context(member.progress.running())
-        await _supervise(worker, group, work, stop)
+        await _supervise(worker, group, work, stop, grace)
     if not work.done():
         # Every task of the call was given up: an engine that can, stops soon.
         await worker.await_engine(ids, engine, stop)
@@ -348,11 +373,11 @@ async def _supervise(
     group: list[_Member],
     work: asyncio.Future[Any],
     stop: asyncio.Event | None,
+    grace: _Grace,
 ) -> None:
     """Wait for the call while each task's cancel, lease and deadline apply to it alone;
     return early only when every task of the call was given up."""
     loop = asyncio.get_running_loop()
-    grace: float | None = None
     while not work.done():
         live = [member for member in group if not member.gone]
         if not live:
@@ -360,12 +385,12 @@ async def _supervise(
         # Deadlines are epoch milliseconds; the loop's clock measures the wait.
         earliest = min(member.task.deadline_at for member in live)
         limit = loop.time() + max(0.0, (earliest - now_ms()) / 1000)
-        if grace is not None:
-            limit = min(limit, grace)
+        if grace.until is not None:
+            limit = min(limit, grace.until)
         waiters: set[asyncio.Future[Any]] = {work}
         waiters.update(asyncio.ensure_future(member.lost.wait()) for member in live)
         stopping = None
-        if stop is not None and grace is None:
+        if stop is not None and grace.until is None:
             stopping = asyncio.ensure_future(stop.wait())
             waiters.add(stopping)
         try:
@@ -388,10 +413,10 @@ async def _supervise(
                 _give_up(member)
                 if await worker.end_task(member.task, worker.lifecycle.time_out):
                     log.info("task %s timed out in a batch", member.task.id)
-        if stop is not None and stop.is_set() and grace is None:
-            grace = loop.time() + worker.settings.shutdown_grace_seconds
+        if stop is not None and stop.is_set() and grace.until is None:
+            grace.start()
             log.info("a batch of %d: finishing before shutdown", len(live))
-        elif grace is not None and loop.time() >= grace:
+        elif grace.until is not None and loop.time() >= grace.until:
             for member in group:
                 if not member.gone:
                     _give_up(member)
