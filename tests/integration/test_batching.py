@@ -29,8 +29,10 @@ from tests.conftest import ROOT, Harness, make_harness, make_settings
 from tests.integration.test_hot_path import submit as submit_edit
 from tests.support.engines import (
     BATCH_MODEL,
+    COUNTED_LOAD_MODEL,
     PAIRED_MODEL,
     SLOW_LOAD_MODEL,
+    CountedLoadEngine,
     CountingBatchEngine,
     SlowLoadEngine,
 )
@@ -405,6 +407,43 @@ async def test_a_task_canceled_while_its_model_loads_leaves_one_load_for_the_nex
             stop.set()
             await running
             assert (SlowLoadEngine.loads, SlowLoadEngine.most) == (1, 1)
+        finally:
+            SlowLoadEngine.loaded.set()
+
+
+async def test_a_load_waiting_its_turn_for_a_task_given_up_never_starts(
+    tmp_path: Path, database_url: str
+) -> None:
+    """A task canceled while its model's load waits for another model's load to end leaves
+    nothing to load: that load does not start, and takes no memory from the next task's."""
+    tuning = {SLOW_LOAD_MODEL: {"max_batch_size": 1}}
+    async with batching(
+        tmp_path, database_url, model_batching=tuning, cancel_check_seconds=0.05
+    ) as h:
+        SlowLoadEngine.reset()
+        CountedLoadEngine.loads = 0
+        try:
+            first = await submit(h, model=SLOW_LOAD_MODEL)
+            second = await submit(h, model=COUNTED_LOAD_MODEL)
+            stop = asyncio.Event()
+            running = asyncio.create_task(h.worker.run(stop))
+            async with asyncio.timeout(30):
+                while not SlowLoadEngine.loads:
+                    await asyncio.sleep(0.01)
+            await cancel(h, first)
+            async with asyncio.timeout(30):
+                while (await rows(h, [second]))[second].status != "processing":
+                    await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)  # its load waits for the first one's to end
+            await cancel(h, second)
+            await asyncio.sleep(0.3)
+            SlowLoadEngine.loaded.set()
+            async with asyncio.timeout(30):
+                while h.worker.loading:
+                    await asyncio.sleep(0.02)
+            stop.set()
+            await running
+            assert CountedLoadEngine.loads == 0
         finally:
             SlowLoadEngine.loaded.set()
 

@@ -237,10 +237,21 @@ class SlowLoadEngine(CountingBatchEngine):
         cls.loads = cls.most = cls._running = 0
 
 
+class CountedLoadEngine(CountingBatchEngine):
+    """``CountingBatchEngine`` that counts its loads (``loads``)."""
+
+    loads: ClassVar[int] = 0
+
+    def load(self) -> None:
+        with self.lock:
+            CountedLoadEngine.loads += 1
+
+
 BATCH_MODEL = "test/batch"
 PAIRED_MODEL = "test/paired"
 MATMUL_MODEL = "test/matmul"
 SLOW_LOAD_MODEL = "test/slow-load"
+COUNTED_LOAD_MODEL = "test/counted-load"
 
 
 def register_batching(registry: Registry) -> None:
@@ -252,6 +263,7 @@ def register_batching(registry: Registry) -> None:
         (PAIRED_MODEL, PairedEngine, 1, 2),
         (MATMUL_MODEL, MatmulEngine, 1, 1),
         (SLOW_LOAD_MODEL, SlowLoadEngine, 4, 1),
+        (COUNTED_LOAD_MODEL, CountedLoadEngine, 1, 1),
     ]
     for model_id, engine, size, concurrency in engines:
         registry.register(

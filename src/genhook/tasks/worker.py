@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
 import threading
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -68,6 +69,10 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+class LoadNotWanted(Exception):
+    """A model's load reached its turn after every task that needed it was given up."""
+
+
 class PreloadFailed(RuntimeError):
     """A model of ``GENHOOK_PRELOAD_MODELS`` could not be loaded: the worker does not start."""
 
@@ -97,8 +102,10 @@ class Worker(Services):
         }
         self._load_lock = asyncio.Lock()
         # Each model's load in progress, shared by every task that needs it: a task given up
-        # meanwhile leaves the load running (a thread), and the next one waits for it.
+        # meanwhile leaves the load running (a thread), and the next one waits for it. A load
+        # still waiting for its turn when no task wants it any more does not start.
         self._loading: dict[str, asyncio.Future[Engine]] = {}
+        self._wanted: Counter[str] = Counter()
         self._completer = GroupCompleter(self.lifecycle, self.worker_id)
         self.keeper = LeaseKeeper(
             self.lifecycle,
@@ -141,18 +148,25 @@ class Worker(Services):
         if engine is not None:
             return engine
         loading = self._loading.get(model)
-        if loading is None:
+        if loading is None or loading.done():
             loading = asyncio.ensure_future(self._load(model))
             self._loading[model] = loading
-            loading.add_done_callback(lambda done: self._loaded(model, done))
-        return await asyncio.shield(loading)
+            loading.add_done_callback(functools.partial(self._loaded, model))
+        self._wanted[model] += 1
+        try:
+            return await asyncio.shield(loading)
+        finally:
+            self._wanted[model] -= 1
 
     async def _load(self, model: str) -> Engine:
         async with self._load_lock:
+            if not self._wanted[model]:
+                raise LoadNotWanted(f"{model}: every task that needed it was given up")
             return await asyncio.to_thread(self.engine, model)
 
     def _loaded(self, model: str, done: asyncio.Future[Engine]) -> None:
-        del self._loading[model]
+        if self._loading.get(model) is done:
+            del self._loading[model]
         if not done.cancelled():
             done.exception()  # read, even when every task that waited has been given up
 
