@@ -60,10 +60,12 @@ RELEASE_AT_STOP = 2.0
 RELEASE = "release"
 # A child that exits within this many seconds of its start has failed to start.
 START_SECONDS = 5.0
-# Failed starts in a row, of a role that never ran longer, after which the service stops.
+# Failed starts in a row, of a role that never ran longer (or that says it could not start),
+# after which the service stops.
 START_ATTEMPTS = 5
 # The exit status of a child that could not start, however long it tried (a worker whose
-# models to preload cannot load): a failed start, even after ``START_SECONDS``.
+# models to preload cannot load): a failed start, even after ``START_SECONDS``, and even of
+# a role that ran a while before.
 EXIT_CANNOT_START = 4
 
 
@@ -188,8 +190,8 @@ class Supervisor:
                 self._release_later(child, process.pid, lost=code != 0)
                 if give_up:
                     log.error(
-                        "%s exited at each of its last %d starts, the last with status %s, "
-                        "and never came up (its error is above); stopping the service",
+                        "%s failed at each of its last %d starts, the last with status %s "
+                        "(its error is above); stopping the service",
                         child.name,
                         child.failures,
                         code,
