@@ -330,6 +330,31 @@ async def test_a_call_abandoned_by_all_its_tasks_lets_no_other_call_start_beside
         await asyncio.sleep(3)  # the abandoned call ends before the test does
 
 
+@contextlib.asynccontextmanager
+async def loading(h: Harness) -> AsyncIterator[tuple[asyncio.Event, asyncio.Task[None]]]:
+    """``h``'s worker running (its stop and its run), once the slow model's load has begun;
+    the load lasts until the test sets ``SlowLoadEngine.loaded``, or the end."""
+    SlowLoadEngine.reset()
+    stop = asyncio.Event()
+    running = asyncio.create_task(h.worker.run(stop))
+    try:
+        async with asyncio.timeout(30):
+            while not SlowLoadEngine.loads:
+                await asyncio.sleep(0.01)
+        yield stop, running
+    finally:
+        SlowLoadEngine.loaded.set()
+        stop.set()
+        async with asyncio.timeout(30):
+            await running
+
+
+async def until_status(h: Harness, task_id: str, status: str) -> None:
+    async with asyncio.timeout(30):
+        while (await rows(h, [task_id]))[task_id].status != status:
+            await asyncio.sleep(0.01)
+
+
 @pytest.mark.parametrize("size", [1, 4])
 async def test_a_stop_while_the_model_loads_gives_the_tasks_back_at_the_grace(
     size: int, tmp_path: Path, database_url: str
@@ -338,21 +363,13 @@ async def test_a_stop_while_the_model_loads_gives_the_tasks_back_at_the_grace(
     to the queue; the load goes on in its thread, and the worker says so."""
     settings = {"model_batching": {SLOW_LOAD_MODEL: {"max_batch_size": size}}}
     async with batching(tmp_path, database_url, shutdown_grace_seconds=0.3, **settings) as h:
-        SlowLoadEngine.reset()
-        try:
-            ids = [await submit(h, model=SLOW_LOAD_MODEL) for _ in range(2)]
-            stop = asyncio.Event()
-            running = asyncio.create_task(h.worker.run(stop))
-            async with asyncio.timeout(30):
-                while not SlowLoadEngine.loads:
-                    await asyncio.sleep(0.01)
+        ids = [await submit(h, model=SLOW_LOAD_MODEL) for _ in range(2)]
+        async with loading(h) as (stop, running):
             stop.set()
             async with asyncio.timeout(30):
                 await running
             assert h.worker.loading and not SlowLoadEngine.loaded.is_set()
             assert {task.status for task in (await rows(h, ids)).values()} == {"created"}
-        finally:
-            SlowLoadEngine.loaded.set()
 
 
 @pytest.mark.parametrize("size", [1, 4])
@@ -363,22 +380,14 @@ async def test_a_load_that_ends_within_the_grace_lets_the_task_in_hand_finish(
     loaded within the grace, and the worker then leaves."""
     settings = {"model_batching": {SLOW_LOAD_MODEL: {"max_batch_size": size}}}
     async with batching(tmp_path, database_url, shutdown_grace_seconds=30, **settings) as h:
-        SlowLoadEngine.reset()
-        try:
-            ids = [await submit(h, model=SLOW_LOAD_MODEL) for _ in range(size)]
-            stop = asyncio.Event()
-            running = asyncio.create_task(h.worker.run(stop))
-            async with asyncio.timeout(30):
-                while not SlowLoadEngine.loads:
-                    await asyncio.sleep(0.01)
+        ids = [await submit(h, model=SLOW_LOAD_MODEL) for _ in range(size)]
+        async with loading(h) as (stop, running):
             stop.set()
             await asyncio.sleep(0.3)
             SlowLoadEngine.loaded.set()
             async with asyncio.timeout(30):
                 await running
-            assert {task.status for task in (await rows(h, ids)).values()} == {"completed"}
-        finally:
-            SlowLoadEngine.loaded.set()
+        assert {task.status for task in (await rows(h, ids)).values()} == {"completed"}
 
 
 async def test_a_task_canceled_while_its_model_loads_leaves_one_load_for_the_next(
@@ -386,29 +395,15 @@ async def test_a_task_canceled_while_its_model_loads_leaves_one_load_for_the_nex
 ) -> None:
     settings = {"model_batching": {SLOW_LOAD_MODEL: {"max_batch_size": 1}}}
     async with batching(tmp_path, database_url, cancel_check_seconds=0.05, **settings) as h:
-        SlowLoadEngine.reset()
-        try:
-            first = await submit(h, model=SLOW_LOAD_MODEL)
-            second = await submit(h, model=SLOW_LOAD_MODEL)
-            stop = asyncio.Event()
-            running = asyncio.create_task(h.worker.run(stop))
-            async with asyncio.timeout(30):
-                while not SlowLoadEngine.loads:
-                    await asyncio.sleep(0.01)
+        first = await submit(h, model=SLOW_LOAD_MODEL)
+        second = await submit(h, model=SLOW_LOAD_MODEL)
+        async with loading(h):
             await cancel(h, first)
-            async with asyncio.timeout(30):
-                while (await rows(h, [second]))[second].status != "processing":
-                    await asyncio.sleep(0.01)
+            await until_status(h, second, "processing")
             await asyncio.sleep(0.3)  # the second task waits for the load under way
             SlowLoadEngine.loaded.set()
-            async with asyncio.timeout(30):
-                while (await rows(h, [second]))[second].status != "completed":
-                    await asyncio.sleep(0.02)
-            stop.set()
-            await running
-            assert (SlowLoadEngine.loads, SlowLoadEngine.most) == (1, 1)
-        finally:
-            SlowLoadEngine.loaded.set()
+            await until_status(h, second, "completed")
+        assert (SlowLoadEngine.loads, SlowLoadEngine.most) == (1, 1)
 
 
 async def test_a_load_waiting_its_turn_for_a_task_given_up_never_starts(
@@ -420,20 +415,12 @@ async def test_a_load_waiting_its_turn_for_a_task_given_up_never_starts(
     async with batching(
         tmp_path, database_url, model_batching=tuning, cancel_check_seconds=0.05
     ) as h:
-        SlowLoadEngine.reset()
         CountedLoadEngine.loads = 0
-        try:
-            first = await submit(h, model=SLOW_LOAD_MODEL)
-            second = await submit(h, model=COUNTED_LOAD_MODEL)
-            stop = asyncio.Event()
-            running = asyncio.create_task(h.worker.run(stop))
-            async with asyncio.timeout(30):
-                while not SlowLoadEngine.loads:
-                    await asyncio.sleep(0.01)
+        first = await submit(h, model=SLOW_LOAD_MODEL)
+        second = await submit(h, model=COUNTED_LOAD_MODEL)
+        async with loading(h):
             await cancel(h, first)
-            async with asyncio.timeout(30):
-                while (await rows(h, [second]))[second].status != "processing":
-                    await asyncio.sleep(0.01)
+            await until_status(h, second, "processing")
             await asyncio.sleep(0.2)  # its load waits for the first one's to end
             await cancel(h, second)
             await asyncio.sleep(0.3)
@@ -441,11 +428,7 @@ async def test_a_load_waiting_its_turn_for_a_task_given_up_never_starts(
             async with asyncio.timeout(30):
                 while h.worker.loading:
                     await asyncio.sleep(0.02)
-            stop.set()
-            await running
-            assert CountedLoadEngine.loads == 0
-        finally:
-            SlowLoadEngine.loaded.set()
+        assert CountedLoadEngine.loads == 0
 
 
 async def test_a_database_fault_at_a_deadline_in_a_batch_spares_the_neighbours(
