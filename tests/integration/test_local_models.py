@@ -35,7 +35,7 @@ from genhook.engines.registry import build_registry
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.runtime.supervisor import EXIT_CANNOT_START
 from genhook.tasks.batching import call_batch
-from genhook.tasks.worker import Worker
+from genhook.tasks.worker import PreloadFailed, Worker
 from tests.conftest import ROOT, Harness, make_harness, make_settings
 from tests.support import in_model_process
 from tests.support.images import data_url
@@ -766,7 +766,6 @@ async def test_models_preloaded_that_do_not_fit_together_stop_the_start(
     the worker refuses to start rather than report ready without it."""
     flux, sdxl = "FluxPipeline", "StableDiffusionXLPipeline"
     from genhook.engines.local._config import check_directory, weight_bytes
-    from genhook.tasks.worker import PreloadFailed
 
     sizes = [weight_bytes(check_directory(weights[p], p), "float32") for p in (flux, sdxl)]
     h = await harness_for(
@@ -786,7 +785,6 @@ async def test_models_preloaded_that_do_not_fit_together_stop_the_start(
 async def test_weights_gone_since_the_start_stop_a_preload_in_one_line(
     weights: dict[str, Path], tmp_path: Path
 ) -> None:
-    from genhook.tasks.worker import PreloadFailed
 
     pipeline = "FluxPipeline"
     copy = tmp_path / "copy"

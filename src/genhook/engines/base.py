@@ -10,6 +10,7 @@ jobs in one call (``tasks/batching.py``).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -67,6 +68,10 @@ class EngineJob:
     stop: threading.Event = field(default_factory=threading.Event, compare=False)
     # The model's ``request_schema`` instance the task was submitted with (see ``request_as``).
     request: BaseModel | None = None
+
+    def given_up(self) -> bool:
+        """Asked to stop, or past its deadline: nobody waits for this job's outcome."""
+        return self.stop.is_set() or (self.deadline is not None and time.time() >= self.deadline)
 
     def stop_if_asked(self) -> None:
         """Raise when the task was given up; its outcome is no longer recorded anyway."""

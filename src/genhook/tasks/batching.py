@@ -101,10 +101,7 @@ async def run_batch(
             if worker.tainted or (called and stop is not None and stop.is_set()):
                 # An abandoned call still runs, or the worker is leaving after this batch's
                 # first call (the one a lone task would make): the rest go back to the queue.
-                for member in group:
-                    if not member.gone:
-                        _give_up(member)
-                        await worker.release_task(member.task)
+                await _release(worker, group)
                 continue
             waited = time.monotonic() - started
             await _run_group(worker, spec, engine, group, stop, waited, grace)
@@ -225,10 +222,7 @@ async def _prepared_in_time(
     preparing.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await preparing
-    for member in members:
-        if not member.gone:
-            _give_up(member)
-            await worker.release_task(member.task)
+    await _release(worker, members)
     return None
 
 
@@ -302,7 +296,7 @@ def call_batch(engine: Engine, jobs: Sequence[EngineJob]) -> list[EngineResult |
                 raise RuntimeError(f"run_batch returned {len(results)} entries for {len(jobs)}")
             return [_checked(entry) for entry in results]
         except Exception:
-            if not all(_given_up(job) for job in jobs):  # a call stopped for them is no fault
+            if not all(job.given_up() for job in jobs):  # a call stopped for them is no fault
                 log.exception("a batch of %d failed; running each of its tasks alone", len(jobs))
     return [_alone(engine, job) for job in jobs]
 
@@ -313,14 +307,10 @@ def _checked(entry: object) -> EngineResult | Exception:
     return RuntimeError(f"run_batch returned {type(entry).__name__}, not a result")
 
 
-def _given_up(job: EngineJob) -> bool:
-    return job.stop.is_set() or (job.deadline is not None and time.time() >= job.deadline)
-
-
 def _alone(engine: Engine, job: EngineJob) -> EngineResult | Exception:
     if job.stop.is_set():
         return TaskFailure(ErrorCode.ENGINE_ERROR, STOPPED_EARLY)
-    if _given_up(job):
+    if job.given_up():
         return TaskFailure(ErrorCode.TIMEOUT, "the task did not finish by its deadline")
     try:
         return engine.run(job)
@@ -417,16 +407,21 @@ async def _supervise(
             grace.start()
             log.info("a batch of %d: finishing before shutdown", len(live))
         elif grace.until is not None and loop.time() >= grace.until:
-            for member in group:
-                if not member.gone:
-                    _give_up(member)
-                    await worker.release_task(member.task)
+            await _release(worker, group)
             return
 
 
 def _give_up(member: _Member) -> None:
     member.gone = True
     member.stop.set()
+
+
+async def _release(worker: Worker, members: list[_Member]) -> None:
+    """Give the members not yet given up back to the queue, unharmed (the worker leaves)."""
+    for member in members:
+        if not member.gone:
+            _give_up(member)
+            await worker.release_task(member.task)
 
 
 async def _record(

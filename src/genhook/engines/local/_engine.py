@@ -193,11 +193,7 @@ class DiffusersEngine(DetectorEngine):
                 job.report(progress=0.05 + 0.85 * done / steps, log=f"step {done}/{steps}")
 
         def given_up() -> bool:
-            now = time.time()
-            return all(
-                job.stop.is_set() or (job.deadline is not None and now >= job.deadline)
-                for job in jobs
-            )
+            return all(job.given_up() for job in jobs)
 
         seeds = [item.seed for item in prepared]
         try:
