@@ -17,9 +17,9 @@ from sqlalchemy import insert, select, text
 
 from genhook.config import Settings
 from genhook.db import Database, WebhookAttempt, WebhookDelivery, now_ms
-from genhook.sender import queue
 from genhook.sender.dispatcher import Dispatcher
 from genhook.sender.keys import KeyRing
+from genhook.sender.queue import _sqlite as queue_sqlite
 from genhook.sender.service import WebhookService
 from genhook.wiring import reconciler as wired_reconciler
 from genhook.wiring import webhook_service
@@ -238,14 +238,14 @@ async def test_due_and_missing_queries_use_indexes(env: tuple[Settings, Database
     async with db.read() as session:
         # The delivery queue's own statements: due rows through the (status, time) index,
         # everything else by primary key, never a walk over all pending rows.
-        for statement in (queue._SQLITE_CLAIM, queue._SQLITE_CLAIMED):
+        for statement in (queue_sqlite.CLAIM, queue_sqlite.CLAIMED):
             plan = " ".join(
                 str(r)
                 for r in await session.execute(text("EXPLAIN QUERY PLAN " + statement), params)
             )
             assert "ix_deliveries_status_next" in plan, plan
             assert "SCAN webhook_deliveries" not in plan, plan
-        for statement in (queue._SQLITE_ATTEMPTS, queue._SQLITE_STATES, queue._SQLITE_RETURN):
+        for statement in (queue_sqlite.ATTEMPTS, queue_sqlite.STATES, queue_sqlite.RETURN):
             plan = " ".join(
                 str(r)
                 for r in await session.execute(text("EXPLAIN QUERY PLAN " + statement), params)
