@@ -13,7 +13,7 @@ aiohttp loop in this process POSTs the same bodies to the same sink with the sam
 concurrency, the ceiling. Latency: terminal transitions are committed one per transaction
 at ``--rate`` per second for ``--seconds`` by this process, as a worker would; latency is
 from each commit to the sink's receipt, with one dispatcher process woken by each commit
-(``genhook.runtime.wakeups``).
+(``genhook.db.wakeups``).
 """
 
 from __future__ import annotations
@@ -386,7 +386,7 @@ async def service_throughput(
                 .where(WebhookDelivery.id.like(f"whd_{prefix}%"))
                 .values(next_attempt_at=0)
             )
-            # As an enqueue does: the commit wakes the dispatchers (genhook.runtime.wakeups).
+            # As an enqueue does: the commit wakes the dispatchers (genhook.db.wakeups).
             await wake_dispatchers(session)
         # Watch the sink's count first, so the measurement itself does not load the
         # database; then wait for every outcome to be recorded.

@@ -39,7 +39,7 @@ class Settings(BaseSettings):
 
     # Workers: engines run in separate processes so CPU work never blocks the API loop.
     workers: int = Field(default=2, ge=0)
-    # An idle worker is woken when a task is submitted or requeued (genhook.runtime.wakeups); this
+    # An idle worker is woken when a task is submitted or requeued (genhook.db.wakeups); this
     # slow poll is only the safety net.
     worker_poll_seconds: float = Field(default=5.0, gt=0)
     lease_seconds: float = Field(default=30.0, gt=0)

@@ -14,9 +14,8 @@ import pytest
 from sqlalchemy import select
 
 from genhook.config import Settings
-from genhook.db import Database, WebhookDelivery, now_ms
+from genhook.db import Database, WebhookDelivery, now_ms, wakeups
 from genhook.db.driver import PostgresTx
-from genhook.runtime import wakeups
 from genhook.sender import dispatcher as dispatcher_module
 from genhook.sender.dispatcher import Dispatcher
 from genhook.sender.events import enqueue_processing

@@ -13,11 +13,10 @@ import pytest
 from sqlalchemy import Table, bindparam, func, insert, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from genhook.db import Database, Task, UsageLine, now_ms
+from genhook.db import Database, Task, UsageLine, now_ms, wakeups
 from genhook.db.driver import SessionTx, Tx, compiled
+from genhook.db.wakeups.postgres import PostgresHub
 from genhook.faults import is_infrastructure_error
-from genhook.runtime import wakeups
-from genhook.runtime.wakeups.postgres import PostgresHub
 from genhook.tasks.store.hot_path import INSERT_USAGE
 from tests.support.postgres import PostgresServer
 from tests.support.queued import queued_rows

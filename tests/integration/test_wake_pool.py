@@ -18,10 +18,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from genhook.db import Database, Task
-from genhook.runtime import wakeups
-from genhook.runtime.wakeups import Waiter, Wake, sockets
-from genhook.runtime.wakeups.postgres import PostgresHub
+from genhook.db import Database, Task, wakeups
+from genhook.db.wakeups import Waiter, Wake, sockets
+from genhook.db.wakeups.postgres import PostgresHub
 from tests.conftest import QUIET_KEEPER, Harness, make_harness, make_settings
 from tests.integration.test_hot_path import counting, submit
 from tests.support.settled import settled
@@ -30,7 +29,7 @@ from tests.support.settled import settled
 QUIET = {"worker_poll_seconds": 30.0, **QUIET_KEEPER}
 
 WRITER = (
-    "import sys; from pathlib import Path; from genhook.runtime.wakeups import send_wakeups; "
+    "import sys; from pathlib import Path; from genhook.db.wakeups import send_wakeups; "
     "print(send_wakeups(Path(sys.argv[1])))"
 )
 

@@ -1,4 +1,4 @@
-"""genhook.runtime.wakeups: announcements at commit (never on rollback), scheduled retries without
+"""genhook.db.wakeups: announcements at commit (never on rollback), scheduled retries without
 polling, stale and long socket paths, and the PostgreSQL listener's reconnect."""
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from genhook.db import Database
-from genhook.runtime import wakeups
-from genhook.runtime.wakeups.postgres import PostgresHub
+from genhook.db import Database, wakeups
+from genhook.db.wakeups.postgres import PostgresHub
 from genhook.wiring import webhook_service
 from tests.support.webhook_receiver import (
     Receiver,
@@ -132,7 +131,7 @@ async def test_a_socket_path_too_long_for_sun_path_still_wakes(tmp_path: Path) -
         assert entry.stat().st_mode & 0o777 == 0o600
         script = (
             "import sys; from pathlib import Path; "
-            "from genhook.runtime.wakeups import send_wakeups; "
+            "from genhook.db.wakeups import send_wakeups; "
             "print(send_wakeups(Path(sys.argv[1])))"
         )
         sent = subprocess.run(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from genhook.runtime import wakeups
-from genhook.runtime.wakeups import TASKS
+from genhook.db import wakeups
+from genhook.db.wakeups import TASKS
 from genhook.tasks.worker import Worker
 
 

@@ -359,3 +359,30 @@ def test_the_import_check_finds_a_late_import() -> None:
         "genhook.tasks.lifecycle.Lifecycle",
         "genhook.tasks.views",
     ]
+
+
+# What the database layer may not import: the layers built on it.
+ABOVE_THE_DATABASE = ("genhook.runtime", "genhook.tasks", "genhook.api", "genhook.engines")
+
+
+def test_the_database_layer_imports_nothing_above_it() -> None:
+    """``db/`` owns its wake-ups (``db/wakeups/``: ``LISTEN``/``NOTIFY`` on PostgreSQL, local
+    sockets on SQLite), so a commit announces work without reaching up into ``runtime/``;
+    the layers above import ``db/``, never the other way."""
+    found: dict[str, list[str]] = {}
+    for path in sorted((PACKAGE / "db").rglob("*.py")):
+        source = path.read_text()
+        names = [name for package in ABOVE_THE_DATABASE for name in imports_of(source, package)]
+        if names:
+            found[path.relative_to(PACKAGE).as_posix()] = names
+    assert found == {}
+    assert (PACKAGE / "db" / "wakeups" / "__init__.py").exists()
+
+
+def test_the_import_check_finds_a_runtime_import() -> None:
+    source = "from genhook.runtime import wakeups\nimport genhook.runtime.lifeline\n"
+    assert imports_of(source, "genhook.runtime") == [
+        "genhook.runtime",
+        "genhook.runtime.lifeline",
+        "genhook.runtime.wakeups",
+    ]

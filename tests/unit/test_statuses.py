@@ -30,7 +30,7 @@ NOT_STATUSES: dict[tuple[str, str], int] = {
     ("client/_client.py", "timeout"): 1,
     ("db/database.py", "timeout"): 1,
     ("tracing.py", "timeout"): 2,
-    ("runtime/wakeups/port.py", "timeout"): 1,
+    ("db/wakeups/port.py", "timeout"): 1,
     # A table column: when a key was created.
     ("cli/__init__.py", "created"): 1,
     ("cli/webhooks.py", "created"): 1,

@@ -28,10 +28,9 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
-from genhook.db import sqlite
+from genhook.db import sqlite, wakeups
 from genhook.db.driver import PostgresTx, SessionTx, SQLiteTx, Tx
 from genhook.files import private_sqlite
-from genhook.runtime import wakeups
 
 
 def now_ms() -> int:

@@ -11,7 +11,7 @@ connection, encoding and decoding JSON columns as SQLAlchemy's ``JSON`` type doe
 driver transaction (``SQLiteTx``, ``PostgresTx``); ``SessionTx`` runs the same code in an ORM
 session's transaction, for callers that already hold one (and for an in-memory SQLite
 database, which a second connection would not see). Work announced with ``notify`` wakes its
-listeners once the transaction commits, as ``genhook.runtime.wakeups.notify`` does for a session.
+listeners once the transaction commits, as ``genhook.db.wakeups.notify`` does for a session.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from genhook.runtime import wakeups
+from genhook.db import wakeups
 
 Row = dict[str, Any]
 

@@ -1,5 +1,5 @@
 """A PostgreSQL connection of a process's own, outside the pool, held for as long as the
-process wants it: the wake-up ``LISTEN`` connection (``genhook.runtime.wakeups``) and a standalone
+process wants it: the wake-up ``LISTEN`` connection (``genhook.db.wakeups``) and a standalone
 worker's liveness lock (``genhook.tasks.liveness``). After a restart drops it, it is opened
 again with the shared backoff; while idle it is checked with ``SELECT 1``."""
 

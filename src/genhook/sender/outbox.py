@@ -16,9 +16,8 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy import ColumnElement, Select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from genhook.db import Database, Task
+from genhook.db import Database, Task, wakeups
 from genhook.db.driver import Tx, as_tx
-from genhook.runtime import wakeups
 from genhook.sender.queue import (
     delete_deliveries_of,
     insert_delivery,
@@ -131,7 +130,7 @@ async def enqueue_delivery(
     """Add the delivery row to the caller's transaction; returns its id.
 
     Due at once. Dispatchers, in this process and others, are woken when the transaction
-    commits (``genhook.runtime.wakeups``).
+    commits (``genhook.db.wakeups``).
     """
     if not task.webhook_url:
         raise ValueError(f"task {task.id} has no webhook_url")

@@ -15,9 +15,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from genhook.config import Settings
-from genhook.db import Database
+from genhook.db import Database, wakeups
 from genhook.net import AddressPolicy, Resolver
-from genhook.runtime import wakeups
 from genhook.sender.dispatcher import LEASE_MARGIN_SECONDS, Dispatcher
 from genhook.sender.keys import KeyRing, ensure_signing_key
 from genhook.sender.reconcile import MissingEvents, Reconciler
@@ -74,7 +73,7 @@ class WebhookService:
             lease_margin_seconds=self._lease_margin,
         )
         dispatcher = self.dispatcher
-        # Deliveries enqueued by any process wake this dispatcher (genhook.runtime.wakeups).
+        # Deliveries enqueued by any process wake this dispatcher (genhook.db.wakeups).
         wake = wakeups.subscribe(self.db.url, wakeups.DELIVERIES, dispatcher.wake)
         sweeper = asyncio.create_task(self._reconcile_forever(stop))
         # Output retention runs on this role too, beside reconciliation.

@@ -24,10 +24,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.config import Settings
 from genhook.data_urls import InlineData
-from genhook.db import AccountLimit, Database, Task
+from genhook.db import AccountLimit, Database, Task, wakeups
 from genhook.db.driver import SessionTx
 from genhook.errors import Conflict, FieldError, InvalidRequest, TooManyRequests
-from genhook.runtime import wakeups
 from genhook.tasks.store import reads
 from genhook.tasks.store.writes import drop_expired_key, insert_keys, insert_tasks, task_values
 

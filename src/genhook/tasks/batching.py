@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from genhook import metrics
 from genhook.db import Task, now_ms
+from genhook.db.wakeups import Waiter, Wake
 from genhook.engines.base import (
     STOPPED_EARLY,
     BatchEngine,
@@ -37,7 +38,6 @@ from genhook.engines.base import (
 )
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.faults import is_infrastructure_error, retry_infrastructure
-from genhook.runtime.wakeups import Waiter, Wake
 from genhook.storage.inputs import discard_inputs
 from genhook.tasks.lifecycle import Completion
 from genhook.tasks.progress import ProgressRecorder

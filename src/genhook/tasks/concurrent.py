@@ -14,7 +14,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from genhook.runtime.wakeups import Wake
+from genhook.db.wakeups import Wake
 
 if TYPE_CHECKING:
     from genhook.db import Task

@@ -21,12 +21,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook import metrics
 from genhook.config import Settings
-from genhook.db import Database, Task, now_ms
+from genhook.db import Database, Task, now_ms, wakeups
 from genhook.db.driver import SessionTx, Tx
 from genhook.errors import ErrorCode
 from genhook.faults import is_infrastructure_error
 from genhook.files import disk_problem
-from genhook.runtime import wakeups
 from genhook.statuses import TaskStatus
 from genhook.storage import BlobStore
 from genhook.task_states import (

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from genhook import metrics, tracing
 from genhook.data_urls import INLINE_DATA, InlineData
-from genhook.db import Database, Task, now_ms
+from genhook.db import Database, Task, now_ms, wakeups
 from genhook.db.thread_writes import ThreadWriter
 from genhook.engines.base import ModelKind
 from genhook.engines.edit_request import IMAGE_REFS, ImageItemsError, ImageRef, parse_image_ref
@@ -25,7 +25,6 @@ from genhook.errors import FieldError, InvalidRequest, ServiceUnavailable
 from genhook.faults import RETRY_AFTER_SECONDS
 from genhook.files import disk_problem
 from genhook.media import CONTENT_TYPES, pixel_budget_problem
-from genhook.runtime import wakeups
 from genhook.runtime.services import Services
 from genhook.statuses import TaskStatus
 from genhook.storage.inputs import discard_blobs, stage_inputs

@@ -28,6 +28,7 @@ from pydantic import BaseModel
 
 from genhook import tracing
 from genhook.db import Task, now_ms
+from genhook.db.wakeups import TASKS, Waiter, Wake
 from genhook.engines.base import (
     AsyncEngine,
     Engine,
@@ -42,7 +43,6 @@ from genhook.logs import bind_task, unbind
 from genhook.net import client_ssl_context
 from genhook.retry import backoff_delay
 from genhook.runtime.services import Services
-from genhook.runtime.wakeups import TASKS, Waiter, Wake
 from genhook.storage import DatabaseBlobStore
 from genhook.storage.blobs import extension_of, new_blob_key
 from genhook.storage.inputs import discard_inputs, keeps_inputs

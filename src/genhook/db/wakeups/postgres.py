@@ -17,9 +17,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import URL
 
 from genhook.db.held_connection import hold_connection
-from genhook.runtime.wakeups.port import CHANNELS, Hub, Wake
+from genhook.db.wakeups.port import CHANNELS, Hub, Wake
 
-log = logging.getLogger("genhook.runtime.wakeups")
+log = logging.getLogger("genhook.db.wakeups")
 
 # PostgreSQL channel names, shared by every process on the database.
 PG_CHANNELS = {channel: f"genhook_{channel}" for channel in CHANNELS}

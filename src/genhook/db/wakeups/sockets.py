@@ -50,10 +50,10 @@ import socket
 import stat
 from pathlib import Path
 
+from genhook.db.wakeups.port import Hub, Wake
 from genhook.files import private_dir
-from genhook.runtime.wakeups.port import Hub, Wake
 
-log = logging.getLogger("genhook.runtime.wakeups")
+log = logging.getLogger("genhook.db.wakeups")
 
 # The longest socket path ``bind`` takes on Linux (``sun_path`` less its terminating NUL).
 SUN_PATH_MAX = 107

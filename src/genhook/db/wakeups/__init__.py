@@ -6,9 +6,9 @@ inside the transaction that makes the work claimable; listeners hear of it once 
 transaction commits, and never before, so a woken claim always finds the row.
 
 Each database's processes hear each other through an adapter of the port
-(``genhook.runtime.wakeups.port``): PostgreSQL's ``LISTEN``/``NOTIFY``
-(``genhook.runtime.wakeups.postgres``) or, for SQLite on one machine, local datagram
-sockets (``genhook.runtime.wakeups.sockets``), where a writer wakes one idle worker rather
+(``genhook.db.wakeups.port``): PostgreSQL's ``LISTEN``/``NOTIFY``
+(``genhook.db.wakeups.postgres``) or, for SQLite on one machine, local datagram
+sockets (``genhook.db.wakeups.sockets``), where a writer wakes one idle worker rather
 than all of them.
 
 Listeners in the writer's own process are woken directly. Wake-ups are a hint: every
@@ -30,7 +30,7 @@ from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from genhook.runtime.wakeups.port import (
+from genhook.db.wakeups.port import (
     _RANK,
     CHANNELS,
     DELIVERIES,
@@ -42,8 +42,8 @@ from genhook.runtime.wakeups.port import (
     Wake,
     _Subscription,
 )
-from genhook.runtime.wakeups.postgres import PG_CHANNELS, PG_NOTIFY, PostgresHub, pg_notify_params
-from genhook.runtime.wakeups.sockets import SUN_PATH_MAX, SocketsHub, send_wakeups, wake_dir
+from genhook.db.wakeups.postgres import PG_CHANNELS, PG_NOTIFY, PostgresHub, pg_notify_params
+from genhook.db.wakeups.sockets import SUN_PATH_MAX, SocketsHub, send_wakeups, wake_dir
 
 __all__ = [
     "CHANNELS",

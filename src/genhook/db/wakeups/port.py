@@ -4,8 +4,8 @@ Two channels: ``tasks`` (a submit or a requeue; workers listen) and ``deliveries
 webhook delivery became due; dispatchers listen). A ``Hub`` is this process's listening on
 one database from one event loop: it keeps the subscriptions and wakes them, in-process,
 and an adapter (a ``Transport``) hears what other processes announce: PostgreSQL's
-``LISTEN``/``NOTIFY`` (``genhook.runtime.wakeups.postgres``) or, for SQLite on one machine,
-local datagram sockets (``genhook.runtime.wakeups.sockets``).
+``LISTEN``/``NOTIFY`` (``genhook.db.wakeups.postgres``) or, for SQLite on one machine,
+local datagram sockets (``genhook.db.wakeups.sockets``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-log = logging.getLogger("genhook.runtime.wakeups")
+log = logging.getLogger("genhook.db.wakeups")
 
 TASKS = "tasks"
 DELIVERIES = "deliveries"
