@@ -8,6 +8,7 @@ BIN := $(VENV)/bin
 .PHONY: serve test install install-dev lint typecheck pytest test-typescript bench clean
 
 $(BIN)/python:
+	@echo "== creating the virtualenv $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
@@ -18,8 +19,11 @@ install-dev: $(VENV)/.installed-dev
 	bash scripts/ensure-postgres.sh
 	bash scripts/ensure-chromium.sh
 
+# Not --quiet: the first install takes a minute or two, and pip's lines show it advancing.
 $(VENV)/.installed-server: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[server]'
+	@echo "== installing genhook and its dependencies into $(VENV) (a minute or two the first time)"
+	$(BIN)/python -m pip install --progress-bar on -e '.[server]'
+	@echo "== installed; starting the service"
 	touch $@
 
 # The tests also run the local-model engine on tiny pipelines: the diffusers extra, with torch

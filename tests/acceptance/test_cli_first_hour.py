@@ -227,3 +227,21 @@ def test_tasks_help_names_every_status(live_service: LiveService) -> None:
     assert shown.returncode == 0
     for status in ("created", "processing", "completed", "failed", "canceled"):
         assert status in shown.stdout, status
+
+
+def test_serve_says_where_the_service_console_and_reference_are(
+    live_service: LiveService,
+) -> None:
+    base = live_service.base_url
+    expected = (
+        f"genhook is ready on {base}\n"
+        f"  console:       {base}/console\n"
+        f"  API reference: {base}/docs\n"
+    )
+    # Printed by the API process once it listens; /readyz answering implies it started.
+    deadline = time.monotonic() + 30
+    while expected not in live_service.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert expected in live_service.log(), live_service.log()[-3000:]
+    for path in ("/console", "/docs"):
+        assert HTTP.get(base + path, timeout=10, follow_redirects=True).status_code == 200

@@ -204,6 +204,81 @@ def test_submit_other_kinds_and_fields(api, client):
     assert seen.json() == {"model": "acme/video", "prompt": "waves", "duration": 5}
 
 
+def test_submit_reads_local_files_for_every_media_field(api, client, tmp_path):
+    audio = tmp_path / "speech.mp3"
+    audio.write_bytes(b"ID3\x04fake mp3 bytes")
+    video = tmp_path / "clip.mp4"
+    video.write_bytes(b"\x00\x00\x00\x18ftypmp42")
+    image = tmp_path / "photo.png"
+    image.write_bytes(PNG_1PX)
+    api.reply(Reply(body=prediction()), Reply(body=prediction()), Reply(body=prediction()))
+    client.submit("genhook/speech-to-text", kind="audio", audio=audio)
+    client.submit("genhook/speech-to-text", kind="audio", audio=str(audio), language="en")
+    client.submit(
+        "acme/video-edit",
+        kind="video",
+        prompt="sepia",
+        video=video,
+        images=image,
+        style_image="https://example.test/look.png",
+    )
+    expected_audio = "data:audio/mpeg;base64," + base64.b64encode(audio.read_bytes()).decode()
+    assert api.seen[0].json() == {"model": "genhook/speech-to-text", "audio": expected_audio}
+    assert api.seen[1].json()["audio"] == expected_audio
+    assert api.seen[1].json()["language"] == "en"  # other fields are left alone
+    body = api.seen[2].json()
+    assert body["video"] == "data:video/mp4;base64," + base64.b64encode(video.read_bytes()).decode()
+    assert body["images"] == ["data:image/png;base64," + base64.b64encode(PNG_1PX).decode()]
+    assert body["style_image"] == "https://example.test/look.png" and body["prompt"] == "sepia"
+    # A Path that names no file fails before anything is sent.
+    with pytest.raises(FileNotFoundError):
+        client.submit("genhook/speech-to-text", kind="audio", audio=tmp_path / "missing.mp3")
+    assert len(api.seen) == 3
+
+
+async def test_async_submit_reads_local_files(api, tmp_path):
+    audio = tmp_path / "speech.wav"
+    audio.write_bytes(b"RIFF\x00\x00\x00\x00WAVEfmt ")
+    api.reply(Reply(body=prediction()))
+    async with AsyncClient("ghk_a", base_url=api.base_url) as c:
+        await c.submit("genhook/speech-to-text", kind="audio", audio=audio)
+    assert api.seen[0].json()["audio"].startswith("data:audio/")
+
+
+def test_client_finds_the_local_services_key_and_says_how_to_pass_one(api, monkeypatch, tmp_path):
+    monkeypatch.delenv("GENHOOK_API_KEY", raising=False)
+    monkeypatch.delenv("GENHOOK_DATA_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    # No key anywhere: the service's 401 comes back with how to pass one.
+    api.reply(Reply(401, {"code": 401, "message": "missing Authorization header"}))
+    with Client(base_url=api.base_url, max_retries=0) as c, pytest.raises(Unauthorized) as exc:
+        c.result("task_1")
+    assert "authorization" not in api.seen[0].headers
+    assert "missing Authorization header" in exc.value.message
+    assert "GENHOOK_API_KEY" in exc.value.message and "api_key=" in exc.value.message
+    # Next to `genhook serve`: ./genhook-data/credentials.json, as the CLI reads it.
+    (tmp_path / "genhook-data").mkdir()
+    (tmp_path / "genhook-data" / "credentials.json").write_text(
+        json.dumps({"api_key": "ghk_local", "account_id": "acc_1"})
+    )
+    api.reply(Reply(body=prediction()))
+    with Client(base_url=api.base_url) as c:
+        c.result("task_1")
+    assert api.seen[1].headers["authorization"] == "Bearer ghk_local"
+    # Or wherever GENHOOK_DATA_DIR says, from any directory.
+    data_dir = tmp_path / "elsewhere"
+    data_dir.mkdir()
+    (data_dir / "credentials.json").write_text(json.dumps({"api_key": "ghk_data_dir"}))
+    monkeypatch.setenv("GENHOOK_DATA_DIR", str(data_dir))
+    api.reply(Reply(body=prediction()))
+    with Client(base_url=api.base_url) as c:
+        c.result("task_1")
+    assert api.seen[2].headers["authorization"] == "Bearer ghk_data_dir"
+    # Never sent to a service on another machine; an explicit key always wins.
+    assert Client(base_url="https://api.example.test").api_key is None
+    assert Client("ghk_given", base_url=api.base_url).api_key == "ghk_given"
+
+
 def test_400_maps_to_invalid_request_with_field_errors(api, client):
     api.reply(
         Reply(
@@ -233,7 +308,7 @@ def test_status_mapping(api, client, status, cls):
     api.reply(Reply(status, {"code": status, "message": f"m{status}", "errors": []}))
     with pytest.raises(cls) as exc:
         client.result("task_1")
-    assert exc.value.status_code == status and exc.value.message == f"m{status}"
+    assert exc.value.status_code == status and exc.value.message.startswith(f"m{status}")
     assert len(api.seen) == 1
 
 
@@ -496,3 +571,81 @@ def test_cli_result_json(api):
     api.reply(Reply(body=prediction("completed", outputs=["http://o/1"])))
     out = cli(api, "result", "task_1", "--json")
     assert out.exit_code == 0 and json.loads(out.output)["outputs"] == ["http://o/1"]
+
+
+def test_cli_prints_a_transcript_and_its_segments_with_verbose(api):
+    stt = {
+        "text": " We will meet at the library on Monday morning.",
+        "language": "en",
+        "language_probability": 0.98,
+        "duration": 3.1,
+        "segments": [
+            {"start": 0.0, "end": 1.4, "text": " We will meet at the library"},
+            {"start": 1.4, "end": 3.1, "text": " on Monday morning."},
+        ],
+        "words": [],
+    }
+    done = prediction("completed", model="genhook/speech-to-text", stt_result=stt)
+    api.reply(Reply(body=done))
+    out = cli(api, "result", "task_1")
+    assert out.exit_code == 0, out.output
+    assert "transcript  We will meet at the library on Monday morning." in out.output
+    assert "en (0.98)" in out.output and "segment" not in out.output
+    api.reply(Reply(body=prediction()), Reply(body=done))
+    out = cli(
+        api,
+        "submit",
+        "-m",
+        "genhook/speech-to-text",
+        "--kind",
+        "audio",
+        "--audio",
+        "https://example.test/a.mp3",
+        "--wait",
+        "-v",
+    )
+    assert out.exit_code == 0, out.output
+    assert "We will meet at the library on Monday morning." in out.output
+    assert "   0.00 →    1.40  We will meet at the library" in out.output
+    assert "   1.40 →    3.10  on Monday morning." in out.output
+
+
+def test_cli_models_shows_choices_bounds_and_defaults_not_inert_fields(api):
+    from genhook.api.routes_models import model_info
+    from genhook.config import Settings
+    from genhook.engines.local._spec import LocalEditRequest
+    from genhook.engines.registry import build_registry
+
+    settings = Settings()
+    registry = build_registry(settings)
+    tts = model_info(registry.get("genhook/text-to-speech"), settings)
+    api.reply(Reply(body=tts))
+    out = cli(api, "models", "genhook/text-to-speech")
+    assert out.exit_code == 0, out.output
+    voices = tts["choices"]["voices"]
+    assert len(voices) > 100
+    # Every voice a user may send is named, with its language; the bounds and defaults too.
+    assert f"voices ({len(voices)}): joe (piper, en-us), " in out.output
+    assert all(f"{v['voice']} (" in out.output for v in voices)
+    assert "0.5..2.0" in out.output and '"joe"' in out.output and "mp3 | wav" in out.output
+
+    edit = model_info(registry.get("genhook/image-edit"), settings)
+    api.reply(Reply(body=edit))
+    out = cli(api, "models", "genhook/image-edit")
+    assert out.exit_code == 0, out.output
+    styles = edit["choices"]["styles"]
+    assert f"styles ({len(styles)}): " + ", ".join(styles) in out.output
+    assert "1..20000 chars" in out.output and "1..10 items" in out.output
+    # The built-in engine reads its modes: shown, with what they do.
+    assert "thinking" in out.output and "How loosely the prompt is read" in out.output
+    assert "no effect" not in out.output
+
+    # A model that takes the edit request but ignores the engine's modes says so, apart.
+    local = {**edit, "id": "acme/kontext", "choices": None}
+    local["request_schema"] = LocalEditRequest.model_json_schema()
+    api.reply(Reply(body=local))
+    out = cli(api, "models", "acme/kontext")
+    assert out.exit_code == 0, out.output
+    assert "accepted, no effect on this model: thinking, prompt_optimization_mode" in out.output
+    table = out.output.split("accepted, no effect")[0]
+    assert "thinking" not in table and "num_inference_steps" in table and "1..500" in table

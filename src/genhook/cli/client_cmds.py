@@ -10,7 +10,6 @@ import base64
 import contextlib
 import json
 import mimetypes
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -29,13 +28,16 @@ from genhook.client import (
     EDIT_MODEL,
     Client,
     GenhookError,
+    ModelInfo,
     Prediction,
     WaitTimeout,
     WebhookVerifier,
 )
 from genhook.client._client import Kind
-from genhook.client._images import file_item, image_items, is_url
+from genhook.client._credentials import local_credentials
+from genhook.client._images import file_item, image_items, is_media_field, is_url
 from genhook.client._listen import Delivery, Listener
+from genhook.client._models import NO_EFFECT
 from genhook.media import CONTENT_TYPES, sniff_image_format
 from genhook.statuses import TaskStatus
 from genhook.task_states import UNSUCCESSFUL
@@ -53,6 +55,7 @@ API_KEY = typer.Option(
     help="API key (default: the local service's credentials.json).",
 )
 AS_JSON = typer.Option(False, "--json", help="Print the raw JSON answer.")
+VERBOSE = typer.Option(False, "--verbose", "-v", help="Also print a transcript's timed segments.")
 OUTPUT_DIR = typer.Option(
     None,
     "--output-dir",
@@ -61,8 +64,6 @@ OUTPUT_DIR = typer.Option(
     file_okay=False,
 )
 KINDS: tuple[Kind, ...] = ("image", "video", "audio")
-# Request fields that take a media file: a local path given for one is sent as a data URL.
-MEDIA_WORDS = ("image", "audio")
 
 # Exit codes of submit --wait / wait: scripts can tell a failed task from an unfinished one.
 EXIT_TASK_FAILED = 1
@@ -80,29 +81,6 @@ def register(app: typer.Typer) -> None:
     from genhook.cli import watch_cmds
 
     watch_cmds.register(app)
-
-
-LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
-
-
-def local_credentials(base_url: str | None) -> tuple[dict[str, Any], Path] | None:
-    """The credentials ``genhook serve`` wrote for its default account, when they apply.
-
-    Looked up only for a service on this machine: ``$GENHOOK_DATA_DIR/credentials.json``,
-    else ``./genhook-data/credentials.json`` (the embedded default).
-    """
-    host = httpx.URL(base_url or "http://127.0.0.1:8000").host
-    if host not in LOCAL_HOSTS:
-        return None
-    data_dir = Path(os.environ.get("GENHOOK_DATA_DIR") or "genhook-data")
-    path = data_dir / "credentials.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("api_key"), str):
-        return None
-    return data, path.resolve()
 
 
 def resolve_api_key(api_key: str | None, base_url: str | None) -> str | None:
@@ -151,7 +129,9 @@ def _status_style(status: str) -> str:
     }.get(status, "yellow")
 
 
-def print_prediction(prediction: Prediction, as_json: bool) -> None:
+def print_prediction(prediction: Prediction, as_json: bool, verbose: bool = False) -> None:
+    """A task as labelled lines; a transcript's text (and with ``verbose`` its timed
+    segments), since that text is what a transcription is run for."""
     if as_json:
         console.print_json(json.dumps(prediction.raw))
         return
@@ -170,6 +150,14 @@ def print_prediction(prediction: Prediction, as_json: bool) -> None:
         rows.append(
             ("error", f"[red]{prediction.error_code}[/red] {escape(prediction.error or '')}")
         )
+    stt = prediction.stt_result
+    if stt is not None:
+        rows.append(("transcript", escape(stt.text.strip())))
+        rows.append(("language", f"{stt.language} ({stt.language_probability:.2f})"))
+        if verbose:
+            for segment in stt.segments:
+                span = f"{segment.start:7.2f} → {segment.end:7.2f}"
+                rows.append(("segment", f"{span}  {escape(segment.text.strip())}"))
     if prediction.info:
         rows.append(("info", escape(json.dumps(prediction.info, ensure_ascii=False))))
     if prediction.outputs_expire_at:
@@ -183,11 +171,11 @@ def print_prediction(prediction: Prediction, as_json: bool) -> None:
 
 def _parse_field(text: str) -> tuple[str, Any]:
     """``KEY=VALUE``, the value parsed as JSON if it can be; a media field (``audio``,
-    ``image``) given a local file's path gets that file as a data URL."""
+    ``image``, ``video``) given a local file's path gets that file as a data URL."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise typer.BadParameter(f"expected KEY=VALUE, got {text!r}")
-    if any(word in key for word in MEDIA_WORDS) and not is_url(value):
+    if is_media_field(key) and not is_url(value):
         path = Path(value).expanduser()
         if path.is_file():
             return key, _read_file(path)
@@ -260,9 +248,11 @@ def _print_saved(paths: list[Path], as_json: bool) -> None:
         (err_console if as_json else console).print(f"saved {escape(str(path))}", soft_wrap=True)
 
 
-def _finish(prediction: Prediction, output_dir: Path | None, as_json: bool) -> None:
+def _finish(
+    prediction: Prediction, output_dir: Path | None, as_json: bool, verbose: bool = False
+) -> None:
     """Print a task, save its outputs when asked, and exit 1 if it did not succeed."""
-    print_prediction(prediction, as_json)
+    print_prediction(prediction, as_json, verbose)
     if output_dir is not None and prediction.status == TaskStatus.COMPLETED:
         try:
             _print_saved(save_outputs(prediction, output_dir), as_json)
@@ -336,6 +326,7 @@ def submit(
     base_url: str | None = BASE_URL,
     api_key: str | None = API_KEY,
     as_json: bool = AS_JSON,
+    verbose: bool = VERBOSE,
 ) -> None:
     """Submit a task (an image edit by default) and print it; --wait follows it to the end."""
     if output_dir is not None and not wait_for_it:
@@ -370,7 +361,7 @@ def submit(
         if not as_json:
             console.print(f"submitted [bold]{created.id}[/bold]")
         final = _wait_with_progress(client, created.id, timeout, as_json)
-    _finish(final, output_dir, as_json)
+    _finish(final, output_dir, as_json, verbose)
 
 
 def result(
@@ -379,18 +370,19 @@ def result(
     base_url: str | None = BASE_URL,
     api_key: str | None = API_KEY,
     as_json: bool = AS_JSON,
+    verbose: bool = VERBOSE,
 ) -> None:
-    """Print a task's current state; with -o, save the outputs of a completed one."""
+    """Print a task's current state (a transcript's text); with -o, save the outputs."""
     with open_client(api_key, base_url) as client:
         prediction = client.result(task_id)
     if output_dir is None:
-        print_prediction(prediction, as_json)
+        print_prediction(prediction, as_json, verbose)
         return
     if not prediction.done:
-        print_prediction(prediction, as_json)
+        print_prediction(prediction, as_json, verbose)
         err_console.print("[yellow]the task has not ended: nothing to save yet[/yellow]")
         raise typer.Exit(EXIT_WAIT_TIMEOUT)
-    _finish(prediction, output_dir, as_json)
+    _finish(prediction, output_dir, as_json, verbose)
 
 
 def wait(
@@ -400,11 +392,12 @@ def wait(
     base_url: str | None = BASE_URL,
     api_key: str | None = API_KEY,
     as_json: bool = AS_JSON,
+    verbose: bool = VERBOSE,
 ) -> None:
     """Poll a task with backoff until it ends; exit 1 if it failed, 2 if still running."""
     with open_client(api_key, base_url) as client:
         prediction = _wait_with_progress(client, task_id, timeout, as_json)
-    _finish(prediction, output_dir, as_json)
+    _finish(prediction, output_dir, as_json, verbose)
 
 
 def models(
@@ -431,20 +424,79 @@ def models(
         )
     print_table(console, table)
     if model_id:
-        info = found[0]
-        console.print(escape(info.description))
-        properties = info.request_schema.get("properties", {})
-        required = set(info.request_schema.get("required", []))
-        fields = Table("field", "type", "required", "default")
-        for name, prop in properties.items():
-            kind = prop.get("type") or " | ".join(
-                str(p.get("type", p.get("enum", ""))) for p in prop.get("anyOf", [])
+        print_model_fields(found[0])
+
+
+def _field_type(prop: dict[str, Any]) -> dict[str, Any]:
+    """A property with a nullable ``anyOf`` folded into its one non-null member."""
+    members = [p for p in prop.get("anyOf", []) if p.get("type") != "null"]
+    return {**members[0], **{k: v for k, v in prop.items() if k != "anyOf"}} if members else prop
+
+
+def _choice_names(values: list[Any]) -> list[str]:
+    """``["a", ...]`` as is; ``[{"voice": "joe", "language": "en-us", ...}]`` as
+    ``joe (en-us, ...)``: the value to send first, what it is in brackets."""
+    names = []
+    for value in values:
+        if isinstance(value, dict) and value:
+            first, *rest = value.values()
+            extra = ", ".join(str(v) for v in rest if v != first)
+            names.append(f"{first} ({extra})" if extra else str(first))
+        else:
+            names.append(str(value))
+    return names
+
+
+def print_model_fields(info: ModelInfo) -> None:
+    """What a user can send a model: each field's type or choices, bounds and default; the
+    named values (voices, styles); and the fields that do nothing on this model, apart."""
+    console.print(escape(info.description))
+    properties = info.request_schema.get("properties", {})
+    required = set(info.request_schema.get("required", []))
+    fields = Table("field", "type or choices", "bounds", "default", "required", "about")
+    inert: list[str] = []
+    for name, raw in properties.items():
+        if name == "model":
+            continue  # the id above
+        if raw.get(NO_EFFECT):
+            inert.append(name)
+            continue
+        prop = _field_type(raw)
+        kind = str(prop.get("type", ""))
+        if "enum" in prop:
+            kind = " | ".join(map(str, prop["enum"]))
+        elif kind == "array":
+            kind = f"list of {prop.get('items', {}).get('type', 'values')}"
+        for key in (name, name + "s"):  # voice: the voices listed below
+            if key in info.choices:
+                kind = f"{kind}, one of the {key} below"
+        bounds = ""
+        low = prop.get("minimum", prop.get("minLength", prop.get("minItems")))
+        high = prop.get("maximum", prop.get("maxLength", prop.get("maxItems")))
+        if low is not None or high is not None:
+            unit = " chars" if "maxLength" in prop else " items" if "maxItems" in prop else ""
+            bounds = f"{'' if low is None else low}..{'' if high is None else high}{unit}"
+        default = json.dumps(prop["default"]) if "default" in prop else ""
+        fields.add_row(
+            name,
+            escape(kind),
+            bounds,
+            escape(default),
+            "yes" if name in required else "",
+            escape(str(prop.get("description", ""))),
+        )
+    print_table(console, fields)
+    for key, values in info.choices.items():
+        if isinstance(values, list):
+            names = _choice_names(values)
+            console.print(
+                f"[bold]{escape(key)}[/bold] ({len(names)}): " + escape(", ".join(names)),
+                soft_wrap=True,
             )
-            if "enum" in prop:
-                kind = " | ".join(map(str, prop["enum"]))
-            default = json.dumps(prop["default"]) if "default" in prop else ""
-            fields.add_row(name, escape(str(kind)), "yes" if name in required else "", default)
-        print_table(console, fields)
+        else:
+            console.print(f"[bold]{escape(key)}[/bold]: {escape(str(values))}", soft_wrap=True)
+    if inert:
+        console.print(f"[dim]accepted, no effect on this model: {escape(', '.join(inert))}[/dim]")
 
 
 def print_delivery(delivery: Delivery, show_body: bool) -> None:

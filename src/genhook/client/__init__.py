@@ -3,7 +3,8 @@
 Needs only httpx and cryptography; ``genhook.receiver`` re-exports the receiver half.
 """
 
-from genhook.client._client import DEFAULT_BASE_URL, EDIT_MODEL, AsyncClient, Client
+from genhook.client._client import EDIT_MODEL, AsyncClient, Client
+from genhook.client._credentials import DEFAULT_BASE_URL
 from genhook.client._dedup import DedupStore, MemoryDedupStore, SQLiteDedupStore
 from genhook.client._errors import APIConnectionError, TaskFailed, WaitTimeout
 from genhook.client._event import (

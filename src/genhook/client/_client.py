@@ -19,13 +19,13 @@ from urllib.parse import quote, urlencode
 import httpx
 
 from genhook import __version__
+from genhook.client._credentials import DEFAULT_BASE_URL, local_credentials
 from genhook.client._errors import APIConnectionError, WaitTimeout, error_from_response
-from genhook.client._images import ImageInput, image_items
+from genhook.client._images import ImageInput, image_items, media_fields
 from genhook.client._models import ModelInfo, Prediction, TaskEvent, TaskPage, Usage, model_list
 from genhook.client._sse import SSEDecoder
 from genhook.retry import backoff_delay, parse_retry_after
 
-DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 EDIT_MODEL = "genhook/image-edit"
 Kind = Literal["image", "video", "audio"]
 _SUBMIT_PATHS: dict[str, str] = {
@@ -59,10 +59,14 @@ class _Core:
         retry_backoff: float,
         retry_backoff_cap: float,
     ) -> None:
-        self.api_key = api_key if api_key is not None else os.environ.get("GENHOOK_API_KEY")
         self.base_url = (base_url or os.environ.get("GENHOOK_BASE_URL") or DEFAULT_BASE_URL).rstrip(
             "/"
         )
+        self.api_key = api_key if api_key is not None else os.environ.get("GENHOOK_API_KEY")
+        if not self.api_key:
+            # The CLI's lookup: the key `genhook serve` wrote, for a service on this machine.
+            found = local_credentials(self.base_url)
+            self.api_key = str(found[0]["api_key"]) if found else None
         self.timeout = timeout
         self.max_retries = max_retries
         self.retry_backoff = retry_backoff
@@ -217,7 +221,9 @@ class _Core:
 
 
 class Client(_Core):
-    """Synchronous client. ``api_key`` defaults to ``$GENHOOK_API_KEY``, ``base_url`` to
+    """Synchronous client. ``api_key`` defaults to ``$GENHOOK_API_KEY``, else, for a service on
+    this machine, to the key in ``$GENHOOK_DATA_DIR/credentials.json`` or
+    ``./genhook-data/credentials.json`` (as the CLI finds it); ``base_url`` to
     ``$GENHOOK_BASE_URL`` or ``http://127.0.0.1:8000``."""
 
     def __init__(
@@ -294,9 +300,11 @@ class Client(_Core):
         With ``idempotency_key`` a retry can never create a second task, so the submit is
         retried like a read; ``start_deadline`` (seconds) ends it ``timeout`` if it has not
         started by then. ``wait`` (seconds, at most 60) answers once the task ends
-        or the wait runs out, so a short task needs no polling.
+        or the wait runs out, so a short task needs no polling. A media field (``images``,
+        ``audio``, ``video``...) takes local files as ``edit()`` does: a ``Path``, an existing
+        file's path as a string, bytes or a PIL image, sent as a data URL.
         """
-        body = {"model": model, **fields}
+        body = {"model": model, **media_fields(fields)}
         headers, timeout = self._wait_options(wait)
         return self._prediction(
             self._request(
@@ -519,7 +527,8 @@ class AsyncClient(_Core):
         start_deadline: float | None = None,
         **fields: Any,
     ) -> Prediction:
-        body = {"model": model, **fields}
+        # Reading and encoding files is blocking work; keep it off the event loop.
+        body = {"model": model, **await asyncio.to_thread(media_fields, fields)}
         headers, timeout = self._wait_options(wait)
         return self._prediction(
             await self._request(

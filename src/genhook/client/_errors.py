@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from genhook.client._credentials import MISSING_KEY_HINT
 from genhook.errors import (
     Conflict,
     FieldError,
@@ -94,6 +95,8 @@ def error_from_response(status: int, body: bytes) -> GenhookError:
     if not message:
         message = body[:200].decode("utf-8", "replace").strip() or f"HTTP {status}"
     cls = _BY_STATUS.get(status, GenhookError)
+    if cls is Unauthorized:
+        message = f"{message.rstrip('.')}: {MISSING_KEY_HINT}"
     exc = cls(message, field_errors)
     exc.status_code = status
     return exc

@@ -81,3 +81,40 @@ def image_items(images: ImageInput | Iterable[ImageInput]) -> list[str]:
     if isinstance(images, str | bytes | bytearray | memoryview | os.PathLike | SavableImage):
         return [image_item(images)]
     return [image_item(item) for item in images]
+
+
+# Request fields that take media: ``images``, ``audio``, a ``video``, a ``style_image``...
+MEDIA_WORDS = ("image", "audio", "video")
+
+
+def is_media_field(name: str) -> bool:
+    """Whether the request field ``name`` takes a media file (by the words in its name)."""
+    return any(word in name for word in MEDIA_WORDS)
+
+
+def media_value(value: Any) -> Any:
+    """One media field's value as the service takes it: a ``Path``, bytes or a PIL image
+    become a data URL, and so does a string naming an existing local file; URLs, data URLs
+    and other values pass through (the service says what is wrong with them). A list is
+    converted item by item."""
+    if isinstance(value, list | tuple):
+        return [media_value(item) for item in value]
+    if isinstance(value, str):
+        if is_url(value):
+            return value
+        path = Path(value).expanduser()
+        return data_url(path.read_bytes(), path.name) if path.is_file() else value
+    if isinstance(value, os.PathLike):
+        return file_item(value)
+    if isinstance(value, bytes | bytearray | memoryview | SavableImage):
+        return image_item(value)
+    return value
+
+
+def media_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with every media field's local files read (see ``media_value``); ``images``
+    is read as ``edit()`` reads it, one input or a list of them."""
+    return {
+        k: image_items(v) if k == "images" else media_value(v) if is_media_field(k) else v
+        for k, v in fields.items()
+    }

@@ -295,6 +295,10 @@ class TaskPage:
         )
 
 
+# Marks a request-schema property a model accepts (the contract has it) but ignores.
+NO_EFFECT = "x-no-effect"
+
+
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
     """One model of the service's catalogue (``GET /api/v1/models``)."""

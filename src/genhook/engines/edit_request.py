@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -20,6 +20,7 @@ from pydantic import (
     field_validator,
 )
 
+from genhook.client._models import NO_EFFECT
 from genhook.data_urls import InlineData, decode_data_url, inline_data, is_data_url
 from genhook.media import ACCEPTED_FORMATS, sniff_image_format
 from genhook.net._urls import TargetRefused, parse_target
@@ -132,8 +133,12 @@ class EditRequest(BaseModel):
     # still answers a wrong one with the reason and the whole list.
     size: StrictStr = Field(default="2048*2048", json_schema_extra={"enum": list(ALLOWED_SIZES)})
     output_format: Literal["jpeg", "png"] = "jpeg"
-    thinking: Literal["enabled", "disabled"] = "enabled"
-    prompt_optimization_mode: Literal["standard", "fast"] = "standard"
+    thinking: Literal["enabled", "disabled"] = Field(
+        default="enabled", description="How loosely the prompt is read (disabled: literally)."
+    )
+    prompt_optimization_mode: Literal["standard", "fast"] = Field(
+        default="standard", description="Resampling quality (standard) or speed (fast)."
+    )
     enable_base64_output: StrictBool = False
     webhook_url: StrictStr | None = None
 
@@ -151,6 +156,21 @@ class EditRequest(BaseModel):
     @property
     def dimensions(self) -> tuple[int, int]:
         return parse_size(self.size)
+
+
+# The built-in edit engine's reading modes: other models that take the edit request accept
+# them (the contract has them) but do nothing with them, and their schema says so.
+EDIT_ENGINE_MODES = ("thinking", "prompt_optimization_mode")
+
+
+def mark_no_effect(schema: dict[str, Any]) -> None:
+    """``json_schema_extra`` of a model that ignores ``EDIT_ENGINE_MODES``: the catalogue,
+    the CLI and the console show them as having no effect rather than as choices."""
+    properties = schema.get("properties", {})
+    for name in EDIT_ENGINE_MODES:
+        if name in properties:
+            properties[name][NO_EFFECT] = True
+            properties[name]["description"] = "Accepted for the contract; no effect on this model."
 
 
 def check_image_items(value: list[str], info: ValidationInfo) -> list[str]:

@@ -436,6 +436,22 @@ def run_dispatcher(settings: Settings) -> None:
 # -- api ------------------------------------------------------------------------------------
 
 
+def announce_ready(settings: Settings) -> None:
+    """Say where the service, its console and its API reference are, once it answers: the
+    first thing a newcomer needs from ``genhook serve``, as plain lines (a log record in the
+    JSON log format)."""
+    base = settings.resolved_public_base_url
+    if settings.log_format == "json":
+        log.info("ready on %s (console %s/console, API reference %s/docs)", base, base, base)
+        return
+    print(
+        f"genhook is ready on {base}\n"
+        f"  console:       {base}/console\n"
+        f"  API reference: {base}/docs",
+        flush=True,
+    )
+
+
 def _server_class() -> type[Any]:
     import uvicorn
 
@@ -443,9 +459,17 @@ def _server_class() -> type[Any]:
         """uvicorn without its own signal handling: ours stops the API and exits 0 (uvicorn
         would re-raise the signal, which its supervisor would count as a crash)."""
 
+        # Called once the server has started listening (``announce_ready``).
+        on_started: Any = None
+
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             yield
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started and self.on_started is not None:
+                self.on_started()
 
         def request_exit(self, force: bool = False) -> None:
             self.force_exit = self.force_exit or force
@@ -516,7 +540,9 @@ async def _api(settings: Settings, parent: int | None, fd: int | None) -> None:
     quiet_accept_errors(asyncio.get_running_loop())
     logging.getLogger("uvicorn.error").addFilter(RepeatFilter())
     sockets = [socket.socket(fileno=fd)] if fd is not None else None
-    role = ApiRole(state, _server_class()(config), sockets)
+    server = _server_class()(config)
+    server.on_started = lambda: announce_ready(settings)
+    role = ApiRole(state, server, sockets)
     # Everything imported and built so far lives for the whole process: keep it out of
     # the collector's full passes, which otherwise stall requests for milliseconds.
     gc.collect()

@@ -9,12 +9,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field, StrictFloat, StrictInt, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
 from pydantic.json_schema import SkipJsonSchema
 
 from genhook.config import Settings
 from genhook.engines.base import Charge, Engine, ModelKind, ModelSpec
-from genhook.engines.edit_request import EditRequest, parse_size
+from genhook.engines.edit_request import EditRequest, mark_no_effect, parse_size
 from genhook.engines.local._config import LocalModel, load_local_models
 from genhook.engines.video_request import VideoRequest, frame_size, nearest_aspect_ratio
 
@@ -36,9 +44,13 @@ class _Sampling(BaseModel):
 class LocalEditRequest(EditRequest, _Sampling):
     """The edit request of a local edit model."""
 
+    model_config = ConfigDict(json_schema_extra=mark_no_effect)
+
 
 class LocalTextRequest(EditRequest, _Sampling):
     """A text-to-image request: the edit request without ``images`` (nor in its schema)."""
+
+    model_config = ConfigDict(json_schema_extra=mark_no_effect)
 
     images: SkipJsonSchema[list[StrictStr]] = Field(default_factory=list)
 

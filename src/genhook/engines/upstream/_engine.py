@@ -14,7 +14,7 @@ import threading
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from genhook.config import Settings
 from genhook.engines.base import (
@@ -25,7 +25,7 @@ from genhook.engines.base import (
     ModelKind,
     ModelSpec,
 )
-from genhook.engines.edit_request import MAX_IMAGES, EditRequest
+from genhook.engines.edit_request import MAX_IMAGES, EditRequest, mark_no_effect
 from genhook.engines.upstream._adapters import Adapter, OpenAIImages, Produced, QueueAdapter
 from genhook.engines.upstream._callbacks import CallbackBox
 from genhook.engines.upstream._config import UpstreamModel, load_upstream_models
@@ -41,7 +41,13 @@ if TYPE_CHECKING:
 _KIND_CONTENT_TYPES = {ModelKind.VIDEO: "video/mp4", ModelKind.AUDIO: "audio/mpeg"}
 
 
-class OptionalImagesRequest(EditRequest):
+class UpstreamEditRequest(EditRequest):
+    """The edit request as an upstream model takes it: the built-in engine's modes do nothing."""
+
+    model_config = ConfigDict(json_schema_extra=mark_no_effect)
+
+
+class OptionalImagesRequest(UpstreamEditRequest):
     """The edit request with ``images`` optional, for text-to-X upstreams."""
 
     images: list[StrictStr] = Field(default_factory=list, max_length=MAX_IMAGES)
@@ -192,7 +198,9 @@ def upstream_spec(model: UpstreamModel) -> ModelSpec:
             lines=lines,
         )
 
-    schema: type[EditRequest] = EditRequest if model.images_required else OptionalImagesRequest
+    schema: type[EditRequest] = (
+        UpstreamEditRequest if model.images_required else OptionalImagesRequest
+    )
     description = model.description or f"Served by an upstream model server ({model.adapter})."
     return ModelSpec(
         id=model.id,
