@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -301,3 +308,21 @@ def model_entries(inline: list[dict[str, Any]], file: Path | None, variable: str
             raise ValueError(f"{variable}: {file} is not valid JSON: {exc}") from None
         entries.extend(loaded if isinstance(loaded, list) else [loaded])
     return entries
+
+
+def entry_name(what: str, index: int, entry: Any) -> str:
+    """How a start-up error names entry ``index`` (0-based) of a models setting: its
+    position counted from 1, as a person counts, and its id when it has one."""
+    ident = entry.get("id") if isinstance(entry, dict) else None
+    named = f" ({ident})" if isinstance(ident, str) and ident else ""
+    return f"{what} entry {index + 1}{named}"
+
+
+def validation_problems(exc: ValidationError) -> str:
+    """pydantic's errors as one line, ``field: message; ...``, without its help links."""
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"])
+        message = str(error["msg"]).removeprefix("Value error, ")
+        problems.append(f"{where}: {message}" if where else message)
+    return "; ".join(problems)

@@ -33,7 +33,7 @@ BAD = {
                 ]
             )
         },
-        "local model entry 0 (local/gone): /nonexistent/weights/model_index.json does not exist",
+        "local model entry 1 (local/gone): /nonexistent/weights/model_index.json does not exist",
     ),
     "models file": (
         {"GENHOOK_LOCAL_MODELS_FILE": "/nonexistent/models.json"},

@@ -345,7 +345,7 @@ def test_a_bad_directory_is_refused_at_start(weights: dict[str, Path], tmp_path:
         )
         build_registry(settings)
 
-    with pytest.raises(ValueError, match=r"entry 0 .*names the pipeline 'FluxPipeline', not"):
+    with pytest.raises(ValueError, match=r"entry 1 .*names the pipeline 'FluxPipeline', not"):
         registry(source, "FluxKontextPipeline")
     with pytest.raises(ValueError, match=r"model_index\.json does not exist"):
         registry(tmp_path / "nowhere")
@@ -368,18 +368,62 @@ def test_a_bad_directory_is_refused_at_start(weights: dict[str, Path], tmp_path:
     wrong_kind = entry("LTXImageToVideoPipeline", source.parent / "LTXImageToVideoPipeline")
     wrong_kind["kind"] = "image"
     settings = make_settings(tmp_path, "sqlite+aiosqlite://", local_models=[wrong_kind])
-    with pytest.raises(ValueError, match=r"(?s)entry 0 is invalid.*kind must be 'video'"):
+    with pytest.raises(ValueError) as invalid:
         build_registry(settings)
+    # Named by position from 1 and id, on one line, without pydantic's help link.
+    assert str(invalid.value) == (
+        "local model entry 1 (local/LTXImageToVideoPipeline) is invalid: "
+        "kind must be 'video' for LTXImageToVideoPipeline"
+    )
     bad = entry("FluxPipeline", source, kind="image")
     bad["device"] = "gpu"
     settings = make_settings(tmp_path, "sqlite+aiosqlite://", local_models=[bad])
     with pytest.raises(ValueError, match="device must be auto, cpu, cuda or cuda:N"):
         build_registry(settings)
     listed = tmp_path / "models.json"
-    listed.write_text(json.dumps([entry("FluxPipeline", source), {"id": "x"}]))
+    listed.write_text(json.dumps([entry("FluxPipeline", source), {"id": "x", "steps": 0}]))
     settings = make_settings(tmp_path, "sqlite+aiosqlite://", local_models_file=listed)
-    with pytest.raises(ValueError, match=r"local model entry 1 is invalid"):
+    with pytest.raises(ValueError) as invalid:
         build_registry(settings)
+    message = str(invalid.value)
+    assert message.startswith("local model entry 2 (x) is invalid: kind: Field required; "), message
+    assert "steps: Input should be greater than or equal to 1" in message
+    assert "\n" not in message and "pydantic.dev" not in message, message
+
+
+def corrupt(source: Path, target: Path, change: Callable[[bytes], bytes]) -> Path:
+    """A copy of the pipeline directory ``source`` whose transformer weights are changed."""
+    shutil.copytree(source, target)
+    (file,) = (target / "transformer").glob("*.safetensors")
+    file.write_bytes(change(file.read_bytes()))
+    return file
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        # The header's JSON broken in the middle (the loader's JSONDecodeError in a task).
+        (lambda data: data[:8] + b"#" + data[9:], "its safetensors header is not valid JSON"),
+        # Cut short: the header claims more than the file holds.
+        (lambda data: data[:30], "its safetensors header claims"),
+        # The last tensor's bytes missing.
+        (lambda data: data[:-4], "outside the file's"),
+        (lambda data: b"", "not a safetensors file"),
+    ],
+)
+def test_a_weights_file_whose_header_does_not_read_is_refused_at_start(
+    weights: dict[str, Path], tmp_path: Path, change: Callable[[bytes], bytes], problem: str
+) -> None:
+    """Every weights file's header is read at start: a corrupt one stops the start naming
+    the entry, the file and the problem, instead of failing each task with 3099."""
+    file = corrupt(weights["FluxPipeline"], tmp_path / "broken", change)
+    configured = entry("FluxPipeline", tmp_path / "broken")
+    settings = make_settings(tmp_path, "sqlite+aiosqlite://", local_models=[configured])
+    with pytest.raises(ValueError) as refused:
+        build_registry(settings)
+    message = str(refused.value)
+    assert message.startswith(f"local model entry 1 (local/FluxPipeline): {file}: "), message
+    assert problem in message, message
 
 
 async def test_a_weights_variant_is_loaded_and_weighed_alone(
@@ -1098,3 +1142,50 @@ async def test_concurrent_calls_of_one_model_take_turns_at_the_pipeline(
         for seed, together in zip((1, 4), (results[0], results[3]), strict=True):
             alone = await run_task(h, body(model, "edit", seed=seed))
             assert alone["outputs"] == together["outputs"]
+
+
+def test_a_start_logs_no_torchvision_fallback_notice(
+    weights: dict[str, Path], tmp_path: Path
+) -> None:
+    """Without torchvision, transformers says on every load that an image processor "falls
+    back" to its Pillow twin (the one meant here): the service log leaves those lines out."""
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from genhook.config import Settings\n"
+        "from genhook.logs import configure_logging\n"
+        "from genhook.engines.local._config import LocalModel\n"
+        "from genhook.engines.local._residency import load_pipeline\n"
+        "configure_logging(Settings(), 'worker')\n"
+        "model = LocalModel(id='m', kind='image', pipeline='FluxPipeline',\n"
+        "                   path=Path(sys.argv[1]), dtype='float32')\n"
+        "load_pipeline(model, 'cpu', 'float32')\n"
+        "print('loaded')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(weights["FluxPipeline"])],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and "loaded" in result.stdout, output
+    assert "torchvision" not in output, output
+
+
+def test_the_model_process_ends_as_its_worker_end_of_the_lifeline_closes() -> None:
+    """The model process waits on a pipe that only its worker holds, which the kernel closes
+    when the worker dies however it dies: closing that end (the worker still alive) ends the
+    process, at once rather than at a poll of its parent's id. The next command starts
+    another."""
+    HOST.run(_host.unload, "nothing")
+    process = HOST._process
+    assert process is not None and HOST._lifeline is not None
+    HOST._lifeline.close()
+    process.join(60)
+    assert process.exitcode == 0
+    HOST.run(_host.unload, "nothing")
+    assert HOST.pid() not in (None, process.pid)

@@ -361,7 +361,8 @@ def test_a_bad_entry_names_the_field(tmp_path: Path) -> None:
         "sqlite+aiosqlite:///x.db",
         upstream_models=[{"id": "up/q", "adapter": "queue", "base_url": "http://127.0.0.1:1"}],
     )
-    with pytest.raises(ValueError, match=r"(?s)upstream model entry 0 is invalid.*queue"):
+    named = r"^upstream model entry 1 \(up/q\) is invalid: the queue adapter needs .queue.$"
+    with pytest.raises(ValueError, match=named):
         build_registry(settings)
     file = tmp_path / "models.json"
     file.write_text('[{"id": "up/f", "adapter": "openai-images", "base_url": "ftp://x"}]')

@@ -1,8 +1,9 @@
 """The settings of one local-weight model, read from ``GENHOOK_LOCAL_MODELS`` or a JSON file.
 
 Checked when the registry is built, like the upstream models: a bad entry, or a directory
-that is not the pipeline it claims to be, stops the start with the entry's index and the
-field or file named, instead of failing tasks later. Nothing here imports torch.
+that is not the pipeline it claims to be (or whose weight files' headers do not read), stops
+the start with the entry's position and id and the field or file named, instead of failing
+tasks later. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import struct
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from genhook.config import Settings, model_entries
+from genhook.config import Settings, entry_name, model_entries, validation_problems
 from genhook.engines.base import ModelKind
 from genhook.engines.edit_request import ALLOWED_SIZES, parse_size
 
@@ -168,14 +169,15 @@ def load_local_models(settings: Settings) -> list[LocalModel]:
     )
     models = []
     for index, entry in enumerate(entries):
+        name = entry_name("local model", index, entry)
         try:
             model = LocalModel.model_validate(entry)
         except ValidationError as exc:
-            raise ValueError(f"local model entry {index} is invalid: {exc}") from None
+            raise ValueError(f"{name} is invalid: {validation_problems(exc)}") from None
         try:
             check_directory(model.path, model.pipeline, model.variant)
         except ValueError as exc:
-            raise ValueError(f"local model entry {index} ({model.id}): {exc}") from None
+            raise ValueError(f"{name}: {exc}") from None
         models.append(model)
     return models
 
@@ -187,7 +189,7 @@ def check_directory(path: Path, pipeline: str, variant: str | None = None) -> li
 
     Refused, naming the file: no ``model_index.json``, one naming another pipeline class, a
     component without its folder or config, weights only in pickle form, or only in another
-    variant.
+    variant, or a weights file whose header does not read (``read_header``).
     """
     index_file = path / "model_index.json"
     if not index_file.is_file():
@@ -221,6 +223,8 @@ def check_directory(path: Path, pipeline: str, variant: str | None = None) -> li
                 )
             why = f" (only pickle weights: {', '.join(pickled)})" if pickled else ""
             raise ValueError(f"{folder} has no .safetensors weights{why}")
+        for file in found:
+            read_header(file)
         weights.extend(found)
     return weights
 
@@ -234,24 +238,86 @@ def _variant(name: str) -> str | None:
     return match.group("variant") if match else None
 
 
+# The tensor types safetensors defines, and the bytes of one item.
+_ITEM_BYTES = {
+    "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
+    "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+}  # fmt: skip
+# safetensors' own bound on a header's length.
+_MAX_HEADER_BYTES = 100_000_000
+
+
+def read_header(file: Path) -> dict[str, dict[str, Any]]:
+    """The tensors of a safetensors file (name: dtype, shape, data offsets), read from its
+    header (an 8-byte length, then JSON) without loading a tensor. A ``ValueError`` names
+    the file and what is wrong: a header that is cut short, not JSON, or describes tensors
+    that do not fit the file, which the loader would otherwise meet only in a task."""
+    try:
+        size = file.stat().st_size
+        with file.open("rb") as handle:
+            head = handle.read(8)
+            if len(head) < 8:
+                raise ValueError(f"{file}: not a safetensors file ({size} bytes, no header)")
+            (length,) = struct.unpack("<Q", head)
+            if length > min(size - 8, _MAX_HEADER_BYTES):
+                raise ValueError(
+                    f"{file}: its safetensors header claims {length} bytes; the file has "
+                    f"{size - 8} after the length (cut short or not safetensors)"
+                )
+            raw = handle.read(length)
+    except OSError as exc:
+        raise ValueError(f"{file}: {exc.strerror or exc}") from None
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{file}: its safetensors header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{file}: its safetensors header is not a JSON object")
+    data_bytes = size - 8 - length
+    tensors: dict[str, dict[str, Any]] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        problem = _tensor_problem(entry, data_bytes)
+        if problem:
+            raise ValueError(f"{file}: tensor {name!r} in its safetensors header {problem}")
+        tensors[name] = entry
+    return tensors
+
+
+def _tensor_problem(entry: Any, data_bytes: int) -> str | None:
+    """What is wrong with one tensor's header entry, or None."""
+    if not isinstance(entry, dict):
+        return "is not an object"
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in _ITEM_BYTES:
+        return f"has an unknown dtype {dtype!r}"
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        return f"has an invalid shape {shape!r}"
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(isinstance(o, int) for o in offsets)
+        and 0 <= offsets[0] <= offsets[1] <= data_bytes
+    ):
+        return f"has data offsets {offsets!r} outside the file's {data_bytes} data bytes"
+    count = 1
+    for dim in shape:
+        count *= dim
+    if offsets[1] - offsets[0] != count * _ITEM_BYTES[dtype]:
+        return f"has {offsets[1] - offsets[0]} data bytes for {count} {dtype} items"
+    return None
+
+
 def weight_bytes(files: list[Path], dtype: str) -> int:
     """Bytes the floating-point weights of ``files`` take in ``dtype``, read from the
-    safetensors headers (8-byte length, then JSON) without loading a tensor."""
+    safetensors headers without loading a tensor."""
     total = 0
     for file in files:
-        with file.open("rb") as handle:
-            (length,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(length))
-        for name, entry in header.items():
-            if name == "__metadata__":
-                continue
+        for entry in read_header(file).values():
             count = 1
             for dim in entry["shape"]:
                 count *= dim
             floating = entry["dtype"] in ("F32", "F16", "BF16", "F64")
-            total += count * (_DTYPE_BYTES[dtype] if floating else _item_bytes(entry["dtype"]))
+            total += count * (_DTYPE_BYTES[dtype] if floating else _ITEM_BYTES[entry["dtype"]])
     return total
-
-
-def _item_bytes(code: str) -> int:
-    return {"I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2}.get(code, 1)

@@ -12,8 +12,8 @@ The worker sends a command (a function of this module and its arguments) and rea
 replies: one per denoising step, then the result or the error. A flag in shared memory
 asks the call to stop after its current step. A child that dies (a crash in a native library,
 the kernel's out-of-memory killer) fails the command it was running and is started again,
-empty, for the next one. It ends with the worker, and ignores the terminal's Ctrl-C: the
-worker decides when a call stops.
+empty, for the next one. It ends with the worker (the moment the worker's end of a pipe
+closes), and ignores the terminal's Ctrl-C: the worker decides when a call stops.
 """
 
 from __future__ import annotations
@@ -111,6 +111,8 @@ class Host:
         self._process: multiprocessing.process.BaseProcess | None = None
         self._channel: Connection | None = None
         self._stop: Any = None  # a shared c_bool: stop after this step
+        # The write end of the pipe the model process watches (``_die_with_parent``).
+        self._lifeline: Connection | None = None
         # The models loaded there, as of the last reply: what the worker's claim reads for
         # affinity, without asking the process.
         self.loaded: frozenset[str] = frozenset()
@@ -195,17 +197,21 @@ class Host:
         settings = next((a for a in args if isinstance(a, Settings)), None) or Settings()
         context = multiprocessing.get_context("spawn")
         mine, theirs = context.Pipe()
+        # Nothing is ever sent on it: the kernel closes this end when the worker dies.
+        lifeline, watched = context.Pipe(duplex=False)
         flag = context.RawValue(ctypes.c_bool, False)
         process = context.Process(
             target=_serve,
-            args=(theirs, flag, settings, os.getpid()),
+            args=(theirs, flag, settings, os.getpid(), lifeline),
             name=f"{multiprocessing.current_process().name}/models",
             daemon=True,
         )
         process.start()
         theirs.close()
+        lifeline.close()
         log.info("model process %s started", process.pid)
         self._process, self._channel, self._stop = process, mine, flag
+        self._lifeline = watched
         return mine, flag
 
     def _exited(self) -> ModelProcessExited:
@@ -215,6 +221,9 @@ class Host:
         process.join(10)
         code = process.exitcode
         self._process = self._channel = self._stop = None
+        if self._lifeline is not None:
+            self._lifeline.close()
+            self._lifeline = None
         self.loaded = frozenset()
         how = (
             f"killed by signal {signal.Signals(-code).name}"
@@ -238,11 +247,13 @@ _channel: Connection | None = None
 _stop: Any = None
 
 
-def _serve(channel: Connection, stop: Any, settings: Settings, parent: int) -> None:
+def _serve(
+    channel: Connection, stop: Any, settings: Settings, parent: int, lifeline: Connection
+) -> None:
     """Run commands until the worker closes the channel (or dies)."""
     global _channel, _stop
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent(parent)
+    _die_with_parent(parent, lifeline)
     from genhook.logs import configure_logging
 
     configure_logging(settings, "worker")
@@ -269,14 +280,21 @@ def _answer(channel: Connection, function: Callable[..., Any], args: tuple[Any, 
         channel.send(("error", _portable(exc), RESIDENCY.loaded()))
 
 
-def _die_with_parent(parent: int) -> None:
-    """End this process within a second of the worker's end, even by SIGKILL, mid-call.
-    (Linux's PR_SET_PDEATHSIG would fire when the worker's thread that started this
-    process ends, not the worker.)"""
+def _die_with_parent(parent: int, lifeline: Connection) -> None:
+    """End this process as soon as the worker ends, even by SIGKILL, mid-call.
+
+    A thread waits on a pipe whose other end only the worker holds and never writes to:
+    the kernel closes it when the worker dies, which wakes the wait at once (a wait in the
+    kernel, without the interpreter's lock, so a busy call does not delay it). Polling the
+    parent's id instead once let the process outlive its worker by 1.56 s. That poll stays,
+    once a second, for a worker that forked a child holding the end open. (Linux's
+    PR_SET_PDEATHSIG would fire when the worker's thread that started this process ends,
+    not the worker.)"""
 
     def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
+        with contextlib.suppress(OSError):
+            while os.getppid() == parent and not lifeline.poll(1.0):
+                pass
         os._exit(0)
 
     threading.Thread(target=watch, name="watch-worker", daemon=True).start()

@@ -162,6 +162,7 @@ def load_pipeline(model: LocalModel, device: str, dtype: str) -> Any:
     """Local files only, safetensors only: no pickle is ever unpickled, nothing is fetched."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    _quiet_fallback_notice()
     import diffusers
     import torch
     import transformers
@@ -189,6 +190,23 @@ def load_pipeline(model: LocalModel, device: str, dtype: str) -> Any:
         )
     pipeline.set_progress_bar_config(disable=True)
     return pipeline.to(device)
+
+
+class _TorchvisionFallback(logging.Filter):
+    """Drops transformers' notice that an image processor "requires torchvision (not
+    installed); falling back to" its Pillow twin: without torchvision that twin is the one
+    meant, and the notice would be in the service log on every start."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "requires torchvision (not installed); falling back to" not in record.getMessage()
+
+
+def _quiet_fallback_notice() -> None:
+    """Install ``_TorchvisionFallback`` on the logger that says it, before diffusers'
+    pipelines import their processors (which is when it is said)."""
+    logger = logging.getLogger("transformers.utils.import_utils")
+    if not any(isinstance(f, _TorchvisionFallback) for f in logger.filters):
+        logger.addFilter(_TorchvisionFallback())
 
 
 RESIDENCY = Residency()

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from genhook.config import Settings, model_entries
+from genhook.config import Settings, entry_name, model_entries, validation_problems
 from genhook.engines.base import ModelKind
 
 
@@ -117,5 +117,6 @@ def load_upstream_models(settings: Settings) -> list[UpstreamModel]:
         try:
             models.append(UpstreamModel.model_validate(entry))
         except ValidationError as exc:
-            raise ValueError(f"upstream model entry {index} is invalid: {exc}") from None
+            name = entry_name("upstream model", index, entry)
+            raise ValueError(f"{name} is invalid: {validation_problems(exc)}") from None
     return models
