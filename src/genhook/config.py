@@ -190,6 +190,10 @@ class Settings(BaseSettings):
     # model entries, and/or a JSON file holding one.
     upstream_models: list[dict[str, Any]] = Field(default_factory=list)
     upstream_models_file: Path | None = None
+    # Models served by a predictor class (docs/engines/your-model.md): a ``genhook.model``
+    # ``Model`` or a Cog project; a JSON list of entries and/or a JSON file holding one.
+    models: list[dict[str, Any]] = Field(default_factory=list)
+    models_file: Path | None = None
     # Models served from diffusers pipeline directories on this machine
     # (docs/engines/local-models.md): a JSON list of entries and/or a JSON file holding one;
     # the device a worker runs them on (``genhook worker --device``); the memory they may take

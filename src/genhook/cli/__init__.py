@@ -327,7 +327,7 @@ def keys_revoke(key_id: str) -> None:
 
 def _register_command_groups() -> None:
     """Attach the webhook and client command groups, which live in their own modules."""
-    from genhook.cli import client_cmds, task_api_cmds
+    from genhook.cli import client_cmds, predict_cmd, task_api_cmds
     from genhook.cli import webhooks as webhook_cli
 
     app.add_typer(webhook_cli.signing_keys_app, name="signing-keys")
@@ -336,6 +336,7 @@ def _register_command_groups() -> None:
     accounts_app.command("standard-webhooks")(webhook_cli.standard_webhooks)
     client_cmds.register(app)
     task_api_cmds.register(app, accounts_app)
+    predict_cmd.register(app)
 
 
 _register_command_groups()

@@ -274,7 +274,8 @@ MEDIA_WORDS = ("image", "audio")
 
 def form_fields(schema: dict[str, Any]) -> list[dict[str, Any]]:
     """The request schema as form controls: enums as selects, bounded numbers as sliders,
-    image and audio inputs as file pickers (with URL fields), objects as JSON text."""
+    image and audio inputs (and fields whose schema gives a ``contentMediaType``) as file
+    pickers with URL fields, objects as JSON text."""
     required = set(schema.get("required", []))
     fields: list[dict[str, Any]] = []
     for name, raw in schema.get("properties", {}).items():
@@ -290,11 +291,15 @@ def form_fields(schema: dict[str, Any]) -> list[dict[str, Any]]:
             "required": name in required,
             "default": node.get("default"),
         }
-        media = next((w for w in MEDIA_WORDS if w in name), None)
+        media = next((f"{w}/*" for w in MEDIA_WORDS if w in name), None)
+        # A schema may say a field is a file (a predictor's inputs): its contentMediaType.
+        declared = node.get("contentMediaType") or items.get("contentMediaType")
+        if declared:
+            media = "*/*" if declared == "application/octet-stream" else declared
         if media and (kind == "string" or items.get("type") == "string"):
             field.update(
                 control="file",
-                accept=f"{media}/*",
+                accept="" if media == "*/*" else media,
                 multiple=kind == "array",
                 max_items=node.get("maxItems"),
             )

@@ -130,6 +130,10 @@ def build_registry(settings: Settings) -> Registry:
         from genhook.engines.local import register_local_models
 
         register_local_models(registry, settings)
+    if settings.models or settings.models_file:
+        from genhook.engines.predictor import register_predictor_models
+
+        register_predictor_models(registry, settings)
     for target in settings.extra_engines:
         module_name, _, func_name = target.partition(":")
         module = importlib.import_module(module_name)

@@ -68,6 +68,13 @@ CONTENT_TYPE_BY_EXTENSION = {
     ".json": "application/json",
     ".srt": "application/x-subrip",
     ".mp4": "video/mp4",
+    ".webm": "video/webm",
+    ".mov": "video/quicktime",
+    ".m4a": "audio/mp4",
+    ".aac": "audio/aac",
+    ".txt": "text/plain",
+    ".csv": "text/csv",
+    ".bin": "application/octet-stream",
 }
 
 

@@ -20,7 +20,7 @@ from genhook.db import Database, Task, now_ms, wakeups
 from genhook.db.thread_writes import ThreadWriter
 from genhook.engines.base import ModelKind
 from genhook.engines.edit_request import IMAGE_REFS, ImageItemsError, ImageRef, parse_image_ref
-from genhook.engines.registry import PATH_KINDS, submit_paths
+from genhook.engines.registry import PATH_KINDS, Registry, submit_paths
 from genhook.errors import FieldError, InvalidRequest, ServiceUnavailable
 from genhook.faults import RETRY_AFTER_SECONDS
 from genhook.files import disk_problem
@@ -152,13 +152,7 @@ class Submitter(Services):
         spec = self.registry.get(body["model"])
         assert spec is not None
         task_id = secrets.token_hex(16)
-        refs = context.get(IMAGE_REFS)
-        if refs is None:
-            refs = [parse_image_ref(item, inline) for item in getattr(request, "images", [])]
-        inline_images = [ref.data for ref in refs if ref.data is not None and ref.format]
-        problem = pixel_budget_problem(inline_images, self.settings.max_task_input_pixels)
-        if problem is not None:
-            raise InvalidRequest(problem, [FieldError("images", problem)])
+        refs = input_refs(request, context, self.settings.max_task_input_pixels)
         now = now_ms()
         inputs, blobs = input_rows(task_id, refs, now)
         deadline = self.settings.task_deadline_seconds or spec.deadline_seconds
@@ -169,7 +163,7 @@ class Submitter(Services):
             model=spec.id,
             kind=spec.kind.value,
             status=TaskStatus.CREATED,
-            params=request.model_dump(mode="json", exclude={"images", "audio", "webhook_url"}),
+            params=stored_params(request),
             inputs=inputs,
             webhook_url=webhook_url,
             webhook_events=webhook_events,
@@ -213,32 +207,73 @@ class Submitter(Services):
         return created
 
     def _validate(self, path_kind: ModelKind, body: Any, context: dict[str, Any]) -> BaseModel:
-        if not isinstance(body, dict):
-            raise InvalidRequest(
-                "the request body must be a JSON object",
-                [FieldError("body", "expected a JSON object")],
-            )
-        model_id = body.get("model")
-        if not isinstance(model_id, str) or not model_id:
-            raise InvalidRequest(
-                "model is required", [FieldError("model", "a model id string is required")]
-            )
-        spec = self.registry.get(model_id)
-        if spec is None:
-            known = ", ".join(sorted(s.id for s in self.registry)) or "none"
-            message = f"unknown model {model_id!r}; available models: {known}"
-            raise InvalidRequest(message, [FieldError("model", message)])
-        if not spec.accepts(path_kind):
-            paths = " or ".join(submit_paths(spec))
-            message = (
-                f"model {model_id!r} is a {spec.kind.value} model and is not accepted on the "
-                f"{path_kind.value} path; submit it to {paths}"
-            )
-            raise InvalidRequest(message, [FieldError("model", message)])
-        try:
-            return spec.request_schema.model_validate(body, context=context)
-        except ValidationError as exc:
-            raise InvalidRequest("the request is invalid", field_errors(exc)) from None
+        return validate_request(self.registry, path_kind, body, context)
+
+
+def validate_request(
+    registry: Registry, path_kind: ModelKind, body: Any, context: dict[str, Any]
+) -> BaseModel:
+    """``body`` checked against its model's schema on the ``path_kind`` submit path; every
+    refusal is an ``InvalidRequest`` naming the field. Submit and ``genhook predict`` use it."""
+    if not isinstance(body, dict):
+        raise InvalidRequest(
+            "the request body must be a JSON object",
+            [FieldError("body", "expected a JSON object")],
+        )
+    model_id = body.get("model")
+    if not isinstance(model_id, str) or not model_id:
+        raise InvalidRequest(
+            "model is required", [FieldError("model", "a model id string is required")]
+        )
+    spec = registry.get(model_id)
+    if spec is None:
+        known = ", ".join(sorted(s.id for s in registry)) or "none"
+        message = f"unknown model {model_id!r}; available models: {known}"
+        raise InvalidRequest(message, [FieldError("model", message)])
+    if not spec.accepts(path_kind):
+        paths = " or ".join(submit_paths(spec))
+        message = (
+            f"model {model_id!r} is a {spec.kind.value} model and is not accepted on the "
+            f"{path_kind.value} path; submit it to {paths}"
+        )
+        raise InvalidRequest(message, [FieldError("model", message)])
+    try:
+        return spec.request_schema.model_validate(body, context=context)
+    except ValidationError as exc:
+        raise InvalidRequest("the request is invalid", field_errors(exc)) from None
+
+
+def input_refs(request: BaseModel, context: dict[str, Any], pixel_budget: int) -> list[ImageRef]:
+    """The request's input files in order (the schema's validators leave them in
+    ``context``; else its ``images``), refused when the pictures among them declare more
+    than ``pixel_budget`` pixels together."""
+    refs: list[ImageRef] | None = context.get(IMAGE_REFS)
+    if refs is None:
+        inline = context.get(INLINE_DATA)
+        refs = [parse_image_ref(item, inline) for item in getattr(request, "images", [])]
+    inline_images = [ref.data for ref in refs if ref.data is not None and ref.format]
+    problem = pixel_budget_problem(inline_images, pixel_budget)
+    if problem is not None:
+        raise InvalidRequest(problem, [FieldError(_pictures_field(refs), problem)])
+    return refs
+
+
+def stored_params(request: BaseModel) -> dict[str, Any]:
+    """The request as the task row keeps it, for the engine: without ``webhook_url`` and
+    without the input files, whose bytes are the task's inputs. A schema whose file fields
+    serialize to a short note of themselves (a predictor's: the URL, or ``data:image/png``)
+    says so with ``keeps_file_fields`` and keeps them, in place."""
+    if getattr(request, "keeps_file_fields", False):
+        return request.model_dump(mode="json", exclude={"webhook_url"})
+    return request.model_dump(mode="json", exclude={"images", "audio", "webhook_url"})
+
+
+def _pictures_field(refs: list[ImageRef]) -> str:
+    """The request field the pixel budget's error names: the first one holding a picture."""
+    for ref in refs:
+        if ref.field is not None and ref.format in CONTENT_TYPES:
+            return ref.field.partition("[")[0]
+    return "images"
 
 
 def input_rows(

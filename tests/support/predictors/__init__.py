@@ -1,0 +1,1 @@
+"""Predictor classes of the tests: ``genhook.model`` models and a Cog project (``cog_gray``)."""
