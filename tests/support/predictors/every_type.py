@@ -6,12 +6,13 @@ from __future__ import annotations
 import hashlib
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from PIL import Image
 
-from genhook.model import Input, Model, Output
+from genhook.model import Input, Model, Output, Stopped
 
 
 class EveryType(Model):
@@ -78,12 +79,18 @@ class Numbers(Model):
         self.started = threading.Event()
         self.release = threading.Event()
         self.release.set()
+        self.stopped = False
 
     def predict(self, steps: int = Input(4, ge=1, le=1000)) -> dict[str, Any]:
         self.started.set()
-        for step in range(steps):
-            self.release.wait(30)
-            self.progress((step + 1) / steps, f"step {step + 1}/{steps}")
+        try:
+            for step in range(steps):
+                self.release.wait(30)
+                time.sleep(0.01)
+                self.progress((step + 1) / steps, f"step {step + 1}/{steps}")
+        except Stopped:
+            self.stopped = True
+            raise
         return {"steps": steps}
 
 
