@@ -87,6 +87,7 @@ bench: install-dev
 	$(BIN)/python benchmarks/batching.py
 	$(BIN)/python benchmarks/local_models.py
 	$(BIN)/python benchmarks/tracing.py
+	$(BIN)/python benchmarks/predictor.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

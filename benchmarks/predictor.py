@@ -35,10 +35,12 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._harness import (  # noqa: E402
     free_port,
+    is_service,
     percentile,
     running_service,
     stop_process,
 )
+from benchmarks._proc import cpu_seconds, descendants  # noqa: E402
 
 PROJECT = ROOT / "benchmarks" / "trivial_predictor"
 MODEL = "bench/trivial-predictor"
@@ -97,10 +99,15 @@ async def open_loop(
     seconds: float,
     send: Any,
     arrived: dict[str, float] | None,
+    server: int | None = None,
 ) -> dict[str, Any]:
     """Send ``rate * seconds`` requests on schedule; ``send(client, scheduled)`` returns the
     request's id and, for a synchronous answer, when it came. With ``arrived`` (a
-    receiver's), a request ends at its webhook."""
+    receiver's), a request ends at its webhook. ``server``: the serving process, whose
+    tree's CPU time per completed request is reported (steadier than latency on a loaded
+    machine)."""
+    tree = [server, *descendants(server)] if server is not None else []
+    cpu_before = cpu_seconds(tree)
     ended: dict[str, float] = {}
     started: dict[str, float] = {}
     failures = 0
@@ -134,8 +141,10 @@ async def open_loop(
             while time.monotonic() < deadline and any(i not in arrived for i in started):
                 await asyncio.sleep(0.05)
             ended = {i: arrived[i] for i in started if i in arrived}
+    cpu = cpu_seconds(tree) - cpu_before
     latencies = sorted((ended[i] - s) * 1000 for i, s in started.items() if i in ended)
     return {
+        "server_cpu_ms_per_request": cpu * 1000 / max(1, len(latencies)),
         "requests": len(started) + failures,
         "failed": failures,
         "why_failed": reasons,
@@ -176,7 +185,8 @@ async def genhook_run(rate: float, seconds: float) -> dict[str, Any]:
                     return str(json.loads(body)["id"]), time.monotonic()
 
             await open_loop(rate, min(seconds, 3.0), send, receiver.arrived)  # warm-up
-            return await open_loop(rate, seconds, send, receiver.arrived)
+            supervisor = next(p for p in descendants(os.getpid()) if is_service(p))
+            return await open_loop(rate, seconds, send, receiver.arrived, supervisor)
     finally:
         await receiver.stop()
 
@@ -238,8 +248,8 @@ async def cog_run(rate: float, seconds: float) -> dict[str, Any]:
             return ident, time.monotonic()
 
         await open_loop(rate, min(seconds, 3.0), sync, None)  # warm-up
-        results = {"sync": await open_loop(rate, seconds, sync, None)}
-        results["webhook"] = await open_loop(rate, seconds, hooked, receiver.arrived)
+        results = {"sync": await open_loop(rate, seconds, sync, None, server.pid)}
+        results["webhook"] = await open_loop(rate, seconds, hooked, receiver.arrived, server.pid)
         return results
     finally:
         await receiver.stop()
