@@ -209,6 +209,9 @@ class Settings(BaseSettings):
     # the process's usable cores among the workers.
     local_models_cpu_threads: int = Field(default=0, ge=0)
     preload_models: list[str] = Field(default_factory=list)
+    # The models a worker claims (``genhook worker --model``): one pool of workers per model
+    # group, each scaled on its own queue. Empty: every registered model.
+    worker_models: list[str] = Field(default_factory=list)
     # Faults (docs/operations.md): storage and database errors are retried this long before a
     # task is requeued; a task is started only with at least this long left before its
     # deadline (or its model's recent run time, when longer).

@@ -161,6 +161,11 @@ def worker(
         help="The device for local models: cpu, cuda or cuda:N (GENHOOK_LOCAL_MODELS_DEVICE); "
         "run one worker per GPU.",
     ),
+    model: list[str] | None = typer.Option(
+        None,
+        help="Claim only this model's tasks (repeatable; GENHOOK_WORKER_MODELS): a pool of "
+        "workers per model group.",
+    ),
 ) -> None:
     """Run one worker process: claims tasks and runs their engines."""
     from genhook.runtime.roles import run_worker
@@ -179,6 +184,7 @@ def worker(
                 health_port=health_port,
                 preload_models=preload or None,
                 local_models_device=device,
+                worker_models=model or None,
             )
         )
     )

@@ -145,7 +145,20 @@ def build_registry(settings: Settings) -> Registry:
                 f"GENHOOK_PRELOAD_MODELS (--preload): unknown model {model_id!r} "
                 f"(known: {_known(registry)})"
             )
+    for model_id in settings.worker_models:
+        if registry.get(model_id) is None:
+            raise ValueError(
+                f"GENHOOK_WORKER_MODELS (--model): unknown model {model_id!r} "
+                f"(known: {_known(registry)})"
+            )
     return registry
+
+
+def claimable_models(registry: Registry, settings: Settings) -> list[str]:
+    """The models a worker claims tasks of: ``GENHOOK_WORKER_MODELS`` when set (a worker
+    pool per model group, e.g. the GPU pool of the local models), else every one."""
+    chosen = settings.worker_models
+    return [spec.id for spec in registry if not chosen or spec.id in chosen]
 
 
 def _known(registry: Registry) -> str:

@@ -37,6 +37,7 @@ from genhook.engines.base import (
     StepEngine,
     stored_request,
 )
+from genhook.engines.registry import claimable_models
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.faults import is_infrastructure_error, retry_infrastructure
 from genhook.logs import bind_task, unbind
@@ -84,7 +85,7 @@ class Worker(Services):
     def __post_init__(self) -> None:
         self.lifecycle = Lifecycle(self.settings, self.db, self.storage)
         self._engines: dict[str, Engine] = {}
-        self._models = [spec.id for spec in self.registry]
+        self._models = claimable_models(self.registry, self.settings)
         # The tasks whose engine call runs in a thread now (several for a batch, or for a
         # model that allows several calls at once).
         self._engine_tasks: set[str] = set()
