@@ -33,11 +33,11 @@ RUN printf '%s\n' '#!/bin/sh' \
         'if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi' \
         'exec /opt/genhook/bin/pip install "$@"' > /usr/local/bin/pip-install \
     && chmod 0755 /usr/local/bin/pip-install
-# The dependencies first, from the metadata alone (a layer that survives source edits),
+# The dependencies first, from pyproject.toml alone (a layer that survives source edits),
 # then the package itself from a clean copy.
-COPY pyproject.toml README.md /deps/
+COPY pyproject.toml /deps/
 RUN --mount=type=cache,target=/root/.cache/pip --mount=type=secret,id=ca-bundle \
-    mkdir -p /deps/src/genhook && touch /deps/src/genhook/__init__.py \
+    mkdir -p /deps/src/genhook && touch /deps/README.md /deps/src/genhook/__init__.py \
     && pip-install --prefer-binary '/deps[server]' \
     && /opt/genhook/bin/pip uninstall -y genhook && rm -rf /deps
 COPY pyproject.toml README.md /src/

@@ -160,6 +160,15 @@ class _Renderer:
         }
 
     def pod(self, component: str, container: dict[str, Any], **spec: Any) -> dict[str, Any]:
+        volumes: list[dict[str, Any]] = [
+            {"name": "data", "emptyDir": {}},
+            {"name": "tmp", "emptyDir": {}},
+        ]
+        if self.v["modelsVolume"]:
+            volumes.append({"name": "models", **self.v["modelsVolume"]})
+            container["volumeMounts"].append(
+                {"name": "models", "mountPath": "/models", "readOnly": True}
+            )
         return {
             "metadata": {"labels": self.labels(component)},
             "spec": {
@@ -172,7 +181,7 @@ class _Renderer:
                     "seccompProfile": {"type": "RuntimeDefault"},
                 },
                 "containers": [container],
-                "volumes": [{"name": "data", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+                "volumes": volumes,
                 **spec,
             },
         }
@@ -322,11 +331,6 @@ class _Renderer:
         if pool["tolerations"]:
             spec["tolerations"] = pool["tolerations"]
         pod = self.pod(component, container, **spec)
-        if pool["modelsVolume"]:
-            pod["spec"]["volumes"].append({"name": "models", **pool["modelsVolume"]})
-            container["volumeMounts"].append(
-                {"name": "models", "mountPath": "/models", "readOnly": True}
-            )
         scaling = pool["autoscaling"]
         replicas = None if scaling["enabled"] else pool["replicas"]
         out = [self.deployment(name, component, replicas, pod)]

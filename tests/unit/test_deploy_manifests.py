@@ -440,11 +440,14 @@ CHANGES: list[tuple[str, dict[str, Any], Any]] = [
         ),
     ),
     (
-        "workerPools.modelsVolume",
-        with_pool(modelsVolume={"persistentVolumeClaim": {"claimName": "w"}}),
-        lambda d: (
+        "modelsVolume",
+        {"modelsVolume": {"persistentVolumeClaim": {"claimName": "w"}}},
+        lambda d: all(
             {"name": "models", "mountPath": "/models", "readOnly": True}
-            in _pool(d)["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+            in x["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+            and {"name": "models", "persistentVolumeClaim": {"claimName": "w"}}
+            in x["spec"]["template"]["spec"]["volumes"]
+            for x in by_kind(d, "Deployment").values()
         ),
     ),
     (
@@ -527,7 +530,7 @@ def test_every_value_in_values_yaml_has_a_check() -> None:
                 "env",
                 "workerPools.env",
                 "workerPools.nodeSelector",
-                "workerPools.modelsVolume",
+                "modelsVolume",
                 "api.resources",
                 "dispatcher.resources",
                 "workerPools.resources",
