@@ -195,7 +195,7 @@ def test_a_bad_predictor_stops_the_start_naming_the_entry(
     tmp_path: Path, source: str, expected: str
 ) -> None:
     entry = {"id": "acme/bad", "kind": "image", "predictor": write(tmp_path, source)}
-    with pytest.raises(ValueError, match="entry 1 \\(acme/bad\\)") as caught:
+    with pytest.raises(ValueError, match="entry 2 \\(acme/bad\\)") as caught:
         registry(POSTERIZE, entry)
     assert expected in str(caught.value)
 
@@ -216,7 +216,7 @@ def test_a_bad_predictor_stops_the_start_naming_the_entry(
     ],
 )
 def test_a_bad_entry_stops_the_start_naming_it(entry: dict[str, Any], expected: str) -> None:
-    with pytest.raises(ValueError, match="GENHOOK_MODELS entry 0") as caught:
+    with pytest.raises(ValueError, match="GENHOOK_MODELS entry 1") as caught:
         registry(entry)
     assert expected in str(caught.value)
 
@@ -225,7 +225,7 @@ def test_a_cog_project_without_a_predict_line_is_named(tmp_path: Path) -> None:
     (tmp_path / "cog.yaml").write_text("build:\n  gpu: false\n")
     with pytest.raises(ValueError, match="has no predict") as caught:
         registry({"id": "a/b", "kind": "image", "cog": str(tmp_path)})
-    assert "entry 0 (a/b)" in str(caught.value)
+    assert "GENHOOK_MODELS entry 1 (a/b)" in str(caught.value)
 
 
 def test_models_file_entries_follow_the_inline_ones(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from genhook.config import Settings, model_entries
+from genhook.config import Settings, entry_name, model_entries, validation_problems
 from genhook.engines.base import ModelKind
 from genhook.engines.local._config import check_device
 from genhook.engines.predictor._signature import (
@@ -103,14 +103,15 @@ def load_predictor_models(settings: Settings) -> list[PredictorModel]:
     entries = model_entries(settings.models, settings.models_file, "GENHOOK_MODELS_FILE")
     models = []
     for index, raw in enumerate(entries):
+        name = entry_name("GENHOOK_MODELS", index, raw)
         try:
             entry = PredictorEntry.model_validate(raw)
         except ValidationError as exc:
-            raise ValueError(f"GENHOOK_MODELS entry {index} is invalid: {exc}") from None
+            raise ValueError(f"{name} is invalid: {validation_problems(exc)}") from None
         try:
             models.append(check_entry(entry))
         except (ValueError, ImportError) as exc:
-            raise ValueError(f"GENHOOK_MODELS entry {index} ({entry.id}): {exc}") from None
+            raise ValueError(f"{name}: {exc}") from None
     return models
 
 
