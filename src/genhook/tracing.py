@@ -55,8 +55,6 @@ __all__ = [
 _ROLES = frozenset({"api", "worker", "dispatcher"})
 # Requests that are not work: probes and scrapes would drown the traces that matter.
 _UNTRACED = frozenset({"/healthz", "/readyz", "/metrics"})
-# Paths whose tail is a credential: traced by their route template only.
-_SECRET_PATHS = ("/api/v1/upstream/callback/",)
 
 _tracer: Tracer | None = None
 
@@ -214,13 +212,11 @@ class _ServerSpans:
             if name in (b"traceparent", b"tracestate")
         }
         method = scope["method"]
-        path = scope["path"]
-        if path.startswith(_SECRET_PATHS):
-            path = path.rsplit("/", 1)[0] + "/{token}"
         server = scope.get("server") or ("", None)
+        # No url.path: a path can be a capability (an output's key, a callback's token), so
+        # a request is named by its route template (http.route) alone, set once it matched.
         attributes: dict[str, Any] = {
             "http.request.method": method,
-            "url.path": path,
             "url.scheme": scope.get("scheme", "http"),
             "network.protocol.version": scope.get("http_version", "1.1"),
         }
