@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 
 from genhook.api.bodies import ClientGone
 from genhook.errors import FieldError, GenhookError, ServiceUnavailable, TooManyRequests
@@ -68,6 +69,22 @@ SUBMIT_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method the request's path accepts, for a 405's ``Allow``: the router answers
+    with the methods of the first route that matched the path, not of all of them."""
+    routes = request.app.router.routes
+    # A fresh scope per method: the request's own carries the router's state of its match.
+    path = {"type": "http", "path": request.scope["path"], "root_path": request.scope["root_path"]}
+    return ", ".join(
+        method
+        for method in _METHODS
+        if any(route.matches({**path, "method": method})[0] == Match.FULL for route in routes)
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GenhookError)
     async def _genhook(_: Request, exc: GenhookError) -> JSONResponse:
@@ -94,10 +111,12 @@ def install_error_handlers(app: FastAPI) -> None:
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
         if exc.status_code == 404 and message == "Not Found":
             message = "no such endpoint"
-        elif exc.status_code == 405 and message == "Method Not Allowed":
-            message = f"{request.method} is not allowed on this endpoint"
-        # Keeps ``Allow`` on a 405.
-        return error_response(exc.status_code, message, headers=dict(exc.headers or {}))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            if message == "Method Not Allowed":
+                message = f"{request.method} is not allowed on this endpoint"
+            headers["Allow"] = allowed_methods(request)
+        return error_response(exc.status_code, message, headers=headers)
 
     async def _gone(request: Request, _: Exception) -> JSONResponse:
         log.info(

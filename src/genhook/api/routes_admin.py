@@ -6,11 +6,13 @@ something a key can grant itself. Other keys get 403.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from genhook.api.deps import AccountDep, AppState, StateDep, current_account, get_state
-from genhook.api.errors import ERROR_RESPONSES
+from genhook.api.errors import ERROR_RESPONSES, ErrorResponse
 from genhook.api.routes_watch import task_listing
 from genhook.db import Account
 from genhook.errors import Forbidden
@@ -20,6 +22,12 @@ from genhook.statuses import DeliveryStatus
 
 router = APIRouter(tags=["admin"])
 
+# A key of an account that is not an admin is answered 403, which the schema says.
+ADMIN_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES,
+    403: {"model": ErrorResponse, "description": "The key's account is not an admin account."},
+}
+
 
 def require_admin(state: AppState, account: Account) -> None:
     if account.id not in state.settings.admin_accounts:
@@ -28,7 +36,7 @@ def require_admin(state: AppState, account: Account) -> None:
 
 @router.get(
     "/api/v1/admin/results",
-    responses=ERROR_RESPONSES,
+    responses=ADMIN_RESPONSES,
     summary="Every account's tasks, newest first; the filters of /api/v1/model/results and account",
 )
 async def admin_results(request: Request) -> JSONResponse:
@@ -40,7 +48,7 @@ async def admin_results(request: Request) -> JSONResponse:
 @router.get(
     "/api/v1/admin/deliveries",
     response_model=DeliveryPage,
-    responses=ERROR_RESPONSES,
+    responses=ADMIN_RESPONSES,
     summary="Every account's webhook deliveries, newest first, with their attempt log",
 )
 async def admin_deliveries(
@@ -59,7 +67,7 @@ async def admin_deliveries(
 @router.get(
     "/api/v1/admin/destinations",
     response_model=DestinationList,
-    responses=ERROR_RESPONSES,
+    responses=ADMIN_RESPONSES,
     summary="Every account's webhook hosts and endpoints with their circuit state",
 )
 async def admin_destinations(state: StateDep, account: AccountDep) -> DestinationList:

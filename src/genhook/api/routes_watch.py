@@ -25,7 +25,7 @@ from genhook.api.errors import ERROR_RESPONSES
 from genhook.api.held import HeldStream, Hold
 from genhook.api.schemas import TaskListResponse
 from genhook.db import Account, Task
-from genhook.errors import FieldError, InvalidRequest, NotFound, whole_number
+from genhook.errors import MAX_WIRE_INTEGER, FieldError, InvalidRequest, NotFound, whole_number
 from genhook.task_states import POLLED_STATUSES, is_terminal, polled_status
 from genhook.tasks.store.reads import get_task, list_tasks, owned_task
 from genhook.tasks.views import prediction_view
@@ -206,7 +206,8 @@ def _since_ms(value: str) -> int:
     if text.isdigit():
         return whole_number(text, "since")
     try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        # RFC 3339 (the schema's date-time) allows a lower-case "t" and "z".
+        moment = datetime.fromisoformat(text.upper().replace("Z", "+00:00"))
     except ValueError:
         moment = None
     if moment is None or moment.tzinfo is None:
@@ -241,8 +242,21 @@ def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any
         "parameters": [
             _query("status", "Comma-separated statuses as polled.", {"type": "string"}),
             _query("model", "Only this model's tasks.", {"type": "string"}),
-            _query("since", "ISO 8601 time with a zone, or epoch ms.", {"type": "string"}),
-            _query("limit", "1 to 100 (default 20).", {"type": "integer"}),
+            _query(
+                "since",
+                "ISO 8601 time with a zone, or epoch ms.",
+                {
+                    "anyOf": [
+                        {"type": "string", "format": "date-time"},
+                        {"type": "integer", "minimum": 0, "maximum": MAX_WIRE_INTEGER},
+                    ]
+                },
+            ),
+            _query(
+                "limit",
+                "1 to 100 (default 20).",
+                {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
+            ),
             _query("cursor", "next_cursor of the previous page.", {"type": "string"}),
         ]
     },

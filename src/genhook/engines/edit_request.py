@@ -44,6 +44,15 @@ MIN_PIXELS = 1_048_576
 MAX_PIXELS = 4_194_304
 MAX_ASPECT = 16.0
 MAX_IMAGES = 10
+# What the schema can say of an ``images`` item (the rest, a decodable image or a fetchable
+# URL, is checked at submit): an http(s) URL or a data URL.
+IMAGE_ITEMS_SCHEMA: dict[str, object] = {
+    "items": {
+        "type": "string",
+        "pattern": "^([Hh][Tt][Tt][Pp][Ss]?://|data:)",
+        "description": "An http(s) URL of an image, or a base64 data URL of one.",
+    }
+}
 MAX_PROMPT_CHARS = 20_000
 MAX_IMAGE_URL_CHARS = 4096
 
@@ -128,7 +137,9 @@ class EditRequest(BaseModel):
 
     model: StrictStr
     prompt: StrictStr = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
-    images: list[StrictStr] = Field(min_length=1, max_length=MAX_IMAGES)
+    images: list[StrictStr] = Field(
+        min_length=1, max_length=MAX_IMAGES, json_schema_extra=IMAGE_ITEMS_SCHEMA
+    )
     # The schema lists the sizes (a form offers them as choices); the validator below
     # still answers a wrong one with the reason and the whole list.
     size: StrictStr = Field(default="2048*2048", json_schema_extra={"enum": list(ALLOWED_SIZES)})

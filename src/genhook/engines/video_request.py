@@ -20,7 +20,12 @@ from pydantic import (
     field_validator,
 )
 
-from genhook.engines.edit_request import MAX_IMAGES, MAX_PROMPT_CHARS, check_image_items
+from genhook.engines.edit_request import (
+    IMAGE_ITEMS_SCHEMA,
+    MAX_IMAGES,
+    MAX_PROMPT_CHARS,
+    check_image_items,
+)
 
 Resolution = Literal["480p", "720p", "1080p"]
 AspectRatio = Literal["16:9", "9:16", "1:1", "4:3", "3:4"]
@@ -65,7 +70,9 @@ class VideoRequest(BaseModel):
 
     model: StrictStr
     prompt: StrictStr = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
-    images: list[StrictStr] = Field(min_length=1, max_length=MAX_IMAGES)
+    images: list[StrictStr] = Field(
+        min_length=1, max_length=MAX_IMAGES, json_schema_extra=IMAGE_ITEMS_SCHEMA
+    )
     duration: StrictInt = Field(default=5, ge=MIN_DURATION, le=MAX_DURATION)
     resolution: Resolution = "720p"
     aspect_ratio: AspectRatio | None = None

@@ -232,7 +232,9 @@ class BulkRedelivery(BaseModel):
         description="Only deliveries in this state (pending ones are queued).",
     )
     since: str = Field(
-        description="ISO 8601 time; only deliveries created at or after it.", max_length=64
+        description="ISO 8601 time with a zone; only deliveries created at or after it.",
+        max_length=64,
+        json_schema_extra={"format": "date-time"},
     )
     destination: str | None = Field(
         None,
@@ -250,7 +252,8 @@ class BulkRedeliveryResult(BaseModel):
 
 def _parse_since(text: str) -> int:
     try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        # RFC 3339 (the schema's date-time) allows a lower-case "t" and "z".
+        moment = datetime.fromisoformat(text.strip().upper().replace("Z", "+00:00"))
     except ValueError:
         moment = None
     if moment is None or moment.tzinfo is None:
