@@ -69,12 +69,17 @@ async def create_account(
     return NewAccount(account_id, name, api_key, secret)
 
 
+def key_prefix(api_key: str) -> str:
+    """The part of a key that is stored in clear and shown in listings (``ghk_`` and 6)."""
+    return api_key[: len(KEY_PREFIX) + 6]
+
+
 def _key_row(account_id: str, api_key: str, name: str, now: int) -> ApiKey:
     return ApiKey(
         id="key_" + secrets.token_hex(8),
         account_id=account_id,
         name=name,
-        prefix=api_key[: len(KEY_PREFIX) + 6],
+        prefix=key_prefix(api_key),
         key_hash=hash_key(api_key),
         created_at=now,
         revoked_at=None,

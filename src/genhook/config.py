@@ -6,6 +6,7 @@ Every field is documented in ``docs/configuration.md``; keep the two in step.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 from datetime import timedelta
 from decimal import Decimal
 from functools import cached_property
@@ -264,6 +265,20 @@ class Settings(BaseSettings):
     api_docs: bool = True
     # Accounts whose keys see every account's tasks and deliveries (/api/v1/admin/...).
     admin_accounts: list[str] = Field(default_factory=list)
+    # Addresses or networks of reverse proxies whose X-Forwarded-For/-Proto are believed;
+    # empty: the connection's own address is the client's, whatever headers it sends.
+    trusted_proxies: list[str] = Field(default_factory=list)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        """Each entry an address or a network, so a typo fails at start, not silently."""
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry.strip(), strict=False)
+            except ValueError:
+                raise ValueError(f"{entry!r} is not an IP address or network") from None
+        return [entry.strip() for entry in value]
 
     @field_validator("output_retention", mode="before")
     @classmethod

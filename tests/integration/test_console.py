@@ -324,27 +324,62 @@ async def test_sign_out_and_revocation_end_a_session_even_for_a_copied_cookie(
     assert revoked.status_code == 303 and revoked.headers["location"] == "/console/login"
 
 
-async def test_sign_in_is_throttled_per_client_and_per_account(harness: Harness) -> None:
+def _client_from(
+    app: object, address: str, headers: dict[str, str] | None = None
+) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=app, client=(address, 40000))  # type: ignore[arg-type]
+    return httpx.AsyncClient(transport=transport, base_url="http://testserver", headers=headers)
+
+
+async def test_sign_in_is_throttled_per_client_key_and_per_account(harness: Harness) -> None:
     app = harness.client._transport.app  # type: ignore[attr-defined]
-
-    def from_address(address: str) -> httpx.AsyncClient:
-        transport = httpx.ASGITransport(app=app, client=(address, 40000))
-        return httpx.AsyncClient(transport=transport, base_url="http://testserver")
-
     key = {"api_key": harness.account.api_key}
-    guesser = from_address("10.0.0.1")
+    # A stranger's wrong keys behind the users' own (proxy or NAT) address.
+    shared = _client_from(app, "10.0.0.1")
     for _ in range(10):
-        response = await guesser.post("/console/login", data={"api_key": "ghk_wrong"})
+        response = await shared.post("/console/login", data={"api_key": "ghk_wrongkey"})
         assert response.status_code == 401
-    refused = await guesser.post("/console/login", data=key)
+    refused = await shared.post("/console/login", data={"api_key": "ghk_wrongkey"})
     assert refused.status_code == 429
     assert 0 < int(refused.headers["retry-after"]) <= 300
-    # Other clients are not held back by that one; the account is, past 10 new sessions.
-    for number in range(2, 12):
-        response = await from_address(f"10.0.0.{number}").post("/console/login", data=key)
+    # The same address with another key is not held back by them.
+    assert (await shared.post("/console/login", data=key)).status_code == 303
+    # The account is, past 10 new sessions, from any address.
+    for number in range(2, 11):
+        response = await _client_from(app, f"10.0.0.{number}").post("/console/login", data=key)
         assert response.status_code == 303, response.text
-    refused = await from_address("10.0.0.99").post("/console/login", data=key)
+    refused = await _client_from(app, "10.0.0.99").post("/console/login", data=key)
     assert refused.status_code == 429
+
+
+async def test_forwarded_addresses_count_only_from_a_trusted_proxy(tmp_path: Path) -> None:
+    async def throttled_after_ten(app: object, spoofed: bool) -> bool:
+        """Ten failures, each claiming another forwarded address, from one connection."""
+        for number in range(11):
+            forwarded = {"X-Forwarded-For": f"203.0.113.{number if spoofed else 7}"}
+            client = _client_from(app, "10.0.0.1", forwarded)
+            response = await client.post("/console/login", data={"api_key": "ghk_wrongkey"})
+            if response.status_code == 429:
+                return True
+        return False
+
+    for trusted, expected in (([], True), (["10.0.0.0/8"], False)):
+        settings = make_settings(
+            tmp_path / str(bool(trusted)),
+            f"sqlite+aiosqlite:///{tmp_path}/{bool(trusted)}.db",
+            trusted_proxies=trusted,
+        )
+        harness = await make_harness(settings)
+        try:
+            app = harness.client._transport.app  # type: ignore[attr-defined]
+            # Untrusted, the header is ignored: all eleven tries are the connection's.
+            # Trusted, each forwarded client is counted on its own.
+            assert await throttled_after_ten(app, spoofed=True) is expected
+            if trusted:
+                assert await throttled_after_ten(app, spoofed=False) is True
+        finally:
+            await harness.client.aclose()
+            await harness.state.db.dispose()
 
 
 async def test_the_root_leads_to_the_console_and_the_site_has_an_icon(

@@ -78,6 +78,12 @@ def create_app(state: AppState) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(LoadShedding, limit=state.settings.max_concurrent_requests)
     tracing.instrument_app(app)
+    if state.settings.trusted_proxies:
+        # Outermost, so everything after it sees the client a trusted proxy forwarded for;
+        # uvicorn's own copy is off (roles.py), which trusted loopback by default.
+        from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=state.settings.trusted_proxies)
     app.include_router(tasks_router)
     app.include_router(cancel_router)
     app.include_router(webhooks_router)

@@ -23,7 +23,7 @@ from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.datastructures import FormData, UploadFile
 
-from genhook.accounts import authenticate
+from genhook.accounts import authenticate, key_prefix
 from genhook.api.deps import AppState
 from genhook.api.routes_watch import event_response
 from genhook.console.session import (
@@ -177,14 +177,15 @@ async def login(request: Request) -> Response:
     if not same_origin(request):
         return Response("cross-site request refused", status_code=403, headers=PAGE_HEADERS)
     console = _console(request)
-    client = "client:" + (request.client.host if request.client else "")
-    wait = console.throttle.wait_seconds(client)
-    if wait:
-        return _too_many_sign_ins(request, wait)
     form = await request.form()
     key = str(form.get("api_key") or "").strip()
     if not key:
         return _page(request, "login.html", None, 422, error="Enter an API key.")
+    address = request.client.host if request.client else ""
+    client = f"client:{address} {key_prefix(key)}"
+    wait = console.throttle.wait_seconds(client)
+    if wait:
+        return _too_many_sign_ins(request, wait)
     response = await _api(request, "GET", "/api/v1/models", key)
     if response.status_code != 200:
         console.throttle.count(client)

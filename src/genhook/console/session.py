@@ -146,8 +146,11 @@ async def close_session(db: Database, token: str | None) -> None:
 
 
 class SignInThrottle:
-    """Sign-in attempts per client address (failures) and per account (sessions opened),
-    each at most ``limit`` within ``window`` seconds, counted in this process."""
+    """Sign-in attempts per client address and key prefix (failures) and per account
+    (sessions opened), each at most ``limit`` within ``window`` seconds, counted in this
+    process. Failures count per address *and* prefix so that, behind one proxy or NAT
+    address, a stranger's wrong keys never lock out the users of other keys: a key is 256
+    random bits, so what the throttle stops is retrying one key, not guessing one."""
 
     def __init__(self, limit: int = 10, window: float = 300.0, max_entries: int = 10_000) -> None:
         self.limit = limit

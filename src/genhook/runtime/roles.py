@@ -534,6 +534,8 @@ async def _api(settings: Settings, parent: int | None, fd: int | None) -> None:
         log_level=settings.log_level.lower(),
         log_config=None,  # our handler (genhook.logs) formats uvicorn's lines too
         access_log=False,
+        # Forwarded headers are believed only from GENHOOK_TRUSTED_PROXIES (create_app).
+        proxy_headers=False,
         timeout_graceful_shutdown=int(settings.shutdown_grace_seconds) or None,
         **connection_limits(settings),
     )
