@@ -296,3 +296,18 @@ def test_the_key_set_is_kept_only_as_long_as_its_cache_control_says(jwks_server,
     clock.now += 60
     short.verify(*delivery(k2, "k2", int(clock.now)))
     assert jwks_server.hits == 6
+
+
+def test_a_day_long_max_age_is_held_to_the_default_hour(jwks_server, clock):
+    """The rule the TypeScript SDK shares: max-age, at most max_key_age (an hour)."""
+    k1 = Ed25519PrivateKey.generate()
+    jwks_server.document = {"keys": [jwk(k1, "k1")]}
+    jwks_server.cache_control = "public, max-age=86400"
+    v = make(jwks_server, clock)
+    v.verify(*delivery(k1, "k1", int(clock.now)))
+    clock.now += 3599
+    v.verify(*delivery(k1, "k1", int(clock.now)))
+    assert jwks_server.hits == 1
+    clock.now += 1
+    v.verify(*delivery(k1, "k1", int(clock.now)))
+    assert jwks_server.hits == 2

@@ -5,8 +5,10 @@
  * rotated its key, so the set is fetched again; but an attacker can send unknown ids at will,
  * so fetches (of any cause) are at most one per `minRefetchIntervalMs`, and concurrent
  * callers share one fetch. A fetched set is kept for the lifetime the service states
- * (`Cache-Control: max-age`), else `maxKeyAgeMs`; a stale key is still used while a refetch
- * is refused or fails.
+ * (`Cache-Control: max-age`; `no-store`/`no-cache`: not at all), never longer than
+ * `maxKeyAgeMs` (default one hour), the rule of the Python SDK: a key the service stops
+ * publishing stops verifying when that time is up. A stale key is still used while a
+ * refetch is refused or fails.
  */
 
 import type { webcrypto } from "node:crypto";
@@ -16,9 +18,6 @@ import { isObject } from "./errors.js";
 import { VerificationFailure, WebhookVerificationError } from "./event.js";
 
 export type Keys = Map<string, webcrypto.CryptoKey>;
-
-/** The longest lifetime taken from a server's `max-age`: a day. */
-const MAX_STATED_AGE_MS = 86_400_000;
 
 /** Ed25519 signing keys by kid; entries of other kinds or malformed ones are skipped. */
 export async function parseJwks(data: unknown): Promise<Keys> {
@@ -45,7 +44,7 @@ export function statedMaxAge(cacheControl: string | null): number | undefined {
   if (directives.includes("no-store") || directives.includes("no-cache")) return 0;
   for (const directive of directives) {
     const match = /^max-age\s*=\s*"?(\d+)"?$/.exec(directive);
-    if (match) return Math.min(Number(match[1]) * 1000, MAX_STATED_AGE_MS);
+    if (match) return Number(match[1]) * 1000;
   }
   return undefined;
 }
@@ -74,7 +73,8 @@ export class StaticKeys implements KeySource {
 }
 
 export interface RemoteKeysOptions {
-  /** Used when the response states no lifetime (default one hour). */
+  /** The longest a fetched set is kept (default one hour): the lifetime when the response
+   * states none, the ceiling of a `max-age` it states. */
   maxKeyAgeMs?: number;
   minRefetchIntervalMs?: number;
   timeoutMs?: number;
@@ -116,7 +116,7 @@ export class RemoteKeys implements KeySource {
   }
 
   private fresh(kid: string): webcrypto.CryptoKey | undefined {
-    if (this.fetchedAt === undefined || this.clock() - this.fetchedAt > this.maxAgeMs) return undefined;
+    if (this.fetchedAt === undefined || this.clock() - this.fetchedAt >= this.maxAgeMs) return undefined;
     return this.keys.get(kid);
   }
 
@@ -137,7 +137,8 @@ export class RemoteKeys implements KeySource {
       if (!isObject(data)) throw new Error("the JWKS document is not a JSON object");
       this.keys = await parseJwks(data);
       this.fetchedAt = this.clock();
-      this.maxAgeMs = statedMaxAge(response.headers.get("Cache-Control")) ?? this.defaultMaxAgeMs;
+      const stated = statedMaxAge(response.headers.get("Cache-Control"));
+      this.maxAgeMs = Math.min(stated ?? this.defaultMaxAgeMs, this.defaultMaxAgeMs);
       this.lastError = undefined;
     } catch (error) {
       this.lastError = error;

@@ -39,7 +39,8 @@ export interface VerifierOptions {
   tolerance?: number | null;
   /** The service's header brand: `X-<brand>-Webhook-*` (default `Service`). */
   brand?: string;
-  /** Lifetime of a fetched key set when the service states none (default one hour). */
+  /** The longest a fetched key set is kept (default one hour): its lifetime when the service
+   * states none, and the ceiling of a `max-age` it states. */
   maxKeyAgeMs?: number;
   /** At most one key-set fetch per this interval (default 30 s). */
   minRefetchIntervalMs?: number;

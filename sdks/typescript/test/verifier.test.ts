@@ -219,6 +219,26 @@ describe("a fetched key set", () => {
     jwks.cacheControl = "public, max-age=300";
   });
 
+  test("a max-age past maxKeyAgeMs (default one hour) is held to it", async () => {
+    let clock = Date.now();
+    const raw = body();
+    const sign = () => signed(first, raw, { stamp: Math.floor(clock / 1000) });
+    jwks.cacheControl = "public, max-age=86400";
+    for (const [options, ceiling] of [[{}, 3_600_000], [{ maxKeyAgeMs: 60_000 }, 60_000]] as const) {
+      jwks.fetches = 0;
+      const verifier = new WebhookVerifier({ jwksUrl: jwks.url, clock: () => clock, ...options });
+      await verifier.verify(await sign(), raw);
+      clock += ceiling - 1_000;
+      await verifier.verify(await sign(), raw);
+      assert.equal(jwks.fetches, 1);
+      clock += 1_000;
+      await verifier.verify(await sign(), raw);
+      assert.equal(jwks.fetches, 2, `a set is fetched again after ${ceiling} ms, whatever max-age says`);
+      clock += 31_000;
+    }
+    jwks.cacheControl = "public, max-age=300";
+  });
+
   test("a stale key still verifies while the service is unreachable", async () => {
     let clock = Date.now();
     const local = await jwksServer([first.jwk], "max-age=10");
