@@ -129,6 +129,33 @@ _DISK_CHECK_SECONDS = 0.5
 _disk_checked: dict[tuple[str, int], tuple[float, str | None]] = {}
 
 
+# Shared memory (tmpfs): what must survive a full data disk and a process's restart, but
+# not a reboot, lives here (the metrics' count files, the sweeper's record of an outage).
+SHARED_MEMORY = Path("/dev/shm")  # noqa: S108 (a private 0700 directory inside, checked)
+
+
+def shared_memory_dir() -> Path | None:
+    """``<shared memory>/genhook-<uid>``, made if need be, when it is a directory of this user
+    alone (0700, owned by us, not a link); None without one."""
+    own = SHARED_MEMORY / f"genhook-{os.getuid()}"
+    try:
+        if not SHARED_MEMORY.is_dir():
+            return None
+        with contextlib.suppress(FileExistsError):
+            own.mkdir(mode=0o700)
+        found = own.lstat()
+    except OSError:
+        return None
+    if (
+        stat.S_ISDIR(found.st_mode)
+        and found.st_uid == os.getuid()
+        and not stat.S_IMODE(found.st_mode) & 0o077
+    ):
+        return own
+    log.warning("%s is not a private directory of this user; it is not used", own)
+    return None
+
+
 def disk_problem(settings: Settings, db: Database) -> str | None:
     """Why the service should take no new work, when the disk of its data directory or of
     its SQLite database is below the ``min_free_disk_mb`` margin; None while there is room."""

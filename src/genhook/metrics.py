@@ -15,12 +15,10 @@ time-boxed so a slow database cannot hold a scrape or the event loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
 import socket
-import stat
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -39,6 +37,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from genhook.files import shared_memory_dir
 from genhook.statuses import DeliveryStatus, TaskStatus
 
 if TYPE_CHECKING:
@@ -320,46 +319,20 @@ def render() -> tuple[bytes, str]:
     return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
-# Where the count files go by default: shared memory. prometheus-client's files are memory
-# mapped and grow as they are written; on a full disk, touching a page the disk has no room
-# for kills the process with SIGBUS, so a full data disk must not be able to reach them.
-SHARED_MEMORY = Path("/dev/shm")  # noqa: S108 (a private 0700 directory inside, checked)
-
-
-def _default_base(settings: Settings) -> Path:
-    """``<shared memory>/genhook-<uid>/metrics`` when shared memory holds a directory that is
-    ours alone (0700, owned by us, not a link); the data directory's ``metrics`` otherwise."""
-    own = SHARED_MEMORY / f"genhook-{os.getuid()}"
-    try:
-        if SHARED_MEMORY.is_dir():
-            with contextlib.suppress(FileExistsError):
-                own.mkdir(mode=0o700)
-            found = own.lstat()
-            if (
-                stat.S_ISDIR(found.st_mode)
-                and found.st_uid == os.getuid()
-                and not stat.S_IMODE(found.st_mode) & 0o077
-            ):
-                return own / "metrics"
-            log.warning(
-                "%s is not a private directory of this user; metrics go to the data directory", own
-            )
-    except OSError:
-        pass
-    return settings.data_dir / "metrics"
-
-
 def serve_directory(settings: Settings) -> tuple[Path, bool]:
     """Where ``genhook serve`` and its workers count, and whether to empty it first.
 
     ``GENHOOK_METRICS_DIR`` is the operator's, emptied at start. Otherwise each supervisor
-    gets ``<base>/<host>-<pid>``, the base in shared memory (``_default_base``), so services
-    of one machine never add up or delete each other's counts; those of supervisors of this
-    host that are gone are removed.
+    gets ``<base>/<host>-<pid>``, the base in shared memory (``files.shared_memory_dir``),
+    so services of one machine never add up or delete each other's counts; those of
+    supervisors of this host that are gone are removed.
     """
     if settings.metrics_dir is not None:
         return settings.metrics_dir, True
-    base = _default_base(settings)
+    # Shared memory by default: the files are memory mapped and grow as they are written;
+    # on a full disk, touching a page the disk has no room for kills the process (SIGBUS).
+    shared = shared_memory_dir()
+    base = settings.data_dir / "metrics" if shared is None else shared / "metrics"
     host = socket.gethostname()
     for old in base.glob(f"{host}-*") if base.is_dir() else ():
         pid = old.name.rpartition("-")[2]

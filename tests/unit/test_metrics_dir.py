@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from genhook import metrics
+from genhook import files, metrics
 from genhook.config import Settings
 
 
 def test_each_supervisor_counts_apart_and_gone_ones_are_removed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(metrics, "SHARED_MEMORY", tmp_path / "shm")
+    monkeypatch.setattr(files, "SHARED_MEMORY", tmp_path / "shm")
     (tmp_path / "shm").mkdir()
     host = socket.gethostname()
     base = tmp_path / "shm" / f"genhook-{os.getuid()}" / "metrics"
@@ -51,7 +51,7 @@ def test_without_private_shared_memory_the_data_directory_is_used(
     shm = tmp_path / "shm"
     (shm / f"genhook-{os.getuid()}").mkdir(parents=True, mode=0o777)
     (shm / f"genhook-{os.getuid()}").chmod(0o777)  # someone else could plant files in it
-    monkeypatch.setattr(metrics, "SHARED_MEMORY", shm)
+    monkeypatch.setattr(files, "SHARED_MEMORY", shm)
     path, _ = metrics.serve_directory(Settings(data_dir=tmp_path / "data"))
     assert path.parent == tmp_path / "data" / "metrics"
 
@@ -59,7 +59,7 @@ def test_without_private_shared_memory_the_data_directory_is_used(
 _COUNT_MANY = """
 import sys
 from pathlib import Path
-from genhook import metrics
+from genhook import files, metrics
 from genhook.config import Settings
 metrics.use_directory(*metrics.serve_directory(Settings(data_dir=Path(sys.argv[1]))))
 for number in range(3000):
