@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import OperationalError
 
+from genhook import files
 from genhook.db import Task, now_ms
 from genhook.faults import fault_cause
 from genhook.statuses import TaskStatus
@@ -79,6 +80,39 @@ async def test_a_claimed_task_is_not_charged_for_the_outage(harness: Harness) ->
     assert task.deadline_at > now_ms()
     assert await harness.run_all() == 1
     assert (await harness.result(task_id))["status"] == "completed"
+
+
+async def test_a_restarted_sweeper_remembers_when_the_outage_began(
+    harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweeper that saw the outage begin dies during it; its successor, which only sees
+    the outage go on, must still give the task the time it lost."""
+    monkeypatch.setattr(files, "SHARED_MEMORY", tmp_path / "shm")
+    (tmp_path / "shm").mkdir()
+    response = await harness.submit(BODY)
+    assert response.status_code == 200, response.text
+    task_id = response.json()["id"]
+    state = harness.state
+    now = now_ms()
+    async with state.db.write() as session:
+        await session.execute(update(Task).where(Task.id == task_id).values(deadline_at=now + 1500))
+    margin = state.settings.min_free_disk_mb
+    state.settings.min_free_disk_mb = HUGE_MARGIN_MB
+    try:
+        assert await Lifecycle(state.settings, state.db, state.storage).sweep() == 0
+        await asyncio.sleep(2.0)  # the deadline falls inside the outage; the sweeper restarts
+        restarted = Lifecycle(state.settings, state.db, state.storage)
+        assert await restarted.sweep() == 0
+    finally:
+        state.settings.min_free_disk_mb = margin
+    await restarted.sweep()
+    async with state.db.read() as session:
+        task = await session.get(Task, task_id)
+    assert task is not None
+    assert (task.status, task.error_code) == (TaskStatus.CREATED, None)
+    assert task.deadline_at > now_ms()
+    # Forgiven once: the record is gone, so a later sweeper starts afresh.
+    assert not list((tmp_path / "shm").rglob("outage-*"))
 
 
 def test_the_503_names_a_full_disk() -> None:

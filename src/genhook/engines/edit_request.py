@@ -19,6 +19,7 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from pydantic.json_schema import JsonDict
 
 from genhook.client._models import NO_EFFECT
 from genhook.data_urls import InlineData, decode_data_url, inline_data, is_data_url
@@ -46,7 +47,7 @@ MAX_ASPECT = 16.0
 MAX_IMAGES = 10
 # What the schema can say of an ``images`` item (the rest, a decodable image or a fetchable
 # URL, is checked at submit): an http(s) URL or a data URL.
-IMAGE_ITEMS_SCHEMA: dict[str, object] = {
+IMAGE_ITEMS_SCHEMA: JsonDict = {
     "items": {
         "type": "string",
         "pattern": "^([Hh][Tt][Tt][Pp][Ss]?://|data:)",

@@ -34,6 +34,7 @@ from genhook.task_states import (
     TIMEOUT_MESSAGE,
 )
 from genhook.tasks.liveness import DeathWatch
+from genhook.tasks.outage import OutageRecord
 from genhook.tasks.outbox import Outbox, TaskStarted, publish_ended, webhook_outbox
 from genhook.tasks.store import reads, writes
 from genhook.tasks.store.hot_path import (
@@ -84,8 +85,9 @@ class Lifecycle:
     # Set by a worker that is leaving at once (its supervisor died): a claim that has not
     # yet written takes nothing, so what ``release_owner`` then gives back is all it held.
     closed: bool = False
-    # When the sweeper first met an outage still going on (epoch ms); None when there is none.
-    _outage_since: int | None = None
+    # When the outage still going on began, here and in shared memory (a restarted sweeper
+    # reads it there); made at the first sweep.
+    _outage: OutageRecord | None = None
     # Standalone workers on PostgreSQL whose database session is gone (``tasks/liveness.py``).
     _deaths: DeathWatch = field(default_factory=DeathWatch)
     # Where the task's events go: webhook deliveries (``tasks/outbox.py``).
@@ -486,26 +488,29 @@ class Lifecycle:
         lease, and once it is over the tasks get back the time it took (``_forgive``).
         """
         now = now_ms()
+        if self._outage is None:
+            self._outage = OutageRecord(self.settings.resolved_database_url)
         if disk_problem(self.settings, self.db) is not None:
-            self._outage_since = self._outage_since or now
+            self._outage.goes_on(now)
             return 0
         try:
-            if self._outage_since is not None:
-                await self._forgive(self._outage_since, now)
-                self._outage_since = None
+            ended = self._outage.over(now)
+            if ended is not None:
+                await self._forgive(*ended, now)
+                self._outage.clear()
             return await self._sweep(now)
         except Exception as error:
             if is_infrastructure_error(error):
-                self._outage_since = self._outage_since or now
+                self._outage.goes_on(now)
             raise
 
-    async def _forgive(self, since: int, now: int) -> None:
-        """After an outage that began at ``since``: a task whose deadline fell inside it gets
-        back the time it had left when it began, and a task whose lease ran out inside it is
-        requeued without counting a lost lease (its worker could not renew it either)."""
-        outage = now - since
+    async def _forgive(self, since: int, until: int, now: int) -> None:
+        """After an outage from ``since`` to ``until``: a task whose deadline fell inside it
+        gets back the time it had left when it began, and a task whose lease ran out inside
+        it is requeued without counting a lost lease (its worker could not renew it either)."""
+        outage = until - since
         async with self.db.write() as session:
-            counts = await writes.forgive_outage(session, since, now)
+            counts = await writes.forgive_outage(session, since, until, now)
             if counts[1]:
                 await wakeups.notify(session, wakeups.TASKS)
         log.log(

@@ -154,14 +154,16 @@ async def requeue_lost(
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 
-async def forgive_outage(session: AsyncSession, since: int, now: int) -> tuple[int, int]:
-    """After an outage from ``since`` to ``now``: deadlines and start deadlines that fell
+async def forgive_outage(
+    session: AsyncSession, since: int, until: int, now: int
+) -> tuple[int, int]:
+    """After an outage from ``since`` to ``until``: deadlines and start deadlines that fell
     inside it move on by its length, and tasks whose lease ran out inside it are requeued
     without a lost lease. Returns (deadlines extended, tasks requeued)."""
-    outage = now - since
+    outage = until - since
     extended = await session.execute(
         update(Task)
-        .where(Task.status.in_(ACTIVE), Task.deadline_at >= since, Task.deadline_at < now)
+        .where(Task.status.in_(ACTIVE), Task.deadline_at >= since, Task.deadline_at < until)
         .values(deadline_at=Task.deadline_at + outage, updated_at=now)
         .execution_options(synchronize_session=False)
     )
@@ -170,7 +172,7 @@ async def forgive_outage(session: AsyncSession, since: int, now: int) -> tuple[i
         .where(
             Task.status == TaskStatus.CREATED,
             Task.start_deadline_at >= since,
-            Task.start_deadline_at < now,
+            Task.start_deadline_at < until,
         )
         .values(start_deadline_at=Task.start_deadline_at + outage)
         .execution_options(synchronize_session=False)
@@ -180,7 +182,7 @@ async def forgive_outage(session: AsyncSession, since: int, now: int) -> tuple[i
         .where(
             Task.status == TaskStatus.PROCESSING,
             Task.lease_expires_at >= since,
-            Task.lease_expires_at < now,
+            Task.lease_expires_at < until,
         )
         .values(_requeued(now, now))
         .execution_options(synchronize_session=False)
