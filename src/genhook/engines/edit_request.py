@@ -19,7 +19,7 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
-from pydantic.json_schema import JsonDict
+from pydantic.config import JsonDict
 
 from genhook.client._models import NO_EFFECT
 from genhook.data_urls import InlineData, decode_data_url, inline_data, is_data_url
