@@ -145,6 +145,9 @@ class Settings(BaseSettings):
     stt_cpu_threads: int = Field(default=0, ge=0)
     # 1 decodes greedily; more beams are a little more accurate and slower.
     stt_beam_size: int = Field(default=1, ge=1, le=10)
+    # Batched, the seconds of audio one pass of the model takes at most (a batch with more
+    # runs in several passes; a longer recording has a pass of its own).
+    stt_max_batch_seconds: float = Field(default=240.0, gt=0)
     # Video model (genhook/image-to-video): price per second of output by resolution, and
     # the H.264 encoder's speed/size trade-off (see docs/engines/image-to-video.md).
     price_video_480p_per_second_usd: Decimal = Decimal("0.010")

@@ -140,6 +140,17 @@ def decode_for_speech(data: bytes, max_seconds: float) -> DecodedAudio:
     return DecodedAudio(samples, source_format, rate, channels)
 
 
+def declared_seconds(data: bytes) -> float | None:
+    """How long the recording ``data`` says it is, from its container's header alone (no
+    decoding), or None when it does not say or is not audio the service reads."""
+    try:
+        with av.open(io.BytesIO(data), mode="r", metadata_errors="ignore") as container:
+            streams = container.streams.audio
+            return _declared_seconds(container, streams[0]) if streams else None
+    except (av.error.FFmpegError, UnicodeDecodeError, ValueError):
+        return None
+
+
 def _wav_cut_short(data: bytes) -> bool:
     """True when a WAV file's data chunk declares more bytes than the file holds.
 

