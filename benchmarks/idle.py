@@ -97,7 +97,7 @@ def measure(
     name: str, url: str | None, tmp: Path, args: argparse.Namespace, writes: object
 ) -> None:
     data_dir = tmp / name
-    with running_service(str(data_dir), url, **SETTINGS) as (base, key):
+    with running_service(str(data_dir), url, ready_timeout=240.0, **SETTINGS) as (base, key):
         time.sleep(args.settle)
         probe = writes if writes is not None else SQLiteWrites(data_dir / "genhook.db")
         sample(name, probe, writes is None, args)
