@@ -139,9 +139,9 @@ async def event_stream(
         step = await stream_step(state.db, task_id, sent, state.settings, state.storage)
         if step is None:
             return
-        task, newest, view = step
-        if view is not None:
-            key = (polled_status(task.status), newest)
+        task, newest, events = step
+        for event_id, view in events:
+            key = (polled_status(task.status), event_id)
             yield _sse(f"{key[0]}:{key[1]}", key[0], view)
             sent = key
         if is_terminal(task.status):

@@ -36,12 +36,16 @@ async def last_event_id(session: AsyncSession, task_id: str) -> int:
     return int(value or 0)
 
 
-async def log_lines(session: AsyncSession, task_id: str, after: int = 0) -> list[dict[str, str]]:
-    rows = await session.execute(
-        select(TaskEvent.created_at, TaskEvent.message)
-        .where(TaskEvent.task_id == task_id, TaskEvent.id > after, TaskEvent.message.is_not(None))
-        .order_by(TaskEvent.id)
+async def log_lines(
+    session: AsyncSession, task_id: str, after: int = 0, upto: int | None = None
+) -> list[dict[str, str]]:
+    """The task's log lines recorded after event ``after`` (and up to event ``upto``)."""
+    query = select(TaskEvent.created_at, TaskEvent.message).where(
+        TaskEvent.task_id == task_id, TaskEvent.id > after, TaskEvent.message.is_not(None)
     )
+    if upto is not None:
+        query = query.where(TaskEvent.id <= upto)
+    rows = await session.execute(query.order_by(TaskEvent.id))
     return [{"at": iso_ms(at), "message": str(message)} for at, message in rows]
 
 
@@ -99,22 +103,51 @@ async def stream_step(
     sent: tuple[str, int] | None,
     settings: Settings,
     storage: BlobStore,
-) -> tuple[Task, int, dict[str, Any] | None] | None:
-    """One look at a streamed task, in one read: the task, its last event id, and the event
-    to send (with the log lines after ``sent``) when it differs from ``sent``; None once the
-    task is gone."""
+) -> tuple[Task, int, list[tuple[int, dict[str, Any]]]] | None:
+    """One look at a streamed task, in one read: the task, its last event id, and the events
+    to send after ``sent`` as (event id, view), none when nothing changed; None once the task
+    is gone.
+
+    Every recorded progress report of a running task since ``sent`` is an event of its own,
+    with the log lines recorded up to it, however many were recorded between two looks
+    (the recorder already keeps at most one per ``progress_interval_seconds``); the last
+    event is the task as it is now, with the log lines after those."""
     async with db.read() as session:
         task = await reads.task_in(session, task_id)
         if task is None:
             return None
         newest = await last_event_id(session, task_id)
         if (polled_status(task.status), newest) == sent:
-            return task, newest, None
+            return task, newest, []
         view = await task_view(session, task, settings, storage)
-        lines = await log_lines(session, task_id, after=sent[1] if sent else 0)
+        after = sent[1] if sent else 0
+        events: list[tuple[int, dict[str, Any]]] = []
+        if sent is not None and task.status == TaskStatus.PROCESSING:
+            steps = (
+                await session.execute(
+                    select(TaskEvent.id, TaskEvent.progress)
+                    .where(
+                        TaskEvent.task_id == task_id,
+                        TaskEvent.id > after,
+                        TaskEvent.progress.is_not(None),
+                    )
+                    .order_by(TaskEvent.id)
+                )
+            ).all()
+            # The newest report is the current view's own progress.
+            for step_id, progress in steps[:-1]:
+                step = {key: value for key, value in view.items() if key != "logs"}
+                step["progress"] = round(float(progress), 4)
+                lines = await log_lines(session, task_id, after=after, upto=step_id)
+                if lines:
+                    step["logs"] = lines
+                events.append((step_id, step))
+                after = step_id
+        lines = await log_lines(session, task_id, after=after)
         if lines:
             view["logs"] = lines
-        return task, newest, view
+        events.append((newest, view))
+        return task, newest, events
 
 
 class TaskWatcher:
