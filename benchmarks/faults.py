@@ -10,6 +10,10 @@ its margin, and a shutdown past the grace.
   (``GENHOOK_MIN_FREE_DISK_MB``); 100 submits, each followed by a ``/readyz`` probe: how
   many were accepted (target 0), whether the 503 names the disk, and how many warning lines
   the failed probes cost once folded.
+- **Full disk**: (as root, which can mount a tmpfs; skipped otherwise) the data directory on
+  a full 256 KiB file system while a process counts 3,000 metric series with ``genhook
+  serve``'s default metrics directory: its exit status (a SIGBUS before the count files moved
+  to shared memory) and where the counts went.
 - **Shutdown**: a task that sleeps 60 s is running when SIGTERM arrives with a grace of
   ``--grace`` seconds; prints the time to exit and whether any child had to be killed.
 """
@@ -154,6 +158,55 @@ def shutdown(tmp: Path, grace: float) -> None:
     )
 
 
+_COUNT_MANY = """
+import sys
+from pathlib import Path
+from genhook import metrics
+from genhook.config import Settings
+metrics.use_directory(*metrics.serve_directory(Settings(data_dir=Path(sys.argv[1]))))
+for number in range(3000):
+    metrics.TASKS_SUBMITTED.labels(model=f"model-{number}").inc()
+print(metrics.multiprocess_dir())
+"""
+
+
+def full_disk(tmp: Path) -> None:
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0:
+        print("full disk: skipped (mounting a tmpfs needs root)")
+        return
+    data = tmp / "data"
+    data.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(data)], check=True)
+    try:
+        fd = os.open(data / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while True:
+                os.write(fd, b"x" * 4096)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+        done = subprocess.run(
+            [sys.executable, "-c", _COUNT_MANY, str(data)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        code = done.returncode
+        status = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+        where = done.stdout.strip() or "-"
+        print(f"full data disk, 3,000 series counted: {status}; counts in {where}")
+        if done.stdout.strip():
+            shutil.rmtree(done.stdout.strip(), ignore_errors=True)
+    finally:
+        subprocess.run(["umount", "-l", str(data)], check=False)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--kills", type=int, default=8)
@@ -162,10 +215,11 @@ def main() -> None:
     print(f"load average: {os.getloadavg()}")
     with tempfile.TemporaryDirectory() as directory:
         tmp = Path(directory)
-        for name in ("rerun", "disk", "shutdown"):
+        for name in ("rerun", "disk", "full", "shutdown"):
             (tmp / name).mkdir()
         rerun(tmp / "rerun", args.kills)
         disk_margin(tmp / "disk")
+        full_disk(tmp / "full")
         shutdown(tmp / "shutdown", args.grace)
     print(f"load average: {os.getloadavg()}")
 

@@ -137,7 +137,7 @@ async def stream_step(
             # The newest report is the current view's own progress.
             for step_id, progress in steps[:-1]:
                 step = {key: value for key, value in view.items() if key != "logs"}
-                step["progress"] = round(float(progress), 4)
+                step["progress"] = round(float(progress or 0.0), 4)  # never None: filtered
                 lines = await log_lines(session, task_id, after=after, upto=step_id)
                 if lines:
                     step["logs"] = lines
