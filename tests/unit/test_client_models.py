@@ -157,3 +157,18 @@ def test_prediction_carries_a_typed_stt_result():
     ]
     assert stt.words[1].probability == 0.0
     assert Prediction.from_json({"stt_result": "no"}).stt_result is None
+
+
+def test_a_file_value_is_read_whatever_its_field_is_called(tmp_path: Path) -> None:
+    from genhook.client._images import media_fields
+
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"hello")
+    fields = media_fields(
+        {"document": path, "clips": [path, b"abc"], "prompt": str(path), "count": 3}
+    )
+    assert fields["document"].startswith("data:") and fields["document"].endswith("aGVsbG8=")
+    assert len(fields["clips"]) == 2 and all(c.startswith("data:") for c in fields["clips"])
+    # A string in a field whose name says nothing of media stays a string.
+    assert fields["prompt"] == str(path)
+    assert fields["count"] == 3

@@ -113,8 +113,20 @@ def media_value(value: Any) -> Any:
 
 def media_fields(fields: dict[str, Any]) -> dict[str, Any]:
     """``fields`` with every media field's local files read (see ``media_value``); ``images``
-    is read as ``edit()`` reads it, one input or a list of them."""
+    is read as ``edit()`` reads it, one input or a list of them. A ``Path``, bytes or a PIL
+    image is a file whatever the field's name (a model of your own may call it anything)."""
     return {
-        k: image_items(v) if k == "images" else media_value(v) if is_media_field(k) else v
+        k: image_items(v)
+        if k == "images"
+        else media_value(v)
+        if is_media_field(k) or _is_file(v)
+        else v
         for k, v in fields.items()
     }
+
+
+def _is_file(value: Any) -> bool:
+    """A value that can only mean a file: a ``Path``, bytes or a PIL image (or a list)."""
+    if isinstance(value, list | tuple):
+        return bool(value) and all(_is_file(item) for item in value)
+    return isinstance(value, os.PathLike | bytes | bytearray | memoryview | SavableImage)
