@@ -129,6 +129,14 @@ async def test_posterize_end_to_end_and_in_the_catalogue(h: Harness) -> None:
     listed = {m["id"]: m for m in catalogue.json()["models"]}["acme/posterize"]
     assert listed["request_schema"]["properties"]["level"]["maximum"] == 8
     assert listed["pricing"]["prices_usd"] == {"task": "0"}
+    # OpenAPI's generateImage request union has it, with the same fields.
+    document = (await h.client.get("/openapi.json")).json()
+    post = document["paths"]["/api/v1/model/generateImage"]["post"]
+    mapping = post["requestBody"]["content"]["application/json"]["schema"]["discriminator"]
+    component = mapping["mapping"]["acme/posterize"].rsplit("/", 1)[-1]
+    described = document["components"]["schemas"][component]["properties"]
+    assert described["level"]["maximum"] == 8
+    assert described["image"]["contentMediaType"] == "image/*"
     # The console's form offers the picture as a file and the level as a slider.
     from genhook.console.routes import form_fields
 
