@@ -237,3 +237,37 @@ def test_models_file_entries_follow_the_inline_ones(tmp_path: Path) -> None:
     listed.write_text("[")
     with pytest.raises(ValueError, match="GENHOOK_MODELS_FILE"):
         build_registry(Settings(models_file=listed))
+
+
+def test_a_cog_text_stream_is_joined_and_logged(tmp_path: Path) -> None:
+    pytest.importorskip("cog")
+    from genhook.engines.base import EngineJob
+
+    (tmp_path / "cog.yaml").write_text('predict: "predict.py:Predictor"\n')
+    (tmp_path / "predict.py").write_text(
+        "from cog import BasePredictor, ConcatenateIterator, Input, Secret\n"
+        "class Predictor(BasePredictor):\n"
+        "    def predict(self, prompt: str = Input(description='words'),\n"
+        "                key: Secret = Input(default='s3cret')) -> ConcatenateIterator[str]:\n"
+        "        for word in prompt.split():\n"
+        "            yield word + ' '\n"
+        "        yield key.get_secret_value()\n"
+    )
+    spec = registry({"id": "acme/words", "kind": "audio", "cog": str(tmp_path)}).get("acme/words")
+    assert spec is not None
+    request = spec.request_schema.model_validate({"model": "acme/words", "prompt": "a b"})
+    engine = spec.engine_factory(Settings())
+    engine.load()
+    logged: list[str] = []
+    job = EngineJob(
+        task_id="t",
+        model="acme/words",
+        params=stored_params(request),
+        images=[],
+        report=lambda progress=None, log=None: logged.append(log),
+        request=request,
+    )
+    result = engine.run(job)
+    assert result.outputs == []
+    assert result.info == {"output": "a b s3cret"}
+    assert logged == ["a ", "b ", "s3cret"]
