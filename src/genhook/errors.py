@@ -108,6 +108,7 @@ class ErrorCode(IntEnum):
     UPSTREAM_OUTPUT_REFUSED = 3014
     UPSTREAM_OUTPUT_FETCH_FAILED = 3015
     ENGINE_OUT_OF_MEMORY = 3020
+    MODEL_PROCESS_DIED = 3021
     ENGINE_ERROR = 3099
     LANGUAGE_UNSUPPORTED = 3101
 
@@ -159,6 +160,9 @@ ERROR_CODE_DESCRIPTIONS: dict[ErrorCode, str] = {
     "output is larger than the model's byte cap.",
     ErrorCode.ENGINE_OUT_OF_MEMORY: "A local model ran out of device memory (CUDA out of "
     "memory) or cannot fit on its device; the memory was freed and the worker goes on.",
+    ErrorCode.MODEL_PROCESS_DIED: "A local model's process died during the call twice (the "
+    "task was run again once on a fresh one); the message says how (the signal, and a "
+    "probable out-of-memory kill for SIGKILL).",
     ErrorCode.ENGINE_ERROR: "The engine failed unexpectedly.",
     ErrorCode.WORKER_LOST: "The worker running the task stopped responding more times than "
     "the configured lease-loss limit.",

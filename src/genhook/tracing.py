@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from genhook import __version__
@@ -40,7 +40,10 @@ if TYPE_CHECKING:
     from genhook.sender.queue import Outcome, Outgoing
 
 __all__ = [
+    "batch_call",
+    "begin_task",
     "enabled",
+    "end_task",
     "fastapi_options",
     "instrument_app",
     "setup",
@@ -50,6 +53,7 @@ __all__ = [
     "task_run",
     "wanted",
     "webhook_attempt",
+    "within",
 ]
 
 _ROLES = frozenset({"api", "worker", "dispatcher"})
@@ -276,16 +280,12 @@ def _task_parent(trace_context: str | None) -> Context | None:
     return _w3c_extract({"traceparent": trace_context}) if trace_context else None
 
 
-@contextlib.contextmanager
-def task_run(task: Task) -> Iterator[None]:
-    """The task's time in the queue (from when it became runnable to its claim), then its run
-    in this worker, current while the body runs so the engine and blob spans nest in it."""
+def begin_task(task: Task) -> Span | None:
+    """The task's time in the queue (from when it became runnable to its claim), ended now,
+    and its ``genhook.task.run`` span, begun now and returned (None when untraced): the
+    caller makes it current (``within``) where work of the task alone runs, and ends it."""
     if _tracer is None:
-        yield
-        return
-    from opentelemetry import context as otel_context
-    from opentelemetry import trace
-
+        return None
     parent = _task_parent(task.trace_context)
     attributes: dict[str, str | int] = {
         "genhook.task.id": task.id,
@@ -299,13 +299,67 @@ def task_run(task: Task) -> Iterator[None]:
         attributes=attributes,
     )
     queued.end()
-    run = _tracer.start_span("genhook.task.run", context=parent, attributes=attributes)
-    token = otel_context.attach(trace.set_span_in_context(run, parent))
+    return _tracer.start_span("genhook.task.run", context=parent, attributes=attributes)
+
+
+@contextlib.contextmanager
+def within(run: Span | None) -> Iterator[None]:
+    """``run`` current while the body runs, so the engine and blob spans nest in it."""
+    if run is None:
+        yield
+        return
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+
+    token = otel_context.attach(trace.set_span_in_context(run))
     try:
         yield
     finally:
         otel_context.detach(token)
+
+
+def end_task(run: Span | None) -> None:
+    if run is not None:
         run.end()
+
+
+@contextlib.contextmanager
+def task_run(task: Task) -> Iterator[None]:
+    """``begin_task``'s run span, current while the body runs, then ended."""
+    run = begin_task(task)
+    try:
+        with within(run):
+            yield
+    finally:
+        end_task(run)
+
+
+@contextlib.contextmanager
+def batch_call(runs: Sequence[Span | None], attributes: Mapping[str, str | int]) -> Iterator[None]:
+    """One ``genhook.engine.run`` span for a call shared by a batch's tasks, current while
+    the body runs, linked with each task's run span (both ways): each task keeps a trace
+    of its own, and the shared call is found from any of them."""
+    if _tracer is None:
+        yield
+        return
+    from opentelemetry.trace import Link
+
+    live = [run for run in runs if run is not None]
+    links = [Link(run.get_span_context()) for run in live]
+    with _tracer.start_as_current_span(
+        "genhook.engine.run",
+        attributes=attributes,
+        links=links,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as call:
+        for run in live:
+            run.add_link(call.get_span_context())
+        try:
+            yield
+        except BaseException as exc:
+            _fail(call, type(exc).__qualname__)
+            raise
 
 
 @contextlib.contextmanager

@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 
+from genhook.engines.registry import build_registry
+from genhook.tasks import Worker
 from tests.conftest import ROOT, Harness, make_harness, make_settings
+from tests.support import engines as support
 from tests.support.engines import AFFINE
 from tests.support.images import data_url
 
@@ -61,7 +64,7 @@ async def test_a_worker_without_the_model_leaves_a_fresh_task_in_either_loop(
     h = await harness(
         tmp_path, database_url, engines, local_models_affinity_seconds=30, worker_poll_seconds=0.1
     )
-    h.worker.resident = frozenset  # nothing loaded here
+    support.affine_loaded = frozenset()  # nothing loaded here
     start(h, running)
     task_id = (await h.submit(body())).json()["id"]
     await asyncio.sleep(1.5)
@@ -141,5 +144,55 @@ async def test_on_sqlite_a_fresh_task_wakes_the_worker_that_has_the_model(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        await h.client.aclose()
+        await h.state.db.dispose()
+
+
+@pytest.mark.parametrize("order", ["interleaved", "grouped"])
+async def test_a_backlog_keeps_each_worker_on_its_model(
+    order: str, tmp_path: Path, database_url: str
+) -> None:
+    """Two workers, two models with affinity, room for one model per worker: 20 tasks
+    submitted at once make at most 2 model switches (each worker drains the tasks of the
+    model it holds before it takes another's; 6 to 10 switches when the oldest task won)."""
+    support.devices.clear()
+    settings = make_settings(
+        tmp_path,
+        database_url,
+        extra_engines=["tests.support.engines:register_resident_pair"],
+        local_models_affinity_seconds=2,
+        worker_poll_seconds=0.1,
+    )
+    h = await make_harness(settings)
+    state = h.state
+    other = Worker(
+        settings, state.db, state.storage, build_registry(settings), state.policy, "w-other"
+    )
+    first, second = support.devices
+    model_a, model_b = support.RESIDENT_MODELS
+    first.loaded, second.loaded = frozenset({model_a}), frozenset({model_b})
+    stops = [asyncio.Event(), asyncio.Event()]
+    runs = [asyncio.create_task(w.run(s)) for w, s in zip((h.worker, other), stops, strict=True)]
+    try:
+        if order == "interleaved":
+            models = [model_a, model_b] * 10
+        else:
+            models = [model_a] * 10 + [model_b] * 10
+        submits = [
+            h.submit({**body(number), "model": model}) for number, model in enumerate(models)
+        ]
+        ids = [response.json()["id"] for response in await asyncio.gather(*submits)]
+        async with asyncio.timeout(120):
+            for task_id in ids:
+                while (await h.result(task_id))["status"] in ("created", "processing"):
+                    await asyncio.sleep(0.05)
+        ended = [(await h.result(task_id))["status"] for task_id in ids]
+        assert ended == ["completed"] * len(ids)
+        switches = first.switches + second.switches
+        assert switches <= 2, (switches, first.calls, second.calls)
+    finally:
+        for stop in stops:
+            stop.set()
+        await asyncio.gather(*runs)
         await h.client.aclose()
         await h.state.db.dispose()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import os
 import signal
@@ -22,6 +23,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
+from genhook import logs, tracing
 from genhook.db import Task, UsageLine, WebhookDelivery, now_ms
 from genhook.errors import ErrorCode
 from genhook.tasks.worker import Worker
@@ -215,8 +217,9 @@ async def test_a_task_canceled_while_its_batch_forms_leaves_it(
 
 
 async def test_a_task_canceled_in_a_running_batch_is_discarded_alone(
-    tmp_path: Path, database_url: str
+    tmp_path: Path, database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="genhook")
     async with batching(tmp_path, database_url, cancel_check_seconds=0.05) as h:
         # The second job waits until it is given up; the others finish normally.
         ids = [await submit(h), await submit(h, "wait=20"), await submit(h)]
@@ -232,6 +235,9 @@ async def test_a_task_canceled_in_a_running_batch_is_discarded_alone(
         assert {tasks[ids[0]].info["batch_size"], tasks[ids[2]].info["batch_size"]} == {3}
         assert await usage_of(h, ids) == 2
         assert not h.worker.tainted  # the engine call ended; the worker claims on
+        said = [(r.levelno, r.getMessage()) for r in caplog.records if ids[1] in r.getMessage()]
+        line = f"task {ids[1]}: canceled by its owner; it leaves its batch's call"
+        assert said == [(logging.INFO, line)], said
 
 
 @contextlib.asynccontextmanager
@@ -504,3 +510,58 @@ async def test_a_worker_stopped_while_a_model_loads_leaves_without_waiting_for_i
         assert worker.returncode == 0, output
         assert "leaving with a model load unfinished" in output, output
         assert (await rows(h, [task_id]))[task_id].status == "created"
+
+
+async def test_every_task_is_traced_and_tagged_in_a_batch_and_alone(
+    h: Harness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each task of a batch has its own ``genhook.task.run`` span, linked with the one span
+    of the call it shared, as a lone task has; every log line about a task carries its id."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("genhook-test"))
+    caplog.set_level(logging.DEBUG, logger="genhook")
+    caplog.handler.addFilter(logs._ContextFilter("worker"))
+    batched = [await submit(h), await submit(h, "fail"), await submit(h), await submit(h)]
+    assert await h.worker.run_once()
+    alone = await submit(h, model=COUNTED_LOAD_MODEL)
+    assert await h.worker.run_once()
+    assert CountingBatchEngine.calls[0] == tuple(batched)
+    spans = exporter.get_finished_spans()
+    runs = {
+        span.attributes["genhook.task.id"]: span
+        for span in spans
+        if span.name == "genhook.task.run" and span.attributes
+    }
+    assert set(runs) == {*batched, alone}
+    (shared,) = [
+        span
+        for span in spans
+        if span.name == "genhook.engine.run"
+        and span.attributes
+        and "genhook.batch.size" in span.attributes
+    ]
+    assert shared.context is not None
+    for task_id in batched:
+        assert [link.context.span_id for link in runs[task_id].links] == [shared.context.span_id]
+    linked = {link.context.span_id for link in shared.links}
+    assert linked == {runs[task_id].context.span_id for task_id in batched}  # type: ignore[union-attr]
+    # The lone task's engine span nests in its own run span.
+    nested = [
+        span
+        for span in spans
+        if span.name == "genhook.engine.run"
+        and span.parent is not None
+        and span.parent.span_id == runs[alone].context.span_id  # type: ignore[union-attr]
+    ]
+    assert len(nested) == 1
+    ids = {*batched, alone}
+    about = [record for record in caplog.records if any(i in record.getMessage() for i in ids)]
+    assert any("failed" in record.getMessage() for record in about), caplog.text
+    for record in about:
+        assert getattr(record, "task_id", None) in record.getMessage(), record.getMessage()

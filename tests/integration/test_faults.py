@@ -233,3 +233,42 @@ async def test_dead_workers_tasks_are_requeued_at_once(harness: Harness) -> None
     assert await lifecycle.release_owner("host:3/0", lost=True) == 1
     task = await row(harness, first)
     assert (task.status, task.error_code) == ("failed", int(ErrorCode.WORKER_LOST))
+
+
+async def test_a_storage_outage_charges_no_timeout_and_pauses_claims(
+    tmp_path: Path, database_url: str
+) -> None:
+    """The task's deadline falls while its worker retries storing its outputs: the task goes
+    back to the queue unharmed with its deadline moved on (not ``timeout``), and the worker
+    claims nothing more until storage takes writes again."""
+    settings = make_settings(
+        tmp_path, database_url, fault_retry_seconds=2, min_free_disk_mb=0, worker_poll_seconds=0.05
+    )
+    h = await make_harness(settings)
+    h.state.storage = h.worker.storage = FullDisk(settings.data_dir / "blobs")
+    try:
+        task_id = await submit(h, output_format="png")
+        waiting = await submit(h, output_format="png")
+        deadline = now_ms() + 1000  # inside the 2 s of retries
+        async with h.state.db.write() as session:
+            await session.execute(
+                update(Task).where(Task.id == task_id).values(deadline_at=deadline)
+            )
+        FullDisk.full = True
+        assert await h.worker.run_once()
+        task = await row(h, task_id)
+        assert (task.status, task.error_code, task.lease_losses) == ("created", None, 0)
+        assert task.deadline_at > now_ms() and task.deadline_at - deadline >= 2000
+        # Storage still refuses writes: nothing is claimed.
+        assert not await h.worker.run_once()
+        assert (await row(h, waiting)).status == "created"
+        FullDisk.full = False
+        for _ in range(100):  # the next probe write, within a poll
+            if await h.worker.run_once():
+                break
+            await asyncio.sleep(0.05)
+        assert (await h.result(waiting))["status"] == "completed"
+    finally:
+        FullDisk.full = False
+        await h.client.aclose()
+        await h.state.db.dispose()

@@ -18,9 +18,9 @@ from genhook.config import Settings
 from genhook.db import Blob, Database, Task, UsageLine, WebhookDelivery, driver, now_ms
 from genhook.sender.outbox import build_body, event_type_for
 from genhook.tasks import Lifecycle
-from genhook.tasks.keeper import LeaseKeeper
 from genhook.tasks.lifecycle import Completion
 from genhook.tasks.views import prediction_view
+from genhook.tasks.worker.leases import LeaseKeeper
 from tests.conftest import QUIET_KEEPER, Harness, make_settings
 from tests.support.images import data_url
 from tests.support.settled import settled

@@ -34,8 +34,8 @@ from genhook.engines.local._host import HOST
 from genhook.engines.registry import build_registry
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.runtime.supervisor import EXIT_CANNOT_START
-from genhook.tasks.batching import call_batch
 from genhook.tasks.worker import PreloadFailed, Worker
+from genhook.tasks.worker.batch import call_batch
 from tests.conftest import ROOT, Harness, make_harness, make_settings
 from tests.support import in_model_process
 from tests.support.images import data_url
@@ -726,7 +726,6 @@ async def test_deadline_stops_denoising(weights: dict[str, Path], tmp_path: Path
     [
         ("exhaust_memory", ErrorCode.ENGINE_OUT_OF_MEMORY, "ran out of memory generating 32*32"),
         ("exhaust_cpu_memory", ErrorCode.ENGINE_OUT_OF_MEMORY, "ran out of memory generating"),
-        ("crash_in_call", ErrorCode.ENGINE_ERROR, "model process exited with status 70"),
     ],
 )
 async def test_a_failed_call_fails_its_task_and_the_worker_goes_on(
@@ -754,6 +753,37 @@ async def test_a_failed_call_fails_its_task_and_the_worker_goes_on(
             assert HOST.pid() is None and HOST.loaded == frozenset()
         assert (await run_task(h, body(model, "text")))["status"] == "completed"
         assert HOST.loaded == {model} and (HOST.pid() == process) == survived
+    finally:
+        await close(h)
+
+
+async def test_a_model_process_that_dies_in_the_call_runs_its_task_again_once(
+    weights: dict[str, Path], tmp_path: Path
+) -> None:
+    """A model process killed in the middle of a call (the kernel's out-of-memory killer
+    sends SIGKILL): the task runs again on a fresh model process, counted as a lost lease;
+    when that one dies too, the task fails with MODEL_PROCESS_DIED, saying how."""
+    pipeline = "FluxPipeline"
+    model = f"local/{pipeline}"
+    h = await harness_for(tmp_path, [entry(pipeline, weights[pipeline])])
+    try:
+        local = h.worker.engine(model).model  # type: ignore[attr-defined]
+        HOST.run(in_model_process.killed_in_call, local, h.state.settings)
+        first = HOST.pid()
+        response = await h.submit(body(model, "text"))
+        task_id = response.json()["id"]
+        assert await h.worker.run_once()
+        again = await h.result(task_id)
+        assert again["status"] == "created", again
+        assert HOST.pid() is None and HOST.loaded == frozenset()
+        # Dies again on the fresh process: the task fails, and says why.
+        HOST.run(in_model_process.killed_in_call, local, h.state.settings)
+        assert HOST.pid() not in (None, first)
+        assert await h.worker.run_once()
+        failed = await h.result(task_id)
+        assert failed["status"] == "failed", failed
+        assert failed["error_code"] == ErrorCode.MODEL_PROCESS_DIED, failed
+        assert "SIGKILL" in failed["error"] and "out-of-memory" in failed["error"], failed
     finally:
         await close(h)
 

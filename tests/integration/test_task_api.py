@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
@@ -145,7 +146,10 @@ async def test_cancel_of_finished_unknown_and_foreign_tasks(harness: Harness) ->
     assert (await row(harness, waiting)).status == "created"
 
 
-async def test_cancel_running_task_asks_the_engine_to_stop(harness: Harness) -> None:
+async def test_cancel_running_task_asks_the_engine_to_stop(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="genhook")
     task_id = await submit_id(harness, prompt="wait=60")
     run = asyncio.create_task(harness.worker.run_once())
     for _ in range(500):
@@ -161,6 +165,10 @@ async def test_cancel_running_task_asks_the_engine_to_stop(harness: Harness) -> 
     task = await row(harness, task_id)
     assert task.status == "canceled" and task.outputs == [] and task.lease_owner is None
     assert await count(harness, UsageLine) == 0
+    # Logged as what it was: a cancel, not a lost lease, and not as a failure.
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if task_id in r.getMessage()]
+    assert (logging.INFO, f"task {task_id}: canceled by its owner; its run is abandoned") in said
+    assert all(level < logging.WARNING and "failed" not in line for level, line in said), said
 
 
 async def test_cancel_running_task_whose_engine_cannot_stop(harness: Harness) -> None:

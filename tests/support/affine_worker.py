@@ -6,12 +6,11 @@ from __future__ import annotations
 import sys
 
 from genhook.runtime.roles import run_worker
-from genhook.tasks import worker
-from tests.support.engines import AFFINE
+from tests.support import engines
 
 if __name__ == "__main__":
-    loaded = frozenset({AFFINE.id}) if sys.argv[1] == "warm" else frozenset()
-    worker._resident_models = lambda: loaded
+    loaded = frozenset({engines.AFFINE.id}) if sys.argv[1] == "warm" else frozenset()
+    engines.affine_loaded = loaded
     from genhook.cli._environment import load_settings
 
     run_worker(load_settings())

@@ -110,16 +110,73 @@ def register(registry: Registry) -> None:
 # A model whose tasks go preferably to a worker that has it loaded, as a local model's do
 # (a test says which models a worker counts as loaded through ``Worker.resident``).
 AFFINE = dataclasses.replace(FAKE_EDIT, id="test/affine", affinity=True)
+# What ``AFFINE``'s engine says this process holds loaded (``Registry.resident``).
+affine_loaded: frozenset[str] = frozenset()
 
 
 def register_affine(registry: Registry) -> None:
     registry.register(AFFINE)
+    registry.add_residency(lambda: affine_loaded)
 
 
 def register_affine_and_io(registry: Registry) -> None:
     """``AFFINE`` beside a model of several calls at once: the worker's concurrent loop."""
-    registry.register(AFFINE)
+    register_affine(registry)
     registry.register(dataclasses.replace(FAKE_EDIT, id="test/io", concurrency=4))
+
+
+class OneModelDevice:
+    """A device with room for one model's weights, as a local model's memory budget of one
+    model per worker: a call of another model unloads the one held (a switch, counted)."""
+
+    def __init__(self) -> None:
+        self.loaded: frozenset[str] = frozenset()
+        self.switches = 0
+        self.calls: list[str] = []
+        self._lock = threading.Lock()
+
+    def call(self, model: str, seconds: float) -> None:
+        with self._lock:
+            if self.loaded and model not in self.loaded:
+                self.switches += 1
+            self.loaded = frozenset({model})
+            self.calls.append(model)
+        time.sleep(seconds)
+
+
+class ResidentEngine(FakeEditEngine):
+    """``FakeEditEngine`` whose model must be on its worker's ``OneModelDevice`` to run."""
+
+    def __init__(self, model: str, device: OneModelDevice) -> None:
+        self.model = model
+        self.device = device
+
+    def run(self, job: EngineJob) -> EngineResult:
+        self.device.call(self.model, CALL_SECONDS)
+        return self.render(job)
+
+
+# One call of a ``ResidentEngine`` model: long enough for a backlog to form behind it.
+CALL_SECONDS = 0.1
+RESIDENT_MODELS = ("test/resident-a", "test/resident-b")
+# Each registry built (one per worker under test) gets a device of its own, in order.
+devices: list[OneModelDevice] = []
+
+
+def register_resident_pair(registry: Registry) -> None:
+    """Two models with affinity that share one ``OneModelDevice`` per worker."""
+    device = OneModelDevice()
+    devices.append(device)
+    for model in RESIDENT_MODELS:
+        registry.register(
+            dataclasses.replace(
+                FAKE_EDIT,
+                id=model,
+                affinity=True,
+                engine_factory=lambda _, model=model: ResidentEngine(model, device),  # type: ignore[misc]
+            )
+        )
+    registry.add_residency(lambda: device.loaded)
 
 
 class CountingBatchEngine(FakeEditEngine):

@@ -5,6 +5,7 @@ there (an out-of-memory, a crash)."""
 from __future__ import annotations
 
 import os
+import signal
 import weakref
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,15 @@ def crash_in_call(model: LocalModel, settings: Settings) -> None:
         os._exit(70)
 
     RESIDENCY.pipeline(model, settings).transformer.forward = crashed
+
+
+def killed_in_call(model: LocalModel, settings: Settings) -> None:
+    """The kernel's out-of-memory killer: SIGKILL in the middle of the model's forward."""
+
+    def killed(*args: Any, **kwargs: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    RESIDENCY.pipeline(model, settings).transformer.forward = killed
 
 
 def restore(model: LocalModel, settings: Settings) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from genhook.engines.base import EngineJob, EngineResult
 from genhook.errors import ErrorCode, TaskFailure
-from genhook.tasks.batching import call_batch
+from genhook.tasks.worker.batch import call_batch
 
 
 class _Stopping:

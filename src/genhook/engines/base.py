@@ -4,7 +4,7 @@ An engine is loaded once per worker process and runs one job at a time, synchron
 a worker thread; it raises ``TaskFailure`` for every expected failure. An engine that does
 better on many inputs at once (one forward pass for a batch) also implements
 ``BatchEngine.run_batch``; the worker then hands it up to its model's ``max_batch_size``
-jobs in one call (``tasks/batching.py``).
+jobs in one call (``tasks/worker/batch.py``).
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ class ModelSpec:
     # loop, or a thread-safe synchronous engine's calls in threads (each a batch when batched).
     concurrency: int = 1
     # Jobs one call of a ``BatchEngine`` takes at most, and how long a worker holding fewer
-    # waits for more to arrive before it runs what it has (``tasks/batching.py``).
+    # waits for more to arrive before it runs what it has (``tasks/worker/batch.py``).
     max_batch_size: int = 1
     max_wait_ms: int = 0
     # The catalogue's named choices of request fields a schema cannot list, such as each

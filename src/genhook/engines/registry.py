@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -34,6 +34,19 @@ PATH_KINDS: dict[str, ModelKind] = {
 class Registry:
     def __init__(self) -> None:
         self._specs: dict[str, ModelSpec] = {}
+        self._residency: list[Callable[[], frozenset[str]]] = []
+
+    def add_residency(self, resident: Callable[[], frozenset[str]]) -> None:
+        """``resident()`` names the models whose weights this process holds loaded now: an
+        engine family with affinity (local models) says so for the worker's claims."""
+        self._residency.append(resident)
+
+    def resident(self) -> frozenset[str]:
+        """The models this process holds loaded, as their engines say (affinity)."""
+        held: frozenset[str] = frozenset()
+        for resident in self._residency:
+            held |= resident()
+        return held
 
     def register(self, spec: ModelSpec) -> None:
         if spec.id in self._specs:

@@ -67,6 +67,12 @@ __all__ = ["Completion", "Lifecycle"]
 MISSING_BATCH = 500
 
 
+# Affinity's terms of a claim: the models whose tasks go first, and how long a task waits
+# before it goes first whatever its model (``tasks/worker/affinity.py``).
+Preference = tuple[tuple[str, ...], int]
+NO_PREFERENCE: Preference = ((), 0)
+
+
 @dataclass(frozen=True, slots=True)
 class Completion:
     task_id: str
@@ -118,15 +124,19 @@ class Lifecycle:
         *,
         look_on: bool = True,
         hold_ms: Mapping[str, int] | None = None,
+        affinity: Preference = NO_PREFERENCE,
     ) -> tuple[Task | None, bool]:
         """``claim``, and whether another task was runnable then (``look_on``): a worker
         that knows none was, and has not been woken since, need not ask again after this
         one, which on SQLite would be a write. ``hold_ms``: per model, how long its task
-        must have waited before this worker takes it (affinity, see ``Worker``)."""
+        must have waited before this worker takes it; ``affinity``: the models whose tasks
+        it takes first (``tasks/worker/affinity.py``)."""
         if not models:
             return None, False
         async with self.db.transaction() as tx:
-            return await self._claim_in(tx, worker_id, models, reserve_ms, inputs, look_on, hold_ms)
+            return await self._claim_in(
+                tx, worker_id, models, reserve_ms, inputs, look_on, hold_ms, affinity
+            )
 
     async def complete_and_claim(
         self,
@@ -136,6 +146,7 @@ class Lifecycle:
         reserve_ms: Mapping[str, int] | None = None,
         inputs: dict[str, dict[str, bytes]] | None = None,
         hold_ms: Mapping[str, int] | None = None,
+        affinity: Preference = NO_PREFERENCE,
     ) -> tuple[list[bool], Task | None, bool]:
         """``complete_many`` and then ``claim_next`` in one write transaction.
 
@@ -151,7 +162,7 @@ class Lifecycle:
             if not models:
                 return done, None, False
             task, more = await self._claim_in(
-                tx, worker_id, models, reserve_ms, inputs, hold_ms=hold_ms
+                tx, worker_id, models, reserve_ms, inputs, hold_ms=hold_ms, affinity=affinity
             )
             return done, task, more
 
@@ -164,14 +175,18 @@ class Lifecycle:
         inputs: dict[str, dict[str, bytes]] | None,
         look_on: bool = True,
         hold_ms: Mapping[str, int] | None = None,
+        affinity: Preference = NO_PREFERENCE,
     ) -> tuple[Task | None, bool]:
         """The claim of ``claim_next`` in the caller's write transaction."""
         if self.closed:
             return None, False
         key = tuple(models)
         now = now_ms()
-        params = claim_params(key, worker_id, now, self._lease_ms, reserve_ms or {}, hold_ms)
-        row = await tx.first(claim_one(key), params)
+        preferred, overdue_ms = affinity
+        params = claim_params(
+            key, worker_id, now, self._lease_ms, reserve_ms or {}, hold_ms, preferred, overdue_ms
+        )
+        row = await tx.first(claim_one(key, preferred), params)
         if row is None:
             return None, False
         (task,) = claimed([row])
@@ -191,6 +206,7 @@ class Lifecycle:
         reserve_ms: Mapping[str, int] | None = None,
         inputs: dict[str, dict[str, bytes]] | None = None,
         hold_ms: Mapping[str, int] | None = None,
+        affinity: Preference = NO_PREFERENCE,
     ) -> tuple[list[Task], bool]:
         """``claim_next``; when the task's model batches (``batch_sizes``), also up to its
         batch size less one more of that model's waiting tasks, in the same transaction.
@@ -201,7 +217,7 @@ class Lifecycle:
             return [], False
         async with self.db.transaction() as tx:
             task, more = await self._claim_in(
-                tx, worker_id, models, reserve_ms, inputs, hold_ms=hold_ms
+                tx, worker_id, models, reserve_ms, inputs, hold_ms=hold_ms, affinity=affinity
             )
             if task is None:
                 return [], False
@@ -336,13 +352,16 @@ class Lifecycle:
             held = await connection.execute(HELD, {"ids": list(task_ids), "owner": worker_id})
             return {task_id for (task_id,) in held}
 
-    async def release(self, task_id: str, worker_id: str, delay_seconds: float = 0) -> bool:
+    async def release(
+        self, task_id: str, worker_id: str, delay_seconds: float = 0, extend_ms: int = 0
+    ) -> bool:
         """Give a task back without counting a lost lease (graceful shutdown, or a storage or
-        database fault that is the service's own); ``delay_seconds`` before it is claimable."""
+        database fault that is the service's own); ``delay_seconds`` before it is claimable;
+        ``extend_ms`` moves its deadlines on (the time a storage outage cost it)."""
         now = now_ms()
         async with self.db.write() as session:
             released = await writes.release(
-                session, task_id, worker_id, now, now + int(delay_seconds * 1000)
+                session, task_id, worker_id, now, now + int(delay_seconds * 1000), extend_ms
             )
             # A delayed task is not claimable yet: a worker woken for it alone would claim
             # at once and find nothing. The poll finds it when it is due.
@@ -608,6 +627,19 @@ class Lifecycle:
                 log.info("task %s released (worker %s stopped)", task_id, worker_id)
                 changed += 1
         return changed
+
+    async def requeue_lost(self, task_id: str, worker_id: str) -> bool:
+        """Requeue a running task whose run died with a process of this worker (its model
+        process), counting a lost lease, as the sweeper counts one for a dead worker."""
+        async with self.db.write() as session:
+            requeued = await writes.requeue_lost(
+                session, task_id, worker_id, now_ms(), expired=False
+            )
+            if requeued:
+                await wakeups.notify(session, wakeups.TASKS)
+        if requeued:
+            metrics.lease_lost(failed=False)
+        return bool(requeued)
 
     async def _lose_lease(
         self, task_id: str, owner: str | None, losses: int, now: int, *, expired: bool = False

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,23 +28,20 @@ from genhook.runtime.services import Services
 from genhook.statuses import TaskStatus
 from genhook.storage.inputs import discard_blobs, stage_inputs
 from genhook.tasks.admission import Admission, request_hash
+from genhook.tasks.group_commit import GroupCommit
 from genhook.tasks.store.writes import insert_tasks, task_values, write_task_rows
 from genhook.validation import describe
 
 
 class GroupInserter:
-    """Inserts rows from concurrent requests in shared transactions (group commit).
+    """Inserts the task rows of concurrent submits in shared transactions (``GroupCommit``).
 
-    A submit waits for the transaction holding its row, so the id it returns is durable;
-    under load, one commit serves many submits instead of one each. A batch that fails is
-    retried row by row, so one bad row never fails its neighbours.
+    A submit waits for the transaction holding its row, so the id it returns is durable.
     """
 
     def __init__(self, db: Database, max_batch: int = 256) -> None:
         self.db = db
-        self.max_batch = max_batch
-        self._pending: list[tuple[_Row, asyncio.Future[None]]] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._group: GroupCommit[_Row, None] = GroupCommit(self._write, max_batch)
         self._thread_writer = ThreadWriter(db)
 
     async def insert(
@@ -57,51 +53,18 @@ class GroupInserter:
             values = task_values(task)
             await self._thread_writer.run(lambda c: write_task_rows(c, values, blobs, keys or []))
             return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append(((task, blobs, keys or []), future))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush())
-        await asyncio.shield(future)
+        await self._group.submit((task, blobs, keys or []))
 
-    async def _flush(self) -> None:
-        while self._pending:
-            batch = self._pending[: self.max_batch]
-            del self._pending[: self.max_batch]
-            try:
-                await self._write([row for row, _ in batch])
-            except Exception:
-                if len(batch) == 1:
-                    _settle(batch, sys.exc_info()[1])
-                    continue
-                for item in batch:
-                    try:
-                        await self._write([item[0]])
-                    except Exception as exc:
-                        _settle([item], exc)
-                    else:
-                        _settle([item], None)
-            else:
-                _settle(batch, None)
-
-    async def _write(self, rows: list[_Row]) -> None:
+    async def _write(self, rows: list[_Row]) -> list[None]:
         blobs = [blob for _, task_blobs, _ in rows for blob in task_blobs]
         keys = [key for _, _, task_keys in rows for key in task_keys]
         async with self.db.transaction() as tx:
             await insert_tasks(tx, [task_values(task) for task, _, _ in rows], blobs, keys)
             await tx.notify(wakeups.TASKS)
+        return [None] * len(rows)
 
 
 _Row = tuple[Task, list[dict[str, Any]], list[dict[str, Any]]]
-
-
-def _settle(batch: list[tuple[_Row, asyncio.Future[None]]], error: BaseException | None) -> None:
-    for _, future in batch:
-        if future.done():
-            continue
-        if error is None:
-            future.set_result(None)
-        else:
-            future.set_exception(error)
 
 
 @dataclass

@@ -85,13 +85,18 @@ class DetectorEngine:
         )
 
     def run(self, job: EngineJob) -> EngineResult:
+        # Lines under the logger of the engine that ran (a local model's, not this module's).
+        engine_log = logging.getLogger(type(self).__module__)
         try:
             return self._run(job)
         except TaskFailure as failure:
-            log.info("task %s failed: %s", job.task_id, failure)
+            if job.stop.is_set():  # given up (a cancel, say): the worker says why
+                engine_log.debug("task %s: stopped, as asked", job.task_id)
+            else:
+                engine_log.info("task %s failed: %s", job.task_id, failure)
             raise
         except Exception as exc:
-            log.exception("task %s: %s engine error", job.task_id, self.kind)
+            engine_log.exception("task %s: %s engine error", job.task_id, self.kind)
             raise TaskFailure(
                 ErrorCode.ENGINE_ERROR,
                 f"the {self.kind} engine failed unexpectedly ({type(exc).__name__})",

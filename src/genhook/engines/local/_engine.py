@@ -107,13 +107,16 @@ class DiffusersEngine(DetectorEngine):
         self._device = self._in_model_process(_host.load, self.model, self._settings)
 
     def _in_model_process(self, function: Callable[..., Any], *args: Any, **options: Any) -> Any:
-        """``HOST.run``, its failures the task's: out of memory (3020), a device the worker
-        lacks or the process's death (3099)."""
+        """``HOST.run``, its failures the task's: out of memory (3020), the process's death
+        (3021: the worker runs the task again once, on a fresh process) or a device the
+        worker lacks (3099)."""
         try:
             return HOST.run(function, *args, **options)
         except (ModelTooLarge, OutOfMemory) as exc:
             raise TaskFailure(ErrorCode.ENGINE_OUT_OF_MEMORY, str(exc)) from None
-        except (DeviceUnavailable, ModelProcessExited) as exc:
+        except ModelProcessExited as exc:
+            raise TaskFailure(ErrorCode.MODEL_PROCESS_DIED, str(exc)) from None
+        except DeviceUnavailable as exc:
             raise TaskFailure(ErrorCode.ENGINE_ERROR, str(exc)) from None
 
     def _run(self, job: EngineJob) -> EngineResult:

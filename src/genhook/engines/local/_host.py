@@ -225,16 +225,19 @@ class Host:
             self._lifeline.close()
             self._lifeline = None
         self.loaded = frozenset()
-        how = (
-            f"killed by signal {signal.Signals(-code).name}"
-            if code is not None and code < 0
-            else f"with status {code}"
-        )
-        log.error("model process %s exited %s; it starts again on the next task", process.pid, how)
-        return ModelProcessExited(
-            f"the model process exited {how} during the call; it starts again, with no model "
-            "loaded, for the next task"
-        )
+        log.error("model process %s %s; it starts again on the next task", process.pid, _how(code))
+        return ModelProcessExited(f"the model process {_how(code)} during the call")
+
+
+def _how(code: int | None) -> str:
+    """How a model process ended, in words: a SIGKILL nobody here sent is most likely the
+    kernel's out-of-memory killer."""
+    if code is None or code >= 0:
+        return f"exited with status {code}"
+    name = signal.Signals(-code).name
+    if -code == signal.SIGKILL:
+        return f"was killed by signal {name} (probably the kernel's out-of-memory killer)"
+    return f"was killed by signal {name}"
 
 
 HOST = Host()

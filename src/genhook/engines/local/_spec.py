@@ -171,3 +171,6 @@ def register_local_models(registry: Registry, settings: Settings) -> None:
     """Register every model of ``GENHOOK_LOCAL_MODELS`` and ``GENHOOK_LOCAL_MODELS_FILE``."""
     for model in load_local_models(settings):
         registry.register(local_spec(model))
+    from genhook.engines.local import resident_models
+
+    registry.add_residency(resident_models)

@@ -25,6 +25,7 @@ from sqlalchemy import (
     Update,
     and_,
     bindparam,
+    case,
     delete,
     inspect,
     or_,
@@ -174,13 +175,24 @@ def claimed(rows: Iterable[Mapping[str, Any]]) -> list[Task]:
 
 
 @functools.lru_cache(maxsize=256)
-def claim_one(models: tuple[str, ...]) -> Update:
+def claim_one(models: tuple[str, ...], preferred: tuple[str, ...] = ()) -> Update:
     """Take the oldest runnable task of ``models``; built once per set of models, since
-    building the statement costs more than running it."""
+    building the statement costs more than running it.
+
+    ``preferred`` (affinity: the models whose weights the worker holds) go first, oldest
+    first, unless a task became runnable before ``:overdue_before``: those go before all."""
+    order: list[Any] = [_tasks.c.available_at]
+    if preferred:
+        first = case(
+            (_tasks.c.available_at <= bindparam("overdue_before", type_=BigInteger), 0),
+            (_tasks.c.model.in_([bindparam(f"preferred_{i}") for i in range(len(preferred))]), 1),
+            else_=2,
+        )
+        order.insert(0, first)
     candidate = (
         select(_tasks.c.id)
         .where(*_runnable(models))
-        .order_by(_tasks.c.available_at)
+        .order_by(*order)
         .limit(1)
         .with_for_update(skip_locked=True)
         .scalar_subquery()
@@ -236,9 +248,14 @@ def claim_params(
     lease_ms: int,
     reserve: Mapping[str, int],
     hold: Mapping[str, int] | None = None,
+    preferred: tuple[str, ...] = (),
+    overdue_ms: int = 0,
 ) -> dict[str, Any]:
     params = runnable_params(models, now, reserve, hold)
     params.update(owner=worker_id, lease_until=now + lease_ms)
+    if preferred:
+        params["overdue_before"] = now - overdue_ms
+        params.update({f"preferred_{i}": model for i, model in enumerate(preferred)})
     return params
 
 

@@ -122,12 +122,19 @@ def _requeued(available_at: int, now: int) -> dict[str, Any]:
     }
 
 
-async def release(session: AsyncSession, task_id: str, owner: str, now: int, at: int) -> int:
-    """Give ``owner``'s running task back, claimable from ``at``, without a lost lease."""
+async def release(
+    session: AsyncSession, task_id: str, owner: str, now: int, at: int, extend_ms: int = 0
+) -> int:
+    """Give ``owner``'s running task back, claimable from ``at``, without a lost lease;
+    ``extend_ms`` moves its deadline and start deadline on."""
+    values = _requeued(at, now)
+    if extend_ms > 0:
+        values["deadline_at"] = Task.deadline_at + extend_ms
+        values["start_deadline_at"] = Task.start_deadline_at + extend_ms  # NULL stays NULL
     result = await session.execute(
         update(Task)
         .where(Task.id == task_id, Task.status == TaskStatus.PROCESSING, Task.lease_owner == owner)
-        .values(_requeued(at, now))
+        .values(values)
         .execution_options(synchronize_session=False)
     )
     return int(result.rowcount)  # type: ignore[attr-defined]

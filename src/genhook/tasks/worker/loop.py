@@ -1,11 +1,15 @@
 """The worker loop: claim a task, keep its lease alive, run its engine, record the outcome.
 
+The package's parts: this loop (``Worker``), the slots of models that run several calls at
+once (``slots.py``), the batch runner (``batch.py``), the outcome rules (``outcomes.py``),
+model residency and affinity (``affinity.py``) and the leases (``leases.py``).
+
 One worker runs one CPU task at a time; ``genhook serve`` starts several worker processes, so
 CPU-heavy engines never block the API's event loop. The engine runs in a thread of the
 worker process, so heartbeats keep flowing while it computes. Models with
 ``ModelSpec.concurrency`` above 1 run several calls at once: an ``AsyncEngine``'s on the
 loop, a thread-safe synchronous engine's in threads. A batched model (``max_batch_size``
-above 1) runs many tasks in one call (``tasks/batching.py``).
+above 1) runs many tasks in one call (``tasks/worker/batch.py``).
 """
 
 from __future__ import annotations
@@ -47,13 +51,15 @@ from genhook.runtime.services import Services
 from genhook.storage import DatabaseBlobStore
 from genhook.storage.blobs import extension_of, new_blob_key
 from genhook.storage.inputs import discard_inputs, keeps_inputs
-from genhook.tasks.batching import run_batch
-from genhook.tasks.concurrent import run_concurrent
-from genhook.tasks.group_complete import GroupCompleter
-from genhook.tasks.keeper import LeaseKeeper
-from genhook.tasks.lifecycle import Completion, Lifecycle
+from genhook.tasks.group_commit import GroupCommit
+from genhook.tasks.lifecycle import NO_PREFERENCE, Completion, Lifecycle, Preference
 from genhook.tasks.progress import ProgressRecorder
 from genhook.tasks.store import reads
+from genhook.tasks.worker import affinity
+from genhook.tasks.worker.batch import run_batch
+from genhook.tasks.worker.leases import LeaseKeeper
+from genhook.tasks.worker.outcomes import OutputsNotStored, end_failed, say_given_up
+from genhook.tasks.worker.slots import run_concurrent
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +101,9 @@ class Worker(Services):
         self._ssl_context = client_ssl_context(self.settings.webhook_ca_file)
         # Set when an abandoned engine call is still computing: the process should be replaced.
         self.tainted = False
-        # Tasks of each model one process runs at once (see tasks/concurrent.py).
+        # Tasks of each model one process runs at once (see tasks/worker/slots.py).
         self.limits = {spec.id: spec.concurrency for spec in self.registry}
-        # Batched models and the most tasks one call of each takes (tasks/batching.py).
+        # Batched models and the most tasks one call of each takes (tasks/worker/batch.py).
         self.batch_sizes = {
             spec.id: spec.max_batch_size for spec in self.registry if spec.max_batch_size > 1
         }
@@ -107,7 +113,10 @@ class Worker(Services):
         # still waiting for its turn when no task wants it any more does not start.
         self._loading: dict[str, asyncio.Future[Engine]] = {}
         self._wanted: Counter[str] = Counter()
-        self._completer = GroupCompleter(self.lifecycle, self.worker_id)
+        # Completions of I/O-bound tasks, many in flight, share their transactions.
+        self._completer: GroupCommit[Completion, bool] = GroupCommit(
+            lambda items: self.lifecycle.complete_many(self.worker_id, items), 64
+        )
         self.keeper = LeaseKeeper(
             self.lifecycle,
             self.worker_id,
@@ -127,9 +136,21 @@ class Worker(Services):
         # A task claimed with the last completion, run next without a claim of its own.
         self._next: Task | None = None
         # Models whose tasks go preferably to a worker that has their weights loaded: this
-        # one takes such a task only after it waited the affinity time, unless it has them.
+        # one takes such a task only after it waited its hold, unless it has them.
         self._affine = [spec.id for spec in self.registry if spec.affinity]
-        self.resident: Callable[[], frozenset[str]] = _resident_models
+        # What this process holds loaded, as the engines say (tests replace it).
+        self.resident: Callable[[], frozenset[str]] = self.registry.resident
+        self.affinity = affinity.Affinity(
+            lambda: self.settings.local_models_affinity_seconds,
+            self._affine,
+            lambda: self.resident(),
+            self._run_seconds,
+        )
+        # Set while storage refuses this worker's outputs: claims pause until a probe write
+        # succeeds (a task claimed now could not be stored either).
+        self._storage_down = False
+        self._storage_probe_at = 0.0
+        self._storage_failures = 0
         # False until the models of GENHOOK_PRELOAD_MODELS are loaded (the worker's /readyz).
         self.preloaded = not self.settings.preload_models
 
@@ -209,21 +230,53 @@ class Worker(Services):
 
     def hold_ms(self) -> dict[str, int] | None:
         """Per model with affinity whose weights this process lacks, the time its task must
-        have waited before this worker takes it (a worker that has them is preferred); None
-        when there is none, or affinity is off (a wait of 0)."""
-        wait = int(self.settings.local_models_affinity_seconds * 1000)
-        if not self._affine or not wait:
-            return None
-        resident = self.resident()
-        return {model: wait for model in self._affine if model not in resident} or None
+        have waited before this worker takes it (``affinity.py``); None when there is none,
+        or affinity is off (a wait of 0)."""
+        return self.affinity.hold_ms()
+
+    def preference(self) -> Preference:
+        """The models this worker takes first, and when a task's wait ends that (affinity)."""
+        preferred = self.affinity.preferred()
+        return (preferred, self.affinity.overdue_ms()) if preferred else NO_PREFERENCE
 
     def idle_poll(self) -> float:
-        """How long an idle worker waits before it looks again: the poll, or the affinity
-        time while a task held for another worker may become this one's."""
-        poll = self.settings.worker_poll_seconds
-        if self.hold_ms():
-            return min(poll, max(0.05, self.settings.local_models_affinity_seconds))
-        return poll
+        """How long an idle worker waits before it looks again: the poll, or the hold while
+        a task held for another worker may become this one's."""
+        return self.affinity.idle_poll(self.settings.worker_poll_seconds)
+
+    async def storage_ready(self) -> bool:
+        """False while storage refuses outputs: after a task's outputs could not be stored,
+        claims pause until a probe write succeeds (tried at most once a poll, backing off)."""
+        if not self._storage_down:
+            return True
+        if time.monotonic() < self._storage_probe_at:
+            return False
+        key = new_blob_key("outputs", extension_of("image/png"))
+        try:
+            await self.storage.put(key, b"", "image/png")
+            with contextlib.suppress(Exception):
+                await self.storage.delete(key)
+        except Exception as error:
+            if not is_infrastructure_error(error):  # not an outage: never pause for it
+                log.exception("worker %s: storage probe failed", self.worker_id)
+                self._storage_down = False
+                return True
+            self._storage_failures += 1
+            delay = backoff_delay(self._storage_failures, self.settings.worker_poll_seconds, 30.0)
+            self._storage_probe_at = time.monotonic() + delay
+            log.warning("worker %s: storage still refuses writes (%s)", self.worker_id, error)
+            return False
+        log.info("worker %s: storage takes writes again; claims resume", self.worker_id)
+        self._storage_down = False
+        self._storage_failures = 0
+        return True
+
+    def _storage_refused(self) -> None:
+        if not self._storage_down:
+            log.warning("worker %s: storage refuses outputs; claims pause", self.worker_id)
+        self._storage_down = True
+        self._storage_failures = 0
+        self._storage_probe_at = 0.0  # the next claim probes first
 
     async def run(self, stop: asyncio.Event) -> None:
         """Claim and run tasks until ``stop`` is set; the task in hand finishes first."""
@@ -317,6 +370,8 @@ class Worker(Services):
         chained = task is not None
         if task is not None:
             tasks = [task]
+        elif not await self.storage_ready():
+            return False
         elif self.batch_sizes:
             tasks, self._more = await self.lifecycle.claim_batch(
                 self.worker_id,
@@ -325,6 +380,7 @@ class Worker(Services):
                 self.reserve_ms(),
                 inputs=self.prefetched,
                 hold_ms=self.hold_ms(),
+                affinity=self.preference(),
             )
         else:
             task, self._more = await self.lifecycle.claim_next(
@@ -333,6 +389,7 @@ class Worker(Services):
                 self.reserve_ms(),
                 inputs=self.prefetched,
                 hold_ms=self.hold_ms(),
+                affinity=self.preference(),
             )
             tasks = [] if task is None else [task]
         if not tasks:
@@ -376,11 +433,14 @@ class Worker(Services):
         # task, since I/O-bound models run several tasks of one process at once.
         job_stop = threading.Event()
         lost = asyncio.Event()
-        # Heartbeats and cancel checks, batched with the process's other tasks (keeper.py).
+        # Set once the engine's result is in: the deadline no longer applies (the storing
+        # that remains is the service's part, bounded by its fault retries).
+        computed = asyncio.Event()
+        # Heartbeats and cancel checks, batched with the process's other tasks (leases.py).
         self.keeper.hold(task.id, lost)
-        work = asyncio.create_task(self._execute(task, job_stop))
+        work = asyncio.create_task(self._execute(task, job_stop, computed))
         try:
-            await self._supervise(task, work, lost, stop, job_stop)
+            await self._supervise(task, work, lost, stop, job_stop, computed)
         finally:
             self.prefetched.pop(task.id, None)
             self.keeper.drop(task.id)
@@ -450,9 +510,12 @@ class Worker(Services):
         lost: asyncio.Event,
         stop: asyncio.Event | None,
         job_stop: threading.Event,
+        computed: asyncio.Event,
     ) -> None:
         remaining = max(0.0, (task.deadline_at - now_ms()) / 1000)
         waiters: set[asyncio.Future[Any]] = {work, asyncio.ensure_future(lost.wait())}
+        computing = asyncio.ensure_future(computed.wait())
+        waiters.add(computing)
         stop_waiter: asyncio.Future[Any] | None = None
         if stop is not None:
             stop_waiter = asyncio.ensure_future(stop.wait())
@@ -470,10 +533,13 @@ class Worker(Services):
                     break
                 if lost.is_set():
                     # Also how a cancel arrives: the task is no longer ``processing``.
-                    log.warning("task %s: lease lost or task canceled; abandoning", task.id)
                     job_stop.set()
                     work.cancel()
+                    await say_given_up(self, task, "its run is abandoned")
                     return
+                if computing.done() and deadline != float("inf"):
+                    deadline = float("inf")  # only its outputs' storing remains
+                    waiters.discard(computing)
                 if loop.time() >= deadline:
                     job_stop.set()
                     work.cancel()
@@ -495,7 +561,9 @@ class Worker(Services):
                 if waiter is not work:
                     waiter.cancel()
 
-    async def _execute(self, task: Task, job_stop: threading.Event) -> None:
+    async def _execute(
+        self, task: Task, job_stop: threading.Event, computed: asyncio.Event
+    ) -> None:
         # Storage and database faults before and after the engine are the service's own:
         # retried, then the task is requeued unharmed. Errors of the engine itself are not.
         progress = ProgressRecorder(
@@ -528,33 +596,19 @@ class Worker(Services):
                     else:
                         result = await asyncio.to_thread(self._run_engine, engine, job)
             in_engine = False
+            computed.set()
             keys = await self.store_outputs(task, result)
             self.ran_for(task.model, time.monotonic() - started)
-        except TaskFailure as failure:
-            log.info("task %s failed: %s", task.id, failure)
-            if failure.code == ErrorCode.TIMEOUT:
-                # An engine that stopped at the deadline ends the task like the supervisor.
-                await self.end_task(task, self.lifecycle.time_out)
-                return
-            await self.end_task(task, self.lifecycle.fail, failure.code, failure.message)
-            return
         except Exception as error:
-            if not in_engine and is_infrastructure_error(error):
-                await self.requeue(task, error)
-                return
-            log.exception("task %s: engine error", task.id)
-            await self.end_task(
-                task,
-                self.lifecycle.fail,
-                ErrorCode.ENGINE_ERROR,
-                "the engine failed unexpectedly; the error is in the service log",
-            )
+            # An engine that stopped at the deadline (TIMEOUT) ends the task as the
+            # supervisor would; every other outcome as the rules say (outcomes.py).
+            await end_failed(self, task, error, in_engine=in_engine)
             return
         cost = None if result.cost_usd is None else int(result.cost_usd * 1_000_000)
         if isinstance(engine, AsyncEngine):
             flags = [output.nsfw for output in result.outputs]
             item = Completion(task.id, keys, flags, result.info, cost)
-            done = await self._completer.complete(item)
+            done = await self._completer.submit(item)
             if done:
                 await discard_inputs(self.storage, task.inputs)
         else:
@@ -584,7 +638,13 @@ class Worker(Services):
         inputs: dict[str, dict[str, bytes]] = {}
         try:
             (done,), claimed, self._more = await self.lifecycle.complete_and_claim(
-                self.worker_id, [item], self._models, self.reserve_ms(), inputs, self.hold_ms()
+                self.worker_id,
+                [item],
+                self._models,
+                self.reserve_ms(),
+                inputs,
+                self.hold_ms(),
+                self.preference(),
             )
         except Exception as error:
             if not is_infrastructure_error(error):
@@ -669,14 +729,24 @@ class Worker(Services):
             return set(keys) <= set(outputs or [])
         return True  # unknown: keep the blobs rather than risk deleting delivered outputs
 
-    async def requeue(self, task: Task, error: BaseException) -> None:
+    async def requeue(
+        self, task: Task, error: BaseException, *, give_time_back: bool = False
+    ) -> None:
+        """Give a task back after a fault of the service's own, unharmed, after a backoff;
+        ``give_time_back``: its deadlines also move on by the time this run and the backoff
+        cost it (its outputs could not be stored: no ``timeout`` for a storage outage)."""
         delay = backoff_delay(task.attempts, 1.0, 30.0)
+        extend = 0
+        if give_time_back:
+            extend = max(0, now_ms() - (task.started_at or now_ms())) + int(delay * 1000)
         log.warning(
             "task %s: storage or database fault (%s); requeued in %.1f s", task.id, error, delay
         )
         with contextlib.suppress(Exception):
             await retry_infrastructure(
-                lambda: self.lifecycle.release(task.id, self.worker_id, delay_seconds=delay),
+                lambda: self.lifecycle.release(
+                    task.id, self.worker_id, delay_seconds=delay, extend_ms=extend
+                ),
                 what=f"task {task.id}: requeueing",
                 budget_seconds=self.settings.fault_retry_seconds,
             )
@@ -732,16 +802,12 @@ class Worker(Services):
                         budget_seconds=self.settings.fault_retry_seconds,
                     )
                 keys.append(key)
-        except BaseException:
+        except BaseException as error:
             for key in keys:
                 with contextlib.suppress(Exception):
                     await self.storage.delete(key)
+            if isinstance(error, Exception) and is_infrastructure_error(error):
+                self._storage_refused()
+                raise OutputsNotStored(error) from error
             raise
         return keys
-
-
-def _resident_models() -> frozenset[str]:
-    """Local models whose weights this process holds (genhook.engines.local)."""
-    from genhook.engines.local import resident_models
-
-    return resident_models()

@@ -21,11 +21,11 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from genhook import metrics
+from genhook import metrics, tracing
 from genhook.db import Task, now_ms
 from genhook.db.wakeups import Waiter, Wake
 from genhook.engines.base import (
@@ -38,20 +38,20 @@ from genhook.engines.base import (
 )
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.faults import is_infrastructure_error, retry_infrastructure
+from genhook.logs import bind_task, unbind
 from genhook.storage.inputs import discard_inputs
 from genhook.tasks.lifecycle import Completion
 from genhook.tasks.progress import ProgressRecorder
+from genhook.tasks.worker.outcomes import end_failed, say_given_up
 
 if TYPE_CHECKING:
-    from genhook.tasks.worker import Worker
+    from genhook.tasks.worker.loop import Worker
 
 log = logging.getLogger(__name__)
 
 # A worker that forms a batch without its own wake-ups (several calls at once in one
 # process) looks for arrivals this often, within the model's wait: a read, then a claim.
 FILL_POLL_SECONDS = 0.005
-
-ENGINE_FAILED = "the engine failed unexpectedly; the error is in the service log"
 
 
 @dataclass(eq=False)
@@ -66,6 +66,21 @@ class _Member:
     # Given up (canceled, lease lost, timed out, released, failed before its call): the
     # worker records nothing more for it.
     gone: bool = False
+    # Its ``genhook.task.run`` span, from its claim to its end (None when untraced).
+    run: Any = None
+
+    def __post_init__(self) -> None:
+        self.run = tracing.begin_task(self.task)
+
+    @contextlib.contextmanager
+    def about(self) -> Iterator[None]:
+        """Work of this task alone: its id on each log line, its span the current one."""
+        context = bind_task(self.task.id, self.task.account_id)
+        try:
+            with tracing.within(self.run):
+                yield
+        finally:
+            unbind(context)
 
 
 async def run_batch(
@@ -111,6 +126,7 @@ async def run_batch(
         for member in members:
             worker.prefetched.pop(member.task.id, None)
             worker.keeper.drop(member.task.id)
+            tracing.end_task(member.run)
 
 
 async def _fill(
@@ -172,15 +188,15 @@ async def _fill(
             for member in members:
                 if member.task.id not in held:
                     member.lost.set()
-    _drop_lost(members)
+    await _drop_lost(worker, members)
     return woken
 
 
-def _drop_lost(members: list[_Member]) -> None:
+async def _drop_lost(worker: Worker, members: list[_Member]) -> None:
     for member in members:
         if member.lost.is_set() and not member.gone:
             member.gone = True
-            log.info("task %s: canceled or lost before its engine call", member.task.id)
+            await say_given_up(worker, member.task, "it leaves its batch before the call")
 
 
 @dataclass
@@ -234,16 +250,18 @@ async def _prepare(worker: Worker, spec: ModelSpec, members: list[_Member]) -> E
         for member in members:
             if not member.gone:
                 member.gone = True
-                await _end_failed(worker, member.task, error, in_engine=True)
+                with member.about():
+                    await end_failed(worker, member.task, error, in_engine=True)
         return None
     live = [member for member in members if not member.gone]
     loaded = await asyncio.gather(
-        *(_inputs_of(worker, member.task) for member in live), return_exceptions=True
+        *(_inputs_of(worker, member) for member in live), return_exceptions=True
     )
     for member, images in zip(live, loaded, strict=True):
         if isinstance(images, BaseException):
             member.gone = True
-            await _end_failed(worker, member.task, images, in_engine=False)
+            with member.about():
+                await end_failed(worker, member.task, images, in_engine=False)
             continue
         member.progress = ProgressRecorder(
             worker.db, member.task.id, worker.worker_id, worker.settings.progress_interval_seconds
@@ -261,12 +279,14 @@ async def _prepare(worker: Worker, spec: ModelSpec, members: list[_Member]) -> E
     return engine
 
 
-async def _inputs_of(worker: Worker, task: Task) -> list[bytes]:
-    return await retry_infrastructure(
-        lambda: worker.load_inputs(task),
-        what=f"task {task.id}: loading its inputs",
-        budget_seconds=worker.settings.fault_retry_seconds,
-    )
+async def _inputs_of(worker: Worker, member: _Member) -> list[bytes]:
+    task = member.task
+    with member.about():
+        return await retry_infrastructure(
+            lambda: worker.load_inputs(task),
+            what=f"task {task.id}: loading its inputs",
+            budget_seconds=worker.settings.fault_retry_seconds,
+        )
 
 
 def _groups(engine: Engine, members: list[_Member]) -> list[list[_Member]]:
@@ -279,7 +299,8 @@ def _groups(engine: Engine, members: list[_Member]) -> list[list[_Member]]:
             try:
                 key = engine.batch_key(member.job)
             except Exception:
-                log.exception("task %s: its batch key failed; it runs alone", member.task.id)
+                with member.about():
+                    log.exception("task %s: its batch key failed; it runs alone", member.task.id)
                 key = ("alone", member.task.id)
         groups.setdefault(key, []).append(member)
     return list(groups.values())
@@ -327,7 +348,7 @@ async def _run_group(
     waited: float,
     grace: _Grace,
 ) -> None:
-    _drop_lost(group)  # canceled while an earlier key's call ran
+    await _drop_lost(worker, group)  # canceled while an earlier key's call ran
     group = [member for member in group if not member.gone]
     if not group:
         return
@@ -343,7 +364,10 @@ async def _run_group(
             worker.engine_ended(ids)
 
     started = time.monotonic()
-    work = asyncio.ensure_future(asyncio.to_thread(call))
+    shared: dict[str, str | int] = {"genhook.model": spec.id, "genhook.batch.size": len(jobs)}
+    with tracing.batch_call([member.run for member in group], shared):
+        # The thread's copy of the context has the call's span current: its progress events.
+        work = asyncio.ensure_future(asyncio.to_thread(call))
     async with contextlib.AsyncExitStack() as stack:
         for member in group:
             assert member.progress is not None
@@ -397,12 +421,13 @@ async def _supervise(
         for member in live:
             if member.lost.is_set():
                 # Also how a cancel arrives: the task is no longer ``processing``.
-                log.warning("task %s: lease lost or canceled; left its batch", member.task.id)
                 _give_up(member)
+                await say_given_up(worker, member.task, "it leaves its batch's call")
             elif now >= member.task.deadline_at:
                 _give_up(member)
-                if await worker.end_task(member.task, worker.lifecycle.time_out):
-                    log.info("task %s timed out in a batch", member.task.id)
+                with member.about():
+                    if await worker.end_task(member.task, worker.lifecycle.time_out):
+                        log.info("task %s timed out in a batch", member.task.id)
         if stop is not None and stop.is_set() and grace.until is None:
             grace.start()
             log.info("a batch of %d: finishing before shutdown", len(live))
@@ -434,14 +459,15 @@ async def _record(
     for member, result in zip(members, results, strict=True):
         if member.gone:
             continue  # canceled, timed out or released: its result is discarded
-        if isinstance(result, Exception):
-            await _end_failed(worker, member.task, result, in_engine=True)
-            continue
-        try:
-            keys = await worker.store_outputs(member.task, result)
-        except Exception as error:
-            await _end_failed(worker, member.task, error, in_engine=False)
-            continue
+        with member.about():
+            if isinstance(result, Exception):
+                await end_failed(worker, member.task, result, in_engine=True)
+                continue
+            try:
+                keys = await worker.store_outputs(member.task, result)
+            except Exception as error:
+                await end_failed(worker, member.task, error, in_engine=False)
+                continue
         cost = None if result.cost_usd is None else int(result.cost_usd * 1_000_000)
         flags = [output.nsfw for output in result.outputs]
         info = {**result.info, "batch_size": size}
@@ -465,20 +491,5 @@ async def _record(
         if ended:
             await discard_inputs(worker.storage, member.task.inputs)
         else:
-            await worker.discard_outputs(member.task.id, item.outputs)
-
-
-async def _end_failed(worker: Worker, task: Task, error: BaseException, *, in_engine: bool) -> None:
-    """End one task of a batch as its error says: failed, timed out, or requeued after a
-    fault of the service's own (storage, database) outside the engine."""
-    if isinstance(error, TaskFailure):
-        log.info("task %s failed: %s", task.id, error)
-        if error.code == ErrorCode.TIMEOUT:
-            await worker.end_task(task, worker.lifecycle.time_out)
-        else:
-            await worker.end_task(task, worker.lifecycle.fail, error.code, error.message)
-    elif not in_engine and isinstance(error, Exception) and is_infrastructure_error(error):
-        await worker.requeue(task, error)
-    else:
-        log.error("task %s: engine error", task.id, exc_info=error)
-        await worker.end_task(task, worker.lifecycle.fail, ErrorCode.ENGINE_ERROR, ENGINE_FAILED)
+            with member.about():
+                await worker.discard_outputs(member.task.id, item.outputs)

@@ -1,4 +1,4 @@
-"""The worker loop for models that run several calls at once in one process.
+"""Slots: the worker's loop when a model runs several calls at once in one process.
 
 Used when a model's ``ModelSpec.concurrency`` is above 1: an I/O-bound ``AsyncEngine``'s
 tasks on the loop, or a thread-safe synchronous engine's calls in threads. Models of
@@ -18,7 +18,7 @@ from genhook.db.wakeups import Wake
 
 if TYPE_CHECKING:
     from genhook.db import Task
-    from genhook.tasks.worker import Worker
+    from genhook.tasks.worker.loop import Worker
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,9 @@ async def run_concurrent(worker: Worker, stop: asyncio.Event) -> None:
                 if waited and not running and not await _any_runnable(worker, models):
                     idle_since[group] = loop.time()
                     continue  # after a wait, read first: an idle worker writes nothing
+                if not await worker.storage_ready():
+                    idle_since[group] = loop.time()
+                    continue  # outputs cannot be stored now: claim nothing
                 try:
                     batches = await _claim(worker, models, free)
                 except Exception:
