@@ -258,7 +258,7 @@ async def test_a_storage_outage_charges_no_timeout_and_pauses_claims(
         assert await h.worker.run_once()
         task = await row(h, task_id)
         assert (task.status, task.error_code, task.lease_losses) == ("created", None, 0)
-        assert task.deadline_at > now_ms() and task.deadline_at - deadline >= 2000
+        assert task.deadline_at > max(now_ms(), deadline)  # moved on by the run's time
         # Storage still refuses writes: nothing is claimed.
         assert not await h.worker.run_once()
         assert (await row(h, waiting)).status == "created"
