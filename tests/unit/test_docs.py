@@ -68,3 +68,33 @@ def test_the_local_model_entries_of_the_docs_are_valid() -> None:
     block = page.split("## One entry per family", 1)[1].split("```json", 1)[1].split("```", 1)[0]
     models = [LocalModel.model_validate(entry) for entry in json.loads(block)]
     assert {model.pipeline for model in models} == set(FAMILIES)
+
+
+def test_the_task_path_of_architecture_md_names_real_code() -> None:
+    """Every module and every ``Class.method`` / ``function()`` the diagram of "The path of a
+    task" names exists, in a module named on the same line (or in the diagram)."""
+    import importlib
+    import re
+
+    text = (DOCS / "architecture.md").read_text()
+    section = text[text.index("## The path of a task") : text.index("## The path of a delivery")]
+    block = section.split("```")[1]
+    source = DOCS.parent / "src" / "genhook"
+    every = re.findall(r"[\w/]+\.py", block)
+    for path in every:
+        assert (source / path).is_file(), path
+    modules = {
+        path: importlib.import_module("genhook." + path.removesuffix(".py").replace("/", "."))
+        for path in every
+    }
+    checked = 0
+    for line in block.splitlines():
+        near = [modules[path] for path in re.findall(r"[\w/]+\.py", line)] or list(modules.values())
+        for owner, name in re.findall(r"\b([A-Z]\w*)\.([a-z_]\w*)\b", line):
+            found = [m for m in modules.values() if hasattr(getattr(m, owner, None), name)]
+            assert found, f"{owner}.{name} (line: {line.strip()})"
+            checked += 1
+        for name in re.findall(r"\b([a-z_]\w*)\(\)", line):
+            assert any(hasattr(m, name) for m in near), f"{name}() (line: {line.strip()})"
+            checked += 1
+    assert checked >= 15, checked
