@@ -35,7 +35,8 @@ MAX_SEED = 2**32 - 1
 class _Sampling(BaseModel):
     """The generation knobs every local model takes; unset, the model's entry decides."""
 
-    # The same seed, request and device give the same output; unset, a random one (in info).
+    # The same seed, request and device give the same output (up to rounding when the task
+    # shares a batched call: local-models.md); unset, a random one (in info).
     seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     num_inference_steps: StrictInt | None = Field(default=None, ge=1, le=500)
     guidance_scale: StrictFloat | None = Field(default=None, ge=0, le=50)
