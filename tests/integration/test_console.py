@@ -405,3 +405,34 @@ async def test_the_root_leads_to_the_console_and_the_site_has_an_icon(
     finally:
         await off.client.aclose()
         await off.state.db.dispose()
+
+
+async def test_the_task_page_reads_the_plan_and_shows_the_apis_own_answer(
+    harness: Harness,
+) -> None:
+    body = {
+        "model": "genhook/image-edit",
+        "prompt": "black and white, then add a red border",
+        "images": [data_url(size=64)],
+        "size": "1024*1024",
+    }
+    task_id = (await harness.submit(body)).json()["id"]
+    await harness.run_all()
+    answered = (
+        await harness.client.get(f"/api/v1/model/result/{task_id}", headers=harness.headers)
+    ).json()
+    assert answered["status"] == "completed", answered
+    plan = answered["info"]["plan"]
+    assert all(isinstance(step, dict) and "op" in step for step in plan), plan
+    client = await signed_in(harness, harness.account.api_key)
+    page = (await client.get(f"/console/tasks/{task_id}")).text
+    listed = page.split('<ol class="plan">')[1].split("</ol>")[0]
+    # Each step in words (the operation, then its settings), never a raw dict.
+    assert "{" not in listed and "&#34;" not in listed and "&quot;" not in listed, listed
+    for step in plan:
+        assert f"<strong>{step['op'].replace('_', ' ')}</strong>" in listed
+    # The JSON shown is the API's answer: absolute output URLs, as a client receives them.
+    shown = page.split("The result as the API returns it</h2>")[1]
+    assert answered["outputs"] and answered["outputs"][0].startswith("http")
+    for url in answered["outputs"]:
+        assert json.dumps(url) in shown.replace("&#34;", '"').replace("&quot;", '"')

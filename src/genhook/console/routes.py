@@ -516,8 +516,9 @@ async def task_page(request: Request, task_id: str) -> Response:
         return _page(
             request, "error.html", key, response.status_code, message=_error_text(response)[0]
         )
-    task = response.json()
-    task["outputs"] = [_local(request, url) for url in task.get("outputs", [])]
+    answered = response.json()
+    # The players load outputs from this origin; the JSON shown stays the API's own answer.
+    task = {**answered, "outputs": [_local(request, url) for url in answered.get("outputs", [])]}
     deliveries = await _api(
         request, "GET", "/api/v1/webhooks/deliveries", key, params={"session_id": task_id}
     )
@@ -536,6 +537,7 @@ async def task_page(request: Request, task_id: str) -> Response:
         "task.html",
         key,
         task=task,
+        answered=answered,
         kind=kind,
         deliveries=sent,
         timeline=timeline,
