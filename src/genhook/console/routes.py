@@ -488,11 +488,19 @@ async def tasks(request: Request) -> Response:
     error = None if response.status_code == 200 else _error_text(response)[0]
     page = response.json() if response.status_code == 200 else {"items": [], "next_cursor": None}
     models = await _models(request, key) or []
+    # What each task cost, from the account's usage (the listing itself carries no money).
+    usage = await _api(request, "GET", "/api/v1/usage", key, params={"limit": "1000"})
+    costs = (
+        {item["task_id"]: item["amount_usd"] for item in usage.json()["items"]}
+        if usage.status_code == 200 and not every
+        else {}
+    )
     return _page(
         request,
         "tasks.html",
         key,
         items=page["items"],
+        costs=costs,
         next_cursor=page["next_cursor"],
         filters=params,
         every=every,
