@@ -21,11 +21,13 @@ Blocks in other languages (``console``, ``json``, ``ts``, none) are not run.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -212,15 +214,24 @@ def run_block(reader: Reader, block: Block, directory: Path) -> subprocess.Compl
             f"export -p > {shlex.quote(str(state))}\n"
         )
         command = ["bash", "-c", script]
-    return subprocess.run(
+    # A session of its own, so whatever the block left running is stopped with it.
+    process = subprocess.Popen(
         command,
         cwd=directory,
         env=reader.env,
-        capture_output=True,
-        text=True,
-        timeout=BLOCK_TIMEOUT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
     )
+    try:
+        stdout, stderr = process.communicate(timeout=BLOCK_TIMEOUT)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 @pytest.mark.timeout(900)
