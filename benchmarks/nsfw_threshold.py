@@ -33,7 +33,7 @@ from tests.unit.image_edit_fixtures import (
     subject_on_background,
 )
 
-from genhook.engines.image_edit._detector import Detector
+from genhook.engines.media.nsfw import Detector
 
 THRESHOLDS = (0.3, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
 WORDS = [

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from genhook.engines.image_edit import check_pixel_budget
+from genhook.engines.media.decode import check_pixel_budget
 from genhook.errors import ErrorCode, TaskFailure
 from tests.conftest import Harness
 from tests.support.images import data_url

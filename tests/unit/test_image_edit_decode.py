@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from genhook.engines.image_edit._decode import decode_image, register_heif
+from genhook.engines.media.decode import decode_image, register_heif
 from genhook.errors import ErrorCode, TaskFailure
 from tests.unit.image_edit_fixtures import BLUE, GREEN, RED, YELLOW, close, encode, mean, quadrants
 

@@ -9,9 +9,9 @@ import pytest
 from PIL import Image, ImageFilter
 
 from genhook.config import Settings
-from genhook.engines.image_edit import BUILTIN_BLOCKED_TERMS, ImageEditEngine
-from genhook.engines.image_edit._detector import Detector
-from genhook.engines.image_edit._moderation import blocked_terms, check_prompt
+from genhook.engines.image_edit import ImageEditEngine
+from genhook.engines.media.moderation import BUILTIN_BLOCKED_TERMS, blocked_terms, check_prompt
+from genhook.engines.media.nsfw import Detector
 from genhook.errors import ErrorCode, TaskFailure
 from tests.unit.image_edit_fixtures import (
     encode,

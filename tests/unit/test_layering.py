@@ -386,3 +386,45 @@ def test_the_import_check_finds_a_runtime_import() -> None:
         "genhook.runtime.lifeline",
         "genhook.runtime.wakeups",
     ]
+
+
+def private_engine_imports(name: str, source: str) -> list[str]:
+    """Imports of an engine package's private module (``genhook.engines.X._y``) by a module
+    outside that package (``name``: the importer's path under the package root)."""
+    found: list[str] = []
+    for module in imported_modules(source):
+        parts = module.split(".")
+        if len(parts) < 4 or parts[:2] != ["genhook", "engines"] or not parts[3].startswith("_"):
+            continue
+        if not name.startswith(f"engines/{parts[2]}/"):
+            found.append(".".join(parts[:4]))
+    return sorted(set(found))
+
+
+def test_no_engine_imports_another_engines_private_modules() -> None:
+    """What several engines share (decoding, the NSFW detector, prompt moderation, output
+    fitting and encoding, composition, the video encoder) is ``engines/media/``, public; an
+    engine's underscored modules are its own."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE).as_posix()
+        if names := private_engine_imports(name, path.read_text()):
+            found[name] = names
+    assert found == {}
+
+
+def test_the_engine_check_finds_a_private_import() -> None:
+    source = (
+        "from genhook.engines.image_edit import _output\n"
+        "from genhook.engines.image_edit._plan import Step\n"
+        "from genhook.engines.media.output import fit\n"
+        "def late():\n"
+        "    from genhook.engines.local._config import check_device\n"
+    )
+    assert private_engine_imports("engines/local/_engine.py", source) == [
+        "genhook.engines.image_edit._output",
+        "genhook.engines.image_edit._plan",
+    ]
+    assert private_engine_imports("engines/image_edit/_engine.py", source) == [
+        "genhook.engines.local._config"
+    ]

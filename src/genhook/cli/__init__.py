@@ -171,7 +171,7 @@ def worker(
     from genhook.runtime.roles import run_worker
 
     if device is not None:
-        from genhook.engines.local._config import check_device
+        from genhook.engines.local import check_device
 
         try:
             check_device(device)

@@ -8,71 +8,38 @@ border and caption, NSFW flag of the output, encode.
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import replace
 from typing import Any
 
-import cv2
 from PIL import Image
 
-from genhook.config import Settings
 from genhook.engines.base import EngineJob, EngineOutput, EngineResult
 from genhook.engines.edit_request import EditRequest
-from genhook.engines.image_edit import _compose, _ops, _output
-from genhook.engines.image_edit._decode import (
+from genhook.engines.image_edit import _compose, _ops
+from genhook.engines.image_edit._parser import parse_prompt
+from genhook.engines.image_edit._plan import COMBINE_OPS, FINISHING_OPS, EditPlan, Step
+from genhook.engines.image_edit._style import Stylizer
+from genhook.engines.media import FitMode
+from genhook.engines.media import output as _output
+from genhook.engines.media.decode import (
     DecodedImage,
     check_pixel_budget,
     decode_image,
 )
-from genhook.engines.image_edit._detector import Detector
-from genhook.engines.image_edit._moderation import blocked_terms, check_prompt
-from genhook.engines.image_edit._parser import parse_prompt
-from genhook.engines.image_edit._plan import COMBINE_OPS, FINISHING_OPS, EditPlan, FitMode, Step
-from genhook.engines.image_edit._style import Stylizer
+from genhook.engines.media.moderation import check_prompt
+from genhook.engines.media.nsfw import DetectorEngine, moderate_inputs
 from genhook.engines.onnx import shared_threads
 from genhook.errors import ErrorCode, TaskFailure
-from genhook.media import DecodeLimits, register_heif
+from genhook.media import DecodeLimits
 
 log = logging.getLogger(__name__)
 
 _CONTAIN_OPS = frozenset({"crop", "side_by_side", "stack_vertical", "grid"})
 
 
-class DetectorEngine:
-    """The shell of the built-in picture engines: settings, prompt terms, one NSFW detector
-    per process, and ``run`` turning surprises into a generic engine failure."""
-
-    # Named in the generic failure message: "the image engine failed unexpectedly".
-    kind = "image"
-
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        self._terms = blocked_terms(settings)
-        self._detector: Detector | None = None
-        self._lock = threading.Lock()
-
-    def load(self) -> None:
-        """Load the detector once per process and pin native thread pools to one thread
-        (unless ``detector_threads`` says otherwise): the service scales by worker
-        processes, and oversubscribed cores scale worse."""
-        with self._lock:
-            if self._detector is not None:
-                return
-            register_heif()
-            cv2.setNumThreads(1)
-            self._detector = Detector(threads=self.detector_threads())
-
-    def detector_threads(self) -> int:
-        """The detector's intra-op threads; an engine whose pictures take turns with a
-        computation on the process's cores may give it that share."""
-        return 1
-
-    @property
-    def detector(self) -> Detector:
-        if self._detector is None:
-            self.load()
-        assert self._detector is not None
-        return self._detector
+class EditingEngine(DetectorEngine):
+    """A picture engine that applies the edit vocabulary's operations (the image-edit engine,
+    and image-to-video's looks): the detector's shell plus the style networks."""
 
     @property
     def stylizer(self) -> Stylizer:
@@ -84,29 +51,8 @@ class DetectorEngine:
             out_size=out_size, fast=fast, detector=self.detector, stylizer=self.stylizer
         )
 
-    def run(self, job: EngineJob) -> EngineResult:
-        # Lines under the logger of the engine that ran (a local model's, not this module's).
-        engine_log = logging.getLogger(type(self).__module__)
-        try:
-            return self._run(job)
-        except TaskFailure as failure:
-            if job.stop.is_set():  # given up (a cancel, say): the worker says why
-                engine_log.debug("task %s: stopped, as asked", job.task_id)
-            else:
-                engine_log.info("task %s failed: %s", job.task_id, failure)
-            raise
-        except Exception as exc:
-            engine_log.exception("task %s: %s engine error", job.task_id, self.kind)
-            raise TaskFailure(
-                ErrorCode.ENGINE_ERROR,
-                f"the {self.kind} engine failed unexpectedly ({type(exc).__name__})",
-            ) from exc
 
-    def _run(self, job: EngineJob) -> EngineResult:
-        raise TaskFailure(ErrorCode.ENGINE_ERROR, f"{type(self).__name__} runs no jobs")
-
-
-class ImageEditEngine(DetectorEngine):
+class ImageEditEngine(EditingEngine):
     """Instruction-driven edits on the CPU; see ``docs/engines/image-edit.md``."""
 
     def _run(self, job: EngineJob) -> EngineResult:
@@ -213,8 +159,6 @@ class ImageEditEngine(DetectorEngine):
         )
 
     def _moderate_inputs(self, decoded: list[DecodedImage]) -> None:
-        from genhook.engines.image_edit._frames import moderate_inputs
-
         moderate_inputs(self.detector, decoded, self._settings.nsfw_threshold)
 
     def _execute(

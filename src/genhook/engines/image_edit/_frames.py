@@ -14,12 +14,10 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image, ImageDraw
 
-from genhook.engines.image_edit import _output
-from genhook.engines.image_edit._decode import DecodedImage
-from genhook.engines.image_edit._detector import Detector
 from genhook.engines.image_edit._ops import Context
 from genhook.engines.image_edit._parser import parse_prompt
 from genhook.engines.image_edit._plan import COMBINE_OPS, FINISHING_OPS, EditPlan, Step
+from genhook.engines.media import output as _output
 from genhook.errors import ErrorCode, TaskFailure
 
 Array = npt.NDArray[Any]
@@ -73,20 +71,6 @@ def apply_looks(looks: Looks, image: Image.Image, index: int, ctx: Context) -> I
         if not step.targets or index in step.targets:
             image = apply_to_input(step, image, ctx)
     return image
-
-
-def moderate_inputs(
-    detector: Detector, decoded: list[DecodedImage], threshold: float, first_number: int = 1
-) -> None:
-    """Refuse the task when an input picture is classified NSFW (the moderation policy)."""
-    for number, item in enumerate(decoded, start=first_number):
-        score = detector.detect(item.image, 320).nsfw_score
-        if score >= threshold:
-            raise TaskFailure(
-                ErrorCode.MODERATION_NSFW_INPUT,
-                f"image {number} was classified NSFW (score {score:.2f}, threshold "
-                f"{threshold:.2f}); the moderation policy rejects NSFW inputs",
-            )
 
 
 @dataclass(slots=True)

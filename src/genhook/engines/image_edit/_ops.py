@@ -17,10 +17,10 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image, ImageDraw, ImageEnhance, ImageFilter, ImageOps
 
-from genhook.engines.image_edit._detector import Box, Detector
 from genhook.engines.image_edit._plan import Step
 from genhook.engines.image_edit._segment import foreground_mask
 from genhook.engines.image_edit._style import Stylizer
+from genhook.engines.media.nsfw import Box, Detector
 from genhook.errors import ErrorCode, TaskFailure
 
 Array = npt.NDArray[Any]

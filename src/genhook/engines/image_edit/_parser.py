@@ -18,7 +18,6 @@ from genhook.engines.image_edit._plan import (
     COMBINE_OPS,
     STYLE_OP,
     EditPlan,
-    FitMode,
     FitPolicy,
     Step,
     supported_operations_text,
@@ -37,6 +36,7 @@ from genhook.engines.image_edit._words import (
     loosen,
     position,
 )
+from genhook.engines.media import FitMode
 from genhook.engines.style_names import STYLE_NAMES
 from genhook.errors import ErrorCode, TaskFailure
 

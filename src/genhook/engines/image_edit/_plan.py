@@ -7,9 +7,9 @@ every parameter is therefore plain JSON (numbers, strings, ``#rrggbb`` colors).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-FitMode = Literal["auto", "cover", "contain", "stretch"]
+from genhook.engines.media import FitMode
 
 # Operations applied on the final picture at output resolution, so lines and letters stay
 # crisp whatever the input size.

@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
-from genhook.engines.image_edit._detector import Box
+from genhook.engines.media.nsfw import Box
 
 Array = npt.NDArray[Any]
 

@@ -20,26 +20,24 @@ import av
 import numpy as np
 from PIL import Image
 
-from genhook.config import Settings
 from genhook.engines.base import EngineJob, EngineOutput, EngineResult
 from genhook.engines.image_edit import (
-    DecodedImage,
     Decor,
-    DetectorEngine,
     EditContext,
+    EditingEngine,
     EditPlan,
     Looks,
     apply_looks,
     build_decor,
-    check_pixel_budget,
-    check_prompt,
-    decode_image,
-    moderate_inputs,
     read_looks,
 )
 from genhook.engines.image_to_video._camera import HEADROOM, Camera
 from genhook.engines.image_to_video._motion import MotionPlan, parse_motion
 from genhook.engines.image_to_video._yuv import I420, FrameDecor, fade, mix, render
+from genhook.engines.media.decode import DecodedImage, check_pixel_budget, decode_image
+from genhook.engines.media.moderation import check_prompt
+from genhook.engines.media.nsfw import moderate_inputs
+from genhook.engines.media.video import h264_stream
 from genhook.engines.video_request import VideoRequest, frame_size, nearest_aspect_ratio
 from genhook.errors import ErrorCode, TaskFailure
 
@@ -83,7 +81,7 @@ class Timeline:
         return min(1.0, max(0.0, (t - start) / (end - start)))
 
 
-class ImageToVideoEngine(DetectorEngine):
+class ImageToVideoEngine(EditingEngine):
     """Animates stills on the CPU; see ``docs/engines/image-to-video.md``."""
 
     kind = "video"
@@ -284,19 +282,6 @@ class ImageToVideoEngine(DetectorEngine):
                 return handle.read(), samples
 
 
-def h264_stream(container: Any, fps: int, settings: Settings, x264_params: str = "") -> Any:
-    """An H.264 stream on ``container`` with the service's encoder settings
-    (GENHOOK_VIDEO_ENCODER_PRESET, GENHOOK_VIDEO_CRF, GENHOOK_VIDEO_ENCODER_THREADS)."""
-    options = {
-        "preset": settings.video_encoder_preset,
-        "crf": str(settings.video_crf),
-        "threads": str(settings.video_encoder_threads),
-    }
-    if x264_params:
-        options["x264-params"] = x264_params
-    return container.add_stream("libx264", rate=fps, options=options)
-
-
 def _still(
     decoded: DecodedImage,
     looks: Looks,
@@ -307,8 +292,8 @@ def _still(
 ) -> I420:
     """One input with its looks, filling ``inner`` times the headroom (cover, unless the
     prompt asked to fit it whole), in the encoder's own format."""
-    from genhook.engines.image_edit._output import fit, flatten
-    from genhook.engines.image_edit._plan import FitMode
+    from genhook.engines.media import FitMode
+    from genhook.engines.media.output import fit, flatten
 
     image = apply_looks(looks, decoded.image, index, ctx)
     image = flatten(image, (0, 0, 0)) if image.mode == "RGBA" else image.convert("RGB")

@@ -4,7 +4,13 @@ See ``docs/engines/local-models.md``. The configuration and wire schemas import 
 the engine (torch, diffusers) loads only in a worker that runs one of these models.
 """
 
-from genhook.engines.local._config import FAMILIES, LocalModel, check_directory, load_local_models
+from genhook.engines.local._config import (
+    FAMILIES,
+    LocalModel,
+    check_device,
+    check_directory,
+    load_local_models,
+)
 from genhook.engines.local._spec import (
     LocalEditRequest,
     LocalTextRequest,
@@ -27,6 +33,7 @@ __all__ = [
     "LocalModel",
     "LocalTextRequest",
     "LocalVideoRequest",
+    "check_device",
     "check_directory",
     "load_local_models",
     "local_spec",

@@ -30,16 +30,15 @@ from PIL import ExifTags, Image
 
 from genhook.config import Settings
 from genhook.engines.base import STOPPED_EARLY, EngineJob, EngineOutput, EngineResult
-from genhook.engines.image_edit import _output
-from genhook.engines.image_edit._decode import DecodedImage, decode_image
-from genhook.engines.image_edit._engine import DetectorEngine
-from genhook.engines.image_edit._frames import moderate_inputs
-from genhook.engines.image_edit._moderation import check_prompt
 from genhook.engines.local import _host
 from genhook.engines.local._config import LocalModel
 from genhook.engines.local._host import HOST, CallClock, ModelProcessExited, OutOfMemory, Stopped
 from genhook.engines.local._residency import DeviceUnavailable, ModelTooLarge
 from genhook.engines.local._spec import _SCHEMAS, output_dimensions
+from genhook.engines.media import output as _output
+from genhook.engines.media.decode import DecodedImage, decode_image
+from genhook.engines.media.moderation import check_prompt
+from genhook.engines.media.nsfw import DetectorEngine, moderate_inputs
 from genhook.engines.onnx import shared_threads, usable_cores
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.media import DecodeLimits, register_heif
@@ -413,7 +412,7 @@ def _write_mp4(
     # PyAV only where a video is written: image models need not import it.
     import av
 
-    from genhook.engines.image_to_video._engine import h264_stream
+    from genhook.engines.media.video import h264_stream
 
     try:
         stream = h264_stream(container, fps, settings)

@@ -35,7 +35,7 @@ from genhook.media import CONTENT_TYPES, sniff_image_format
 from genhook.net import AddressPolicy, client_ssl_context, fetch_input_image
 
 if TYPE_CHECKING:
-    from genhook.engines.image_edit._detector import Detector
+    from genhook.engines.media.nsfw import Detector
     from genhook.engines.registry import Registry
 
 _KIND_CONTENT_TYPES = {ModelKind.VIDEO: "video/mp4", ModelKind.AUDIO: "audio/mpeg"}
@@ -170,7 +170,7 @@ class UpstreamEngine:
     def _detect_sync(self, data: bytes) -> bool:
         from PIL import Image
 
-        from genhook.engines.image_edit._detector import Detector
+        from genhook.engines.media.nsfw import Detector
 
         with self._detector_lock:
             if self._detector is None:

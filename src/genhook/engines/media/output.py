@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageColor, ImageDraw, ImageFont
 
-from genhook.engines.image_edit._plan import FitMode
+from genhook.engines.media import FitMode
 
 
 def rgb(color: str) -> tuple[int, int, int]:

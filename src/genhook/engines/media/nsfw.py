@@ -7,6 +7,8 @@ service scales by worker processes. The same pass yields an NSFW score and face 
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,13 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image
 
+from genhook.config import Settings
+from genhook.engines.base import EngineJob, EngineResult
+from genhook.engines.media.decode import DecodedImage
+from genhook.engines.media.moderation import blocked_terms
 from genhook.engines.onnx import cpu_session
+from genhook.errors import ErrorCode, TaskFailure
+from genhook.media import register_heif
 
 # Class order of nudenet's 320n.onnx (nudenet 3.4).
 LABELS: tuple[str, ...] = (
@@ -128,3 +136,76 @@ class Detector:
                         Box(x0, y0, x1 - x0, y1 - y0, float(face_scores[keep][int(index)]))
                     )
         return Detection(nsfw_score=nsfw, faces=faces)
+
+
+def moderate_inputs(
+    detector: Detector, decoded: list[DecodedImage], threshold: float, first_number: int = 1
+) -> None:
+    """Refuse the task when an input picture is classified NSFW (the moderation policy)."""
+    for number, item in enumerate(decoded, start=first_number):
+        score = detector.detect(item.image, 320).nsfw_score
+        if score >= threshold:
+            raise TaskFailure(
+                ErrorCode.MODERATION_NSFW_INPUT,
+                f"image {number} was classified NSFW (score {score:.2f}, threshold "
+                f"{threshold:.2f}); the moderation policy rejects NSFW inputs",
+            )
+
+
+class DetectorEngine:
+    """The shell of the built-in picture engines: settings, prompt terms, one NSFW detector
+    per process, and ``run`` turning surprises into a generic engine failure (logged under
+    the engine's own module)."""
+
+    # Named in the generic failure message: "the image engine failed unexpectedly".
+    kind = "image"
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._terms = blocked_terms(settings)
+        self._detector: Detector | None = None
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        """Load the detector once per process and pin native thread pools to one thread
+        (unless ``detector_threads`` says otherwise): the service scales by worker
+        processes, and oversubscribed cores scale worse."""
+        with self._lock:
+            if self._detector is not None:
+                return
+            register_heif()
+            cv2.setNumThreads(1)
+            self._detector = Detector(threads=self.detector_threads())
+
+    def detector_threads(self) -> int:
+        """The detector's intra-op threads; an engine whose pictures take turns with a
+        computation on the process's cores may give it that share."""
+        return 1
+
+    @property
+    def detector(self) -> Detector:
+        if self._detector is None:
+            self.load()
+        assert self._detector is not None
+        return self._detector
+
+    def run(self, job: EngineJob) -> EngineResult:
+        # Lines under the logger of the engine that ran (a local model's, not this module's).
+        engine_log = logging.getLogger(type(self).__module__)
+        try:
+            return self._run(job)
+        except TaskFailure as failure:
+            if job.stop.is_set():  # given up (a cancel, say): the worker says why
+                engine_log.debug("task %s: stopped, as asked", job.task_id)
+            else:
+                engine_log.info("task %s failed: %s", job.task_id, failure)
+            raise
+        except Exception as exc:
+            engine_log.exception("task %s: %s engine error", job.task_id, self.kind)
+            raise TaskFailure(
+                ErrorCode.ENGINE_ERROR,
+                f"the {self.kind} engine failed unexpectedly ({type(exc).__name__})",
+            ) from exc
+
+    def _run(self, job: EngineJob) -> EngineResult:
+        raise TaskFailure(ErrorCode.ENGINE_ERROR, f"{type(self).__name__} runs no jobs")
