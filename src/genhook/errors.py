@@ -133,7 +133,8 @@ ERROR_CODE_DESCRIPTIONS: dict[ErrorCode, str] = {
     ErrorCode.INPUT_TOO_MANY_PIXELS: "An input image declares more pixels than the "
     "decompression-bomb limit; refused before decoding.",
     ErrorCode.INPUT_TOO_COSTLY: "An input needs more decoding work than allowed (for "
-    "example a progressive JPEG with more scans than the limit); refused before decoding.",
+    "example a progressive JPEG with more scans than the limit, or a picture with one side "
+    "more than 32 times the other); refused before decoding.",
     ErrorCode.INPUT_AUDIO_TOO_LONG: "An input audio file is longer than "
     "GENHOOK_STT_MAX_DURATION_SECONDS, by its header or by what it decodes to.",
     ErrorCode.INPUT_NO_SPEECH: "An input audio file is silent or holds no recognisable speech.",

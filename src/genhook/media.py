@@ -115,6 +115,15 @@ PIL_FORMATS: dict[str, str] = {
 HEADER_PROBE_BYTES = 256 * 1024
 # What a header too large for Pillow to open at all counts as: more than any budget.
 UNOPENABLE_PIXELS = 2**62
+# The most one side of an input picture may exceed the other (``aspect_problem``).
+MAX_ASPECT_RATIO = 32
+# A worker's peak memory per budgeted pixel while it decodes a task's inputs (measured in
+# tests/integration/test_decode_memory.py; docs/security.md plans with it). PNG, JPEG and
+# the other formats peak at 6 bytes per declared pixel (a 4-byte pixel kept, a transient
+# copy); WebP at 10 (libwebp's RGBA frame, Pillow's copy of it and the picture), so the
+# budget counts a WebP pixel as 10/6 of one and the bound holds for every format.
+DECODE_BYTES_PER_PIXEL = 6
+_DECODE_BYTES = {"webp": 10}
 _heif_lock = threading.Lock()
 _heif_ready = False
 
@@ -130,17 +139,17 @@ def register_heif() -> None:
             _heif_ready = True
 
 
-def declared_pixels(data: bytes | memoryview) -> int | None:
-    """Width times height as the image's header declares them, read without decoding a
-    pixel; None when the header cannot be read (the decoder reports that later)."""
+def declared_size(data: bytes | memoryview) -> tuple[int, int] | None:
+    """Width and height as the image's header declares them, read without decoding a
+    pixel; None when the header cannot be read (the decoder reports that later), and
+    ``(UNOPENABLE_PIXELS, 1)`` for a header too large for Pillow to open at all."""
     fmt = sniff_image_format(data)
     if fmt is None:
         return None
     if fmt == "webp":
         # Pillow's WebP plugin builds a decoder before it reports a size; the header is
         # enough, and libwebp reads it the same way.
-        size = _webp_size(bytes(data[:30]))
-        return None if size is None else size[0] * size[1]
+        return _webp_size(bytes(data[:30]))
     from PIL import Image
 
     if fmt in ("heic", "heif"):
@@ -151,10 +160,25 @@ def declared_pixels(data: bytes | memoryview) -> int | None:
         ) as image:
             width, height = image.size
     except Image.DecompressionBombError:
-        return UNOPENABLE_PIXELS
+        return UNOPENABLE_PIXELS, 1
     except Exception:  # any decoder's idea of a bad header: the full decode names it
         return None
-    return max(0, width) * max(0, height)
+    return max(0, width), max(0, height)
+
+
+def aspect_problem(size: tuple[int, int]) -> str | None:
+    """Why a picture of ``size`` is refused for its shape, or None: one side more than
+    ``MAX_ASPECT_RATIO`` times the other. Such a strip is no photograph, and beside other
+    inputs (a composite at a common height) it is what makes a few bytes cost gigabytes."""
+    width, height = size
+    if width <= 0 or height <= 0 or width >= UNOPENABLE_PIXELS:
+        return None  # an empty or unopenable header: the pixel checks and the decoder say why
+    if max(width, height) <= MAX_ASPECT_RATIO * min(width, height):
+        return None
+    return (
+        f"is {width}×{height}: one side is more than {MAX_ASPECT_RATIO} times the other "
+        "(refused before decoding)"
+    )
 
 
 def _webp_size(head: bytes) -> tuple[int, int] | None:
@@ -175,15 +199,31 @@ def _webp_size(head: bytes) -> tuple[int, int] | None:
     return None
 
 
+def budgeted_pixels(fmt: str | None, size: tuple[int, int]) -> int:
+    """What a picture of ``size`` counts against a task's pixel budget: its pixels, weighed
+    by what its format costs to decode (``DECODE_BYTES_PER_PIXEL``)."""
+    weight = _DECODE_BYTES.get(fmt or "", DECODE_BYTES_PER_PIXEL)
+    return size[0] * size[1] * weight // DECODE_BYTES_PER_PIXEL
+
+
 def pixel_budget_problem(images: list[bytes | memoryview], budget: int) -> str | None:
     """Why the images of one task would decode to more than ``budget`` pixels together, from
     their headers alone, or None. Each input is decoded whole before any is released, so
     a task's memory follows the sum, not the largest."""
-    total = sum(declared_pixels(image) or 0 for image in images)
+    total = 0
+    for image in images:
+        size = declared_size(image)
+        if size is not None:
+            total += budgeted_pixels(sniff_image_format(image), size)
+    return pixel_total_problem(total, budget)
+
+
+def pixel_total_problem(total: int, budget: int) -> str | None:
+    """``pixel_budget_problem`` for a total already read from the headers."""
     if total <= budget:
         return None
     shown = "more pixels than can be opened" if total >= UNOPENABLE_PIXELS else f"{total:,} pixels"
     return (
-        f"the input images declare {shown} together; the limit per task is {budget:,} "
-        "(GENHOOK_MAX_TASK_INPUT_PIXELS)"
+        f"the input images declare {shown} together (a WebP pixel counts as 10/6, for what it "
+        f"costs to decode); the limit per task is {budget:,} (GENHOOK_MAX_TASK_INPUT_PIXELS)"
     )

@@ -28,14 +28,15 @@ def webp_url(width: int, height: int) -> str:
 async def test_submit_refuses_inputs_declaring_more_pixels_than_a_task_may_decode(
     harness: Harness,
 ) -> None:
-    # 36 megapixels each is under the per-image limit; three of them are over the task's.
+    # 36 megapixels each is under the per-image limit; three of them are over the task's,
+    # counted at what WebP costs to decode (10/6 of a pixel each).
     big = webp_url(6000, 6000)
     body = {"model": "test/fake-edit", "prompt": "x", "images": [big, big, big]}
     response = await harness.submit(body)
     assert response.status_code == 400, response.text
     error = response.json()["errors"][0]
     assert error["field"] == "images"
-    assert "108,000,000 pixels" in error["message"]
+    assert "180,000,000 pixels" in error["message"]
     # A header too large to open at all is refused the same way.
     huge = {"model": "test/fake-edit", "prompt": "x", "images": [webp_url(16000, 16000)]}
     assert (await harness.submit(huge)).status_code == 400
@@ -49,4 +50,7 @@ def test_a_worker_refuses_the_same_before_decoding_fetched_images() -> None:
     with pytest.raises(TaskFailure) as caught:
         check_pixel_budget(images, 100_000_000)
     assert caught.value.code == ErrorCode.INPUT_TOO_MANY_PIXELS
-    check_pixel_budget(images[:2], 100_000_000)
+    check_pixel_budget(images[:1], 100_000_000)
+    # Two are 72 megapixels, counted as 120 million for what WebP costs to decode.
+    with pytest.raises(TaskFailure):
+        check_pixel_budget(images[:2], 100_000_000)

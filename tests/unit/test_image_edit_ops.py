@@ -377,7 +377,8 @@ def test_engine_errors_are_task_failures(engine: ImageEditEngine) -> None:
     assert "image 2" in info.value.message
 
 
-@pytest.mark.parametrize("size", [(1, 1), (3, 700)])
+# The thinnest strip accepted (one side 32 times the other); a thinner one is refused.
+@pytest.mark.parametrize("size", [(1, 1), (3, 96)])
 def test_every_operation_survives_degenerate_pictures(
     lenient: ImageEditEngine, size: tuple[int, int]
 ) -> None:
@@ -391,6 +392,13 @@ def test_every_operation_survives_degenerate_pictures(
             assert failure.code == ErrorCode.INSTRUCTION_INVALID, (doc.name, failure)
         else:
             assert out.size == (1024, 1024), doc.name
+
+
+def test_a_thinner_strip_is_refused_before_decoding(lenient: ImageEditEngine) -> None:
+    with pytest.raises(TaskFailure) as info:
+        run(lenient, "grayscale", [encode(noise((3, 700)))])
+    assert info.value.code == ErrorCode.INPUT_TOO_COSTLY
+    assert "image 1 is 3×700" in info.value.message
 
 
 def test_letterboxed_cutout_keeps_its_transparency(engine: ImageEditEngine) -> None:

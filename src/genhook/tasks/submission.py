@@ -23,7 +23,14 @@ from genhook.engines.registry import PATH_KINDS, Registry, submit_paths
 from genhook.errors import FieldError, InvalidRequest, ServiceUnavailable
 from genhook.faults import RETRY_AFTER_SECONDS
 from genhook.files import disk_problem
-from genhook.media import CONTENT_TYPES, pixel_budget_problem
+from genhook.media import (
+    CONTENT_TYPES,
+    aspect_problem,
+    budgeted_pixels,
+    declared_size,
+    pixel_total_problem,
+    sniff_image_format,
+)
 from genhook.runtime.services import Services
 from genhook.statuses import TaskStatus
 from genhook.storage.inputs import discard_blobs, stage_inputs
@@ -214,8 +221,20 @@ def input_refs(request: BaseModel, context: dict[str, Any], pixel_budget: int) -
     if refs is None:
         inline = context.get(INLINE_DATA)
         refs = [parse_image_ref(item, inline) for item in getattr(request, "images", [])]
-    inline_images = [ref.data for ref in refs if ref.data is not None and ref.format]
-    problem = pixel_budget_problem(inline_images, pixel_budget)
+    # Each inline picture's header is read once: its shape, then the task's pixel total.
+    total = 0
+    for index, ref in enumerate(refs):
+        size = declared_size(ref.data) if ref.data is not None and ref.format else None
+        if size is None:
+            continue
+        shape = aspect_problem(size)
+        if shape is not None:
+            field = ref.field or f"images[{index}]"
+            message = f"{field} {shape}"
+            raise InvalidRequest(message, [FieldError(field, message)])
+        assert ref.data is not None
+        total += budgeted_pixels(sniff_image_format(ref.data), size)
+    problem = pixel_total_problem(total, pixel_budget)
     if problem is not None:
         raise InvalidRequest(problem, [FieldError(_pictures_field(refs), problem)])
     return refs

@@ -1,4 +1,8 @@
-"""Combining several inputs into one picture: row, column, grid, overlay, blend."""
+"""Combining several inputs into one picture: row, column, grid, overlay, blend.
+
+Every composite stays within ``limit`` pixels a side (the output's long side), its sizes
+worked out before anything is allocated (``genhook.engines.media.compose``).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import numpy as np
 from PIL import Image
 
 from genhook.engines.image_edit._plan import Step
+from genhook.engines.media.compose import bounded_row, cover_crop
 
 
 def _has_alpha(images: list[Image.Image]) -> bool:
@@ -31,9 +36,10 @@ def _scaled(image: Image.Image, size: tuple[int, int], fast: bool) -> Image.Imag
 
 
 def row(images: list[Image.Image], limit: int, fast: bool) -> Image.Image:
-    """Same height, left to right; the first image sets the height (capped at ``limit``)."""
-    height = min(images[0].height, limit)
-    parts = [_scaled(im, (round(im.width * height / im.height), height), fast) for im in images]
+    """Same height, left to right; the first image sets the height, lowered so the row fits
+    ``limit`` both ways."""
+    widths, height = bounded_row([im.size for im in images], limit)
+    parts = [_scaled(im, (w, height), fast) for im, w in zip(images, widths, strict=True)]
     canvas = _canvas((sum(p.width for p in parts), height), _has_alpha(images))
     x = 0
     for part in parts:
@@ -43,8 +49,9 @@ def row(images: list[Image.Image], limit: int, fast: bool) -> Image.Image:
 
 
 def column(images: list[Image.Image], limit: int, fast: bool) -> Image.Image:
-    width = min(images[0].width, limit)
-    parts = [_scaled(im, (width, round(im.height * width / im.width)), fast) for im in images]
+    """Same width, top to bottom: a row turned on its side."""
+    heights, width = bounded_row([(im.height, im.width) for im in images], limit)
+    parts = [_scaled(im, (width, h), fast) for im, h in zip(images, heights, strict=True)]
     canvas = _canvas((width, sum(p.height for p in parts)), _has_alpha(images))
     y = 0
     for part in parts:
@@ -118,11 +125,9 @@ def blend(images: list[Image.Image], weight_percent: float | None, fast: bool) -
 
 
 def _cover(image: Image.Image, size: tuple[int, int], fast: bool) -> Image.Image:
-    scale = max(size[0] / image.width, size[1] / image.height)
-    scaled = _scaled(image, (math.ceil(image.width * scale), math.ceil(image.height * scale)), fast)
-    left = (scaled.width - size[0]) // 2
-    top = (scaled.height - size[1]) // 2
-    return scaled.crop((left, top, left + size[0], top + size[1]))
+    # Cropped before scaling: scaling a 1000x1 picture to cover 1x1000 first would make it
+    # 1,000,000 x 1,000.
+    return cover_crop(image, size, fast)
 
 
 def combine(

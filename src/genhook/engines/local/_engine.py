@@ -36,6 +36,7 @@ from genhook.engines.local._host import HOST, CallClock, ModelProcessExited, Out
 from genhook.engines.local._residency import DeviceUnavailable, ModelTooLarge
 from genhook.engines.local._spec import _SCHEMAS, output_dimensions
 from genhook.engines.media import output as _output
+from genhook.engines.media.compose import side_by_side
 from genhook.engines.media.decode import DecodedImage, decode_image
 from genhook.engines.media.moderation import check_prompt
 from genhook.engines.media.nsfw import DetectorEngine, moderate_inputs
@@ -44,6 +45,10 @@ from genhook.errors import ErrorCode, TaskFailure
 from genhook.media import DecodeLimits, register_heif
 
 log = logging.getLogger(__name__)
+# The longest side an input is decoded at, and a composite of several inputs is made at:
+# more than any pipeline takes (the picture is fitted to the generated size next), and it
+# bounds what several inputs side by side can cost (engines/media/compose.py).
+COMPOSITE_SIDE = 4096
 
 _In = TypeVar("_In")
 _Out = TypeVar("_Out")
@@ -241,7 +246,7 @@ class DiffusersEngine(DetectorEngine):
             decoded = [self._decode(data, number) for number, data in enumerate(job.images, 1)]
             if self._settings.moderation_reject_nsfw_inputs:
                 moderate_inputs(self.detector, decoded, self._settings.nsfw_threshold)
-            image = _side_by_side([item.image.convert("RGB") for item in decoded])
+            image = side_by_side([item.image for item in decoded], COMPOSITE_SIDE)
             first = decoded[0].image.size
         seed = request.seed if request.seed is not None else secrets.randbelow(2**32)
         size = output_dimensions(request, first)
@@ -253,7 +258,7 @@ class DiffusersEngine(DetectorEngine):
             data,
             number,
             max_pixels=settings.max_input_pixels,
-            reduce_to=4096,
+            reduce_to=COMPOSITE_SIDE,
             limits=DecodeLimits(
                 settings.max_input_pixels,
                 max_scans=settings.max_decode_scans,
@@ -356,22 +361,6 @@ def _oriented_size(data: bytes) -> tuple[int, int] | None:
     except Exception:  # any reader's error: the decode that follows names it
         return None
     return (height, width) if turned else (width, height)
-
-
-def _side_by_side(images: list[Image.Image]) -> Image.Image:
-    """Several inputs become one picture, left to right at the first one's height."""
-    if len(images) == 1:
-        return images[0]
-    height = images[0].height
-    scaled = [
-        _output.resize(i, (max(1, i.width * height // i.height), height), False) for i in images
-    ]
-    canvas = Image.new("RGB", (sum(i.width for i in scaled), height))
-    left = 0
-    for image in scaled:
-        canvas.paste(image, (left, 0))
-        left += image.width
-    return canvas
 
 
 def _to_uint8(frame: np.ndarray) -> np.ndarray:

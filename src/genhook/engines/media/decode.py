@@ -20,6 +20,7 @@ from genhook.media import (
     ACCEPTED_FORMATS,
     PIL_FORMATS,
     DecodeLimits,
+    aspect_problem,
     decode_cost_problem,
     pixel_budget_problem,
     register_heif,
@@ -97,6 +98,9 @@ def decode_image(
         raise TaskFailure(ErrorCode.INPUT_CORRUPT, f"image {number} declares an empty size")
     if width * height > max_pixels:
         raise _too_many(number, (width, height), max_pixels)
+    shape = aspect_problem((width, height))
+    if shape is not None:  # an input fetched from a URL is first seen here
+        raise TaskFailure(ErrorCode.INPUT_TOO_COSTLY, f"image {number} {shape}")
     try:
         # ``is_animated`` looks at most one frame ahead; ``n_frames`` would walk (and for GIF
         # decode) every frame, a cost a hostile file could multiply.
