@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from genhook.config import Settings
+from genhook.engines.audio._formats import sniff_audio_format
 from genhook.engines.audio._requests import SpeechToTextRequest, TextToSpeechRequest
 from genhook.engines.audio._voices import catalogue
 from genhook.engines.base import Charge, Engine, ModelKind, ModelSpec
@@ -105,6 +106,7 @@ __all__ = [
     "TTS_SPEC",
     "SpeechToTextRequest",
     "TextToSpeechRequest",
+    "sniff_audio_format",
     "stt_pricing",
     "tts_pricing",
 ]

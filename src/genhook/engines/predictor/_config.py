@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from genhook.config import Settings, entry_name, model_entries, validation_problems
 from genhook.engines.base import ModelKind
-from genhook.engines.local._config import check_device
+from genhook.engines.local import check_device
 from genhook.engines.predictor._signature import (
     Outcome,
     Param,

@@ -22,11 +22,11 @@ from collections.abc import Hashable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from genhook.engines.image_edit._decode import check_pixel_budget, decode_image, normalize_mode
 from PIL import Image
 
 from genhook.config import Settings
 from genhook.engines.base import STOPPED_EARLY, EngineJob, EngineOutput, EngineResult
+from genhook.engines.media.decode import check_pixel_budget, decode_image, normalize_mode
 from genhook.engines.predictor._config import PredictorModel
 from genhook.engines.predictor._signature import Kind, Param, file_format
 from genhook.errors import ErrorCode, TaskFailure
@@ -279,7 +279,7 @@ def _write(folder: Path, label: str, data: bytes, brief: str) -> Path:
 
 
 def _picture_output(image: Image.Image) -> EngineOutput:
-    from genhook.engines.image_edit._output import encode
+    from genhook.engines.media.output import encode
 
     if image.mode not in ("RGB", "RGBA", "L"):
         image = normalize_mode(image)

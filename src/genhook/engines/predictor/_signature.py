@@ -40,7 +40,7 @@ from pydantic import (
 )
 
 from genhook.data_urls import HEADER_RE, decode_data_url, inline_data, is_data_url
-from genhook.engines.audio._formats import sniff_audio_format
+from genhook.engines.audio import sniff_audio_format
 from genhook.engines.edit_request import IMAGE_REFS, MAX_IMAGE_URL_CHARS, ImageRef, parse_image_ref
 from genhook.media import sniff_image_format
 from genhook.model import InputSpec, Output
