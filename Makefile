@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: serve test install install-dev lint typecheck pytest test-typescript bench clean
+.PHONY: serve test install install-dev lint typecheck pytest test-typescript deploy-test bench clean
 
 $(BIN)/python:
 	@echo "== creating the virtualenv $(VENV)"
@@ -61,6 +61,11 @@ test-typescript: install-dev
 		&& GENHOOK_PYTHON=$(abspath $(BIN)/python) npm test --silent
 
 test: install-dev lint typecheck pytest test-typescript
+
+# The container image built for real (podman from Debian's packages) and the compose stack's
+# equivalent run from it (docs/deploy.md#testing-the-image); apart from `make test`.
+deploy-test: install
+	PYTHON=$(abspath $(BIN)/python) bash scripts/deploy-test.sh
 
 bench: install-dev
 	$(BIN)/python benchmarks/submit.py
