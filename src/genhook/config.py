@@ -212,6 +212,12 @@ class Settings(BaseSettings):
     # CPU threads of a local model's calls (and, on the CPU, of its NSFW checks); 0 shares
     # the process's usable cores among the workers.
     local_models_cpu_threads: int = Field(default=0, ge=0)
+    # LoRA adapters by URL in a request (docs/engines/local-models.md#lora-adapters): off
+    # unless enabled; each file at most this many MB, fetched under the address policy and
+    # kept by content hash in ``<data_dir>/loras`` within this many MB.
+    local_models_lora_urls: bool = False
+    local_models_lora_url_max_mb: float = Field(default=512.0, gt=0)
+    local_models_lora_cache_mb: float = Field(default=4096.0, gt=0)
     preload_models: list[str] = Field(default_factory=list)
     # The models a worker claims (``genhook worker --model``): one pool of workers per model
     # group, each scaled on its own queue. Empty: every registered model.

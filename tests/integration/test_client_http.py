@@ -25,6 +25,7 @@ from genhook.client import (
     Client,
     GenhookError,
     InvalidRequest,
+    ModelInfo,
     NotFound,
     PayloadTooLarge,
     Prediction,
@@ -32,6 +33,7 @@ from genhook.client import (
     TooManyRequests,
     Unauthorized,
     WaitTimeout,
+    lora,
 )
 from genhook.errors import ServiceUnavailable
 
@@ -277,6 +279,25 @@ def test_client_finds_the_local_services_key_and_says_how_to_pass_one(api, monke
     # Never sent to a service on another machine; an explicit key always wins.
     assert Client(base_url="https://api.example.test").api_key is None
     assert Client("ghk_given", base_url=api.base_url).api_key == "ghk_given"
+
+
+def test_submit_loras_as_name_scale_strings(api, client):
+    api.reply(Reply(body=prediction()))
+    extra = {"name": "ink", "scale": -0.5}
+    client.submit("local/sdxl", prompt="x", loras=["film:0.8", "noir", extra])
+    assert api.seen[0].json()["loras"] == [
+        {"name": "film", "scale": 0.8},
+        {"name": "noir"},
+        {"name": "ink", "scale": -0.5},
+    ]
+    assert lora("https://cdn.example/a.safetensors") == {"url": "https://cdn.example/a.safetensors"}
+    with pytest.raises(ValueError, match="must be a number"):
+        lora("film:strong")
+    info = ModelInfo.from_json(
+        {"id": "local/sdxl", "choices": {"loras": [{"name": "film", "scale": 1.0}]}}
+    )
+    assert info.loras == [{"name": "film", "scale": 1.0}]
+    assert ModelInfo.from_json({"id": "genhook/image-edit"}).loras == []
 
 
 def test_400_maps_to_invalid_request_with_field_errors(api, client):
@@ -530,6 +551,28 @@ def test_cli_submit_sends_files_and_fields(api, tmp_path):
     assert body["images"][0].startswith("data:image/png;base64,")
     assert body["images"][1] == "https://example.test/b.png"
     assert body["thinking"] == "disabled" and body["enable_base64_output"] is True
+
+
+def test_cli_submit_loras(api):
+    api.reply(Reply(body=prediction()))
+    out = cli(
+        api,
+        "submit",
+        "--kind",
+        "image",
+        "-m",
+        "local/sdxl",
+        "-p",
+        "a cat",
+        "--lora",
+        "film:0.8",
+        "--lora",
+        "noir",
+    )
+    assert out.exit_code == 0, out.output
+    assert api.seen[0].json()["loras"] == [{"name": "film", "scale": 0.8}, {"name": "noir"}]
+    out = cli(api, "submit", "--kind", "image", "-p", "a cat", "--lora", "film:lots")
+    assert out.exit_code == 2 and "--lora" in out.output and len(api.seen) == 1
 
 
 def test_cli_submit_wait_exit_codes(api):

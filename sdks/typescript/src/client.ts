@@ -8,8 +8,10 @@
 import { APIConnectionError, GenhookError, WaitTimeout, errorFromResponse, isObject } from "./errors.js";
 import {
   isDone,
+  lora,
   type JwkSet,
   type Kind,
+  type LoraChoice,
   type ModelInfo,
   type Prediction,
   type TaskEvent,
@@ -284,8 +286,11 @@ export class GenhookClient {
     return data as unknown as Prediction;
   }
 
-  /** Submit a task to any model. `fields` is the model's request body without `model`. */
+  /** Submit a task to any model. `fields` is the model's request body without `model`;
+   * its `loras` may list `"NAME:SCALE"` strings (see `lora`). */
   async submit(model: string, fields: Record<string, unknown>, options: SubmitOptions = {}): Promise<Prediction> {
+    const loras = fields["loras"];
+    if (Array.isArray(loras)) fields = { ...fields, loras: loras.map((item) => lora(item as string | LoraChoice)) };
     const headers: Record<string, string> = {};
     if (options.idempotencyKey !== undefined) headers["Idempotency-Key"] = options.idempotencyKey;
     if (options.startDeadline !== undefined) headers["X-Start-Deadline"] = String(options.startDeadline);

@@ -94,6 +94,43 @@ export interface ModelInfo {
   readonly request_schema: Readonly<Record<string, unknown>>;
   readonly pricing: Readonly<Record<string, unknown>>;
   readonly deadline_seconds: number;
+  /** Named choices of request fields with what each is: voices, styles, a local model's `loras`. */
+  readonly choices?: Readonly<Record<string, unknown>> | null;
+}
+
+/** A request's LoRA adapter (local models): one the model offers by `name`, or a `url`
+ * where the service allows them; `scale` unset takes the adapter's own. */
+export interface LoraChoice {
+  readonly name?: string;
+  readonly url?: string;
+  readonly scale?: number;
+}
+
+/** One adapter a local model offers, as its catalogue entry's `choices.loras` lists it. */
+export interface LoraOption {
+  readonly name: string;
+  readonly description: string;
+  readonly scale: number;
+  readonly price_usd: string;
+}
+
+/** A LoRA adapter from `NAME`, `NAME:SCALE` (`film:0.8`) or an https URL; an object is kept. */
+export function lora(choice: string | LoraChoice): LoraChoice {
+  if (typeof choice !== "string") return choice;
+  if (/^https?:\/\//.test(choice)) return { url: choice };
+  const colon = choice.lastIndexOf(":");
+  if (colon < 0) return { name: choice };
+  const scale = Number(choice.slice(colon + 1));
+  if (choice.slice(colon + 1).trim() === "" || !Number.isFinite(scale)) {
+    throw new TypeError(`LoRA ${JSON.stringify(choice)}: the scale after ':' must be a number`);
+  }
+  return { name: choice.slice(0, colon), scale };
+}
+
+/** The LoRA adapters a model offers (none for a model without any). */
+export function loraOptions(model: ModelInfo): LoraOption[] {
+  const offered = model.choices?.["loras"];
+  return Array.isArray(offered) ? (offered as LoraOption[]) : [];
 }
 
 export interface UsageItem {

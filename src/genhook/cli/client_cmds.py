@@ -32,6 +32,7 @@ from genhook.client import (
     Prediction,
     WaitTimeout,
     WebhookVerifier,
+    lora,
 )
 from genhook.client._client import Kind
 from genhook.client._credentials import local_credentials
@@ -307,6 +308,12 @@ def submit(
         None, "--output-format", help="The model's format, e.g. jpeg, png, mp3, wav."
     ),
     webhook_url: str | None = typer.Option(None, "--webhook-url", help="https callback URL."),
+    loras: list[str] = typer.Option(
+        [],
+        "--lora",
+        help="A local model's LoRA adapter, NAME or NAME:SCALE (film:0.8), or a URL where "
+        "the service allows them; repeat for several.",
+    ),
     field: list[str] = typer.Option(
         [],
         "--field",
@@ -346,6 +353,11 @@ def submit(
             fields[name] = value
     if webhook_url is not None:
         fields["webhook_url"] = webhook_url
+    if loras:
+        try:
+            fields["loras"] = [lora(item) for item in loras]
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--lora") from None
     fields.update(_parse_field(item) for item in field)
     with open_client(api_key, base_url) as client:
         created = client.submit(

@@ -26,6 +26,7 @@ from genhook.client._models import (
     TaskPage,
     Usage,
     UsageItem,
+    lora,
 )
 from genhook.client._sse import SSEDecoder
 from genhook.client._starlette import verify_request, webhook_dependency
@@ -84,6 +85,7 @@ __all__ = [
     "WebhookVerificationError",
     "WebhookVerifier",
     "data_url",
+    "lora",
     "parse_jwks",
     "standard_secret",
     "verify_request",

@@ -22,7 +22,15 @@ from genhook import __version__
 from genhook.client._credentials import DEFAULT_BASE_URL, local_credentials
 from genhook.client._errors import APIConnectionError, WaitTimeout, error_from_response
 from genhook.client._images import ImageInput, image_items, media_fields
-from genhook.client._models import ModelInfo, Prediction, TaskEvent, TaskPage, Usage, model_list
+from genhook.client._models import (
+    ModelInfo,
+    Prediction,
+    TaskEvent,
+    TaskPage,
+    Usage,
+    lora,
+    model_list,
+)
 from genhook.client._sse import SSEDecoder
 from genhook.retry import backoff_delay, parse_retry_after
 
@@ -295,7 +303,8 @@ class Client(_Core):
         start_deadline: float | None = None,
         **fields: Any,
     ) -> Prediction:
-        """Submit any model's task; ``fields`` are its request body beside ``model``.
+        """Submit any model's task; ``fields`` are its request body beside ``model``
+        (``loras`` may list ``"NAME:SCALE"`` strings, see ``genhook.client.lora``).
 
         With ``idempotency_key`` a retry can never create a second task, so the submit is
         retried like a read; ``start_deadline`` (seconds) ends it ``timeout`` if it has not
@@ -304,7 +313,7 @@ class Client(_Core):
         ``audio``, ``video``...) takes local files as ``edit()`` does: a ``Path``, an existing
         file's path as a string, bytes or a PIL image, sent as a data URL.
         """
-        body = {"model": model, **media_fields(fields)}
+        body = {"model": model, **media_fields(_with_loras(fields))}
         headers, timeout = self._wait_options(wait)
         return self._prediction(
             self._request(
@@ -528,7 +537,7 @@ class AsyncClient(_Core):
         **fields: Any,
     ) -> Prediction:
         # Reading and encoding files is blocking work; keep it off the event loop.
-        body = {"model": model, **await asyncio.to_thread(media_fields, fields)}
+        body = {"model": model, **await asyncio.to_thread(media_fields, _with_loras(fields))}
         headers, timeout = self._wait_options(wait)
         return self._prediction(
             await self._request(
@@ -674,3 +683,11 @@ class AsyncClient(_Core):
     async def jwks(self) -> dict[str, Any]:
         data = await self._request("GET", "/api/v1/webhooks/jwks.json", idempotent=True, auth=False)
         return data if isinstance(data, dict) else {"keys": []}
+
+
+def _with_loras(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with a ``loras`` list's ``"NAME:SCALE"`` strings as the request's objects."""
+    loras = fields.get("loras")
+    if isinstance(loras, list | tuple):
+        return {**fields, "loras": [lora(item) for item in loras]}
+    return fields

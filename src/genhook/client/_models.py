@@ -338,10 +338,34 @@ class ModelInfo:
         )
 
     @property
+    def loras(self) -> list[dict[str, Any]]:
+        """The LoRA adapters a local model offers (``choices.loras``): name, description,
+        default scale and price; pass them as ``loras=["film:0.8"]``."""
+        offered = self.choices.get("loras")
+        return [c for c in offered if isinstance(c, dict)] if isinstance(offered, list) else []
+
+    @property
     def fields(self) -> list[str]:
         """The request fields the model takes, in schema order."""
         properties = self.request_schema.get("properties")
         return list(properties) if isinstance(properties, dict) else []
+
+
+def lora(choice: str | dict[str, Any]) -> dict[str, Any]:
+    """A request's LoRA adapter from ``NAME``, ``NAME:SCALE`` (``film:0.8``) or an
+    ``https://`` URL (where the service allows them), or a ready ``{"name", "scale"}``
+    object, passed on as is; ``ValueError`` for a scale that is not a number."""
+    if isinstance(choice, dict):
+        return choice
+    if choice.startswith(("https://", "http://")):
+        return {"url": choice}
+    name, colon, scale = choice.rpartition(":")
+    if not colon:
+        return {"name": choice}
+    try:
+        return {"name": name, "scale": float(scale)}
+    except ValueError:
+        raise ValueError(f"LoRA {choice!r}: the scale after ':' must be a number") from None
 
 
 def model_list(data: Any) -> list[ModelInfo]:

@@ -297,7 +297,19 @@ def form_fields(schema: dict[str, Any]) -> list[dict[str, Any]]:
         declared = node.get("contentMediaType") or items.get("contentMediaType")
         if declared:
             media = "*/*" if declared == "application/octet-stream" else declared
-        if media and (kind == "string" or items.get("type") == "string"):
+        adapters = _resolve(schema, items.get("properties", {}).get("name", {}))
+        if kind == "array" and "enum" in adapters:
+            # Named choices with a scale each (a local model's LoRA adapters): one number per
+            # name, left blank for a choice not used.
+            scale = _resolve(schema, items.get("properties", {}).get("scale", {}))
+            field.update(
+                control="scales",
+                options=adapters["enum"],
+                min=scale.get("minimum"),
+                max=scale.get("maximum"),
+                max_items=node.get("maxItems"),
+            )
+        elif media and (kind == "string" or items.get("type") == "string"):
             field.update(
                 control="file",
                 accept="" if media == "*/*" else media,
@@ -348,6 +360,18 @@ async def build_body(model: dict[str, Any], form: FormData) -> dict[str, Any]:
             values += [line.strip() for line in typed.splitlines() if line.strip()]
             if values:
                 body[name] = values if field["multiple"] else values[0]
+            continue
+        if control == "scales":
+            chosen: list[dict[str, Any]] = []
+            for option in field["options"]:
+                typed = str(form.get(f"{name}__{option}") or "").strip()
+                if typed:
+                    try:
+                        chosen.append({"name": option, "scale": float(typed)})
+                    except ValueError:
+                        chosen.append({"name": option, "scale": typed})  # the API names it
+            if chosen:
+                body[name] = chosen
             continue
         value = form.get(name)
         if control == "checkbox":

@@ -32,6 +32,7 @@ async def fetch_input_image(
     max_bytes: int,
     timeout: float,
     ssl_context: ssl.SSLContext | None = None,
+    accept: str = "image/*",
 ) -> bytes:
     """The bytes at ``url``; raises ``TaskFailure`` with an ``INPUT_*`` code otherwise."""
     client_timeout = aiohttp.ClientTimeout(total=timeout, connect=min(timeout, 10.0))
@@ -46,7 +47,7 @@ async def fetch_input_image(
                 if target.ip is not None:
                     await policy.check_target(target)
                 async with session.get(
-                    target.url, allow_redirects=False, headers={"Accept": "image/*"}
+                    target.url, allow_redirects=False, headers={"Accept": accept}
                 ) as response:
                     if response.status in _REDIRECTS:
                         location = response.headers.get("Location")

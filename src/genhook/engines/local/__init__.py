@@ -4,6 +4,9 @@ See ``docs/engines/local-models.md``. The configuration and wire schemas import 
 the engine (torch, diffusers) loads only in a worker that runs one of these models.
 """
 
+from collections.abc import Mapping
+from typing import Any
+
 from genhook.engines.local._config import (
     FAMILIES,
     LocalModel,
@@ -27,16 +30,44 @@ def resident_models() -> frozenset[str]:
     return HOST.loaded if HOST.pid() is not None else frozenset()  # it may have died idle
 
 
+def resident_adapters() -> dict[str, frozenset[str]]:
+    """Per local model, the names of its entry's LoRA adapters this worker's model process
+    holds loaded (adapters by URL are not counted: a task names them by URL, not by file)."""
+    from genhook.engines.local._host import HOST
+
+    if HOST.pid() is None:
+        return {}
+    held = {
+        model: frozenset(n.removeprefix("entry_") for n in names if n.startswith("entry_"))
+        for model, names in HOST.adapters.items()
+    }
+    return {model: names for model, names in held.items() if names}
+
+
+def adapters_resident(model: str, params: Mapping[str, Any]) -> int:
+    """How many of the adapters a task of ``model`` names (its stored request's ``loras``)
+    this process holds loaded: with the model loaded, the worker that holds more of them
+    starts the task sooner (an adapter not loaded costs a load before the call)."""
+    wanted = {
+        choice.get("name")
+        for choice in params.get("loras") or ()
+        if isinstance(choice, Mapping) and choice.get("scale") != 0
+    }
+    return len(wanted & resident_adapters().get(model, frozenset()))
+
+
 __all__ = [
     "FAMILIES",
     "LocalEditRequest",
     "LocalModel",
     "LocalTextRequest",
     "LocalVideoRequest",
+    "adapters_resident",
     "check_device",
     "check_directory",
     "load_local_models",
     "local_spec",
     "register_local_models",
+    "resident_adapters",
     "resident_models",
 ]

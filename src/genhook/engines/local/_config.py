@@ -46,6 +46,26 @@ _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # LTX-Video makes 8k+1 frames.
 _FRAME_STEP = 8
+# LoRA adapters (docs/engines/local-models.md#lora-adapters): at most this many per request,
+# each scale within plus or minus this bound; diffusers' standard file in an adapter's folder.
+MAX_LORAS = 4
+MAX_LORA_SCALE = 2.0
+LORA_FILE = "pytorch_lora_weights.safetensors"
+LORA_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+
+
+class LoraEntry(BaseModel):
+    """One LoRA adapter an entry offers: a ``.safetensors`` file, or a folder holding
+    diffusers' standard ``pytorch_lora_weights.safetensors``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Path
+    # The scale a request that names the adapter without one gets.
+    scale: float = Field(default=1.0, ge=-MAX_LORA_SCALE, le=MAX_LORA_SCALE)
+    description: str = ""
+    # Added to the task's price for each task that uses the adapter (a usage line of its own).
+    price_usd: Decimal = Field(default=Decimal("0"), ge=0)
 
 
 class LocalModel(BaseModel):
@@ -84,6 +104,12 @@ class LocalModel(BaseModel):
     # call takes at most, and how long a worker holding fewer waits for more.
     max_batch_size: int = Field(default=1, ge=1, le=64)
     max_wait_ms: int = Field(default=0, ge=0, le=60_000)
+    # LoRA adapters a request may name, by name; how many the model process keeps loaded
+    # beside the pipeline (least recently used unloaded first); the price of an adapter a
+    # request gives by URL (when GENHOOK_LOCAL_MODELS_LORA_URLS allows that).
+    loras: dict[str, LoraEntry] = Field(default_factory=dict)
+    max_loaded_loras: int = Field(default=16, ge=1, le=256)
+    lora_url_price_usd: Decimal = Field(default=Decimal("0"), ge=0)
 
     @field_validator("pipeline")
     @classmethod
@@ -104,6 +130,17 @@ class LocalModel(BaseModel):
         for size in value:
             if size not in ALLOWED_SIZES:
                 raise ValueError(f"size {size!r} is not one of: {', '.join(ALLOWED_SIZES)}")
+        return value
+
+    @field_validator("loras")
+    @classmethod
+    def _lora_names(cls, value: dict[str, LoraEntry]) -> dict[str, LoraEntry]:
+        for name in value:
+            if not re.match(LORA_NAME, name):
+                raise ValueError(
+                    f"LoRA name {name!r} must be 1-64 letters, digits, '_' or '-' "
+                    "(starting with a letter or digit)"
+                )
         return value
 
     @field_validator("generate_size")
@@ -178,6 +215,11 @@ def load_local_models(settings: Settings) -> list[LocalModel]:
             check_directory(model.path, model.pipeline, model.variant)
         except ValueError as exc:
             raise ValueError(f"{name}: {exc}") from None
+        for adapter, lora in model.loras.items():
+            try:
+                lora_file(lora.path)
+            except ValueError as exc:
+                raise ValueError(f"{name}, LoRA {adapter!r}: {exc}") from None
         models.append(model)
     return models
 
@@ -227,6 +269,26 @@ def check_directory(path: Path, pipeline: str, variant: str | None = None) -> li
             read_header(file)
         weights.extend(found)
     return weights
+
+
+def lora_file(path: Path) -> Path:
+    """The safetensors file of a LoRA adapter at ``path`` (the file itself, or diffusers'
+    standard file in a folder), its header read; refused, naming the file, otherwise (a
+    pickle is never loaded)."""
+    if path.is_dir():
+        file = path / LORA_FILE
+        if not file.is_file():
+            pickled = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+            why = f" (only pickle weights: {', '.join(pickled)})" if pickled else ""
+            raise ValueError(f"{file} does not exist{why}")
+    elif path.suffix != ".safetensors":
+        raise ValueError(f"{path} is not a .safetensors file nor a folder holding {LORA_FILE}")
+    elif not path.is_file():
+        raise ValueError(f"{path} does not exist")
+    else:
+        file = path
+    read_header(file)
+    return file
 
 
 # A weights file's name: its base, then ``.variant``, then ``-00001-of-00003`` when sharded.

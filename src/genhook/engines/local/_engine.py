@@ -31,10 +31,16 @@ from PIL import ExifTags, Image
 from genhook.config import Settings
 from genhook.engines.base import STOPPED_EARLY, EngineJob, EngineOutput, EngineResult
 from genhook.engines.local import _host
-from genhook.engines.local._config import LocalModel
+from genhook.engines.local._config import LocalModel, lora_file
 from genhook.engines.local._host import HOST, CallClock, ModelProcessExited, OutOfMemory, Stopped
-from genhook.engines.local._residency import DeviceUnavailable, ModelTooLarge
-from genhook.engines.local._spec import _SCHEMAS, output_dimensions
+from genhook.engines.local._lora_urls import LoraCache
+from genhook.engines.local._residency import (
+    Adapter,
+    AdapterUnfit,
+    DeviceUnavailable,
+    ModelTooLarge,
+)
+from genhook.engines.local._spec import _SCHEMAS, output_dimensions, request_loras
 from genhook.engines.media import output as _output
 from genhook.engines.media.compose import side_by_side
 from genhook.engines.media.decode import DecodedImage, decode_image
@@ -82,6 +88,8 @@ class _Prepared:
     image: Image.Image | None
     seed: int
     size: tuple[int, int]
+    # The LoRA adapters of the call, in the request's order, those of scale 0 left out.
+    adapters: tuple[Adapter, ...] = ()
 
 
 class DiffusersEngine(DetectorEngine):
@@ -95,6 +103,8 @@ class DiffusersEngine(DetectorEngine):
         self._threads = settings.local_models_cpu_threads or shared_threads(settings)
         self._device: str | None = None
         self._clock = CallClock()
+        # Adapters by URL (when the operator allows them), fetched and kept on disk.
+        self.lora_cache = LoraCache(settings) if settings.local_models_lora_urls else None
 
     def load(self) -> None:
         self.pipeline()
@@ -122,6 +132,8 @@ class DiffusersEngine(DetectorEngine):
             raise TaskFailure(ErrorCode.MODEL_PROCESS_DIED, str(exc)) from None
         except DeviceUnavailable as exc:
             raise TaskFailure(ErrorCode.ENGINE_ERROR, str(exc)) from None
+        except AdapterUnfit as exc:
+            raise TaskFailure(ErrorCode.INSTRUCTION_INVALID, str(exc)) from None
 
     def _run(self, job: EngineJob) -> EngineResult:
         (result,) = self.generate([job])
@@ -143,7 +155,8 @@ class DiffusersEngine(DetectorEngine):
 
     def batch_key(self, job: EngineJob) -> Hashable:
         """Jobs share a call when they share its shape: output size, steps and guidance
-        (and a video's duration and frame rate); prompts, images and seeds may differ."""
+        (and a video's duration and frame rate) and the LoRA adapters with their scales, so
+        a call never mixes adapters; prompts, images and seeds may differ."""
         request: Any = job.request_as(_SCHEMAS[self.model.family.task])
         steps = request.num_inference_steps or self.model.steps
         video: tuple[Any, ...] = ()
@@ -152,7 +165,25 @@ class DiffusersEngine(DetectorEngine):
             video = (request.duration, request.fps)
             if request.aspect_ratio is None and job.images:
                 first = _oriented_size(job.images[0])
-        return (output_dimensions(request, first), steps, request.guidance_scale, *video)
+        shape = (output_dimensions(request, first), steps, request.guidance_scale, *video)
+        return (*shape, self._adapter_key(request))
+
+    def _adapter_key(self, request: Any) -> tuple[tuple[str, str, float], ...]:
+        """A request's adapters as the call applies them: by name or URL, with the scale the
+        call uses, those of scale 0 (no effect) left out."""
+        key = []
+        for choice in request_loras(request):
+            scale = self._scale(choice)
+            if scale != 0:
+                source = ("name", choice.name) if choice.name else ("url", choice.url or "")
+                key.append((*source, scale))
+        return tuple(key)
+
+    def _scale(self, choice: Any) -> float:
+        if choice.scale is not None:
+            return float(choice.scale)
+        entry = self.model.loras.get(choice.name) if choice.name else None
+        return entry.scale if entry is not None else 1.0
 
     def run_batch(self, jobs: Sequence[EngineJob]) -> list[EngineResult | TaskFailure]:
         """One pipeline call for the jobs that decode and pass moderation; a job that does
@@ -187,6 +218,8 @@ class DiffusersEngine(DetectorEngine):
             shape = (item.request.num_inference_steps or self.model.steps, item.size)
             if shape != (steps, size) or item.request.guidance_scale != first.guidance_scale:
                 raise ValueError("jobs of one pipeline call must share size, steps and guidance")
+            if item.adapters != prepared[0].adapters:
+                raise ValueError("jobs of one pipeline call must share their LoRA adapters")
         generate = self.model.generate_dimensions(size)
         arguments = self._arguments(prepared, generate, steps, guidance)
         jobs = [item.job for item in prepared]
@@ -212,6 +245,7 @@ class DiffusersEngine(DetectorEngine):
                 seeds,
                 self._threads,
                 generate,
+                prepared[0].adapters,
                 on_step=on_step,
                 stop=given_up,
                 clock=self._clock,
@@ -226,6 +260,14 @@ class DiffusersEngine(DetectorEngine):
             "size": f"{size[0]}*{size[1]}",
             "seconds": round(seconds, 3),
         }
+        loras = [
+            {"name": c.name, "scale": self._scale(c)}
+            if c.name
+            else {"url": c.url, "scale": self._scale(c)}
+            for c in request_loras(first)
+        ]
+        if loras:
+            info["loras"] = loras
         if self.model.family.task == "video":
             videos = [(item, np.asarray(pictures[index])) for index, item in enumerate(prepared)]
             return _each(lambda pair: self._video(*pair, info), videos)
@@ -250,7 +292,41 @@ class DiffusersEngine(DetectorEngine):
             first = decoded[0].image.size
         seed = request.seed if request.seed is not None else secrets.randbelow(2**32)
         size = output_dimensions(request, first)
-        return _Prepared(job, request, request.prompt, image, seed, size)
+        adapters = self._adapters(request)
+        return _Prepared(job, request, request.prompt, image, seed, size, adapters)
+
+    def _adapters(self, request: Any) -> tuple[Adapter, ...]:
+        """The request's adapters as files: an entry's (checked again: it may have changed
+        since the start), or one fetched by URL into the cache."""
+        adapters = []
+        for choice in request_loras(request):
+            scale = self._scale(choice)
+            if scale == 0:
+                continue
+            if choice.name is not None:
+                entry = self.model.loras.get(choice.name)
+                if entry is None:  # the entry changed since the task was submitted
+                    raise TaskFailure(
+                        ErrorCode.INSTRUCTION_INVALID,
+                        f"local model {self.model.id!r} has no LoRA adapter {choice.name!r}",
+                    )
+                try:
+                    file = lora_file(entry.path)
+                except ValueError as exc:
+                    raise TaskFailure(
+                        ErrorCode.ENGINE_ERROR,
+                        f"local model {self.model.id!r}, LoRA {choice.name!r}: {exc}",
+                    ) from None
+                adapters.append(Adapter(f"entry_{choice.name}", file, scale))
+            else:
+                if self.lora_cache is None or choice.url is None:
+                    raise TaskFailure(
+                        ErrorCode.INSTRUCTION_INVALID,
+                        "LoRA adapters by URL are not enabled on this service",
+                    )
+                file = self.lora_cache.file(choice.url)
+                adapters.append(Adapter(f"url_{file.stem[:16]}", file, scale))
+        return tuple(adapters)
 
     def _decode(self, data: bytes, number: int) -> DecodedImage:
         settings = self._settings

@@ -28,13 +28,13 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
 from genhook.config import Settings
 from genhook.engines.local._config import LocalModel
-from genhook.engines.local._residency import RESIDENCY, free_memory
+from genhook.engines.local._residency import RESIDENCY, Adapter, free_memory
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +113,10 @@ class Host:
         self._stop: Any = None  # a shared c_bool: stop after this step
         # The write end of the pipe the model process watches (``_die_with_parent``).
         self._lifeline: Connection | None = None
-        # The models loaded there, as of the last reply: what the worker's claim reads for
-        # affinity, without asking the process.
+        # The models loaded there, and the LoRA adapters of each, as of the last reply: what
+        # the worker's claim reads for affinity, without asking the process.
         self.loaded: frozenset[str] = frozenset()
+        self.adapters: dict[str, frozenset[str]] = {}
 
     def run(
         self,
@@ -146,7 +147,7 @@ class Host:
                             flag.value = True
                         continue
                     try:
-                        kind, value, loaded = channel.recv()
+                        kind, value, held = channel.recv()
                     except (EOFError, OSError):
                         raise self._exited() from None
                     if kind in ("call", "step"):
@@ -157,7 +158,7 @@ class Host:
                             flag.value = True
                         continue
                     replied = True
-                    self.loaded = loaded
+                    self.loaded, self.adapters = held
                     if kind == "error":
                         raise value
                     return value
@@ -224,7 +225,7 @@ class Host:
         if self._lifeline is not None:
             self._lifeline.close()
             self._lifeline = None
-        self.loaded = frozenset()
+        self.loaded, self.adapters = frozenset(), {}
         log.error("model process %s %s; it starts again on the next task", process.pid, _how(code))
         return ModelProcessExited(f"the model process {_how(code)} during the call")
 
@@ -277,10 +278,11 @@ def _answer(channel: Connection, function: Callable[..., Any], args: tuple[Any, 
         reply: tuple[str, Any] = ("done", function(*args))
     except Exception as exc:
         reply = ("error", _portable(exc))
+    held = (RESIDENCY.loaded(), RESIDENCY.adapters())
     try:
-        channel.send((*reply, RESIDENCY.loaded()))
+        channel.send((*reply, held))
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
-        channel.send(("error", _portable(exc), RESIDENCY.loaded()))
+        channel.send(("error", _portable(exc), held))
 
 
 def _die_with_parent(parent: int, lifeline: Connection) -> None:
@@ -345,12 +347,13 @@ def generate(
     seeds: list[int],
     threads: int,
     dimensions: tuple[int, int],
+    adapters: Sequence[Adapter] = (),
 ) -> tuple[Any, float]:
-    """One pipeline call (generating ``dimensions``): its pictures (or a video's frames)
-    and its seconds."""
+    """One pipeline call (generating ``dimensions``) with exactly ``adapters`` active: its
+    pictures (or a video's frames) and its seconds."""
     import torch
 
-    pipe = _pipeline(model, settings)
+    pipe = _pipeline(model, settings, adapters)
     assert _channel is not None and _stop is not None
     if _stop.value:  # given up while the model loaded
         raise Stopped
@@ -389,11 +392,11 @@ def _exhausted(error: RuntimeError) -> bool:
     return isinstance(error, torch.OutOfMemoryError) or "can't allocate memory" in str(error)
 
 
-def _pipeline(model: LocalModel, settings: Settings) -> Any:
+def _pipeline(model: LocalModel, settings: Settings, adapters: Sequence[Adapter] = ()) -> Any:
 
     # Out of memory is handled after the error is gone: its frames hold the half-loaded weights.
     try:
-        return RESIDENCY.pipeline(model, settings)
+        return RESIDENCY.activate(model, settings, adapters)
     except RuntimeError as error:
         if not _exhausted(error):
             raise
