@@ -20,10 +20,10 @@ pytest.importorskip("peft")
 from PIL import Image
 
 from genhook.config import Settings
-from genhook.engines.media import output as _output
 from genhook.engines.local import adapters_resident, load_local_models, resident_adapters
 from genhook.engines.local._config import weight_bytes
 from genhook.engines.local._host import HOST
+from genhook.engines.media import output as _output
 from genhook.errors import ErrorCode
 from tests.integration.test_local_models import (
     body,
