@@ -33,6 +33,11 @@ ARBITRARY_SIZE = 384
 STYLE_VECTOR_SIZE = 256
 # The smallest side the networks are fed; smaller pictures are scaled up to it first.
 MIN_SIDE = 32
+# Looks that leave nothing of the picture on their own (mosaic paints the same tiles over
+# any photo: 0.07 edge SSIM against the input, where every other look keeps 0.19 or more)
+# keep this share of the input's brightness, so the content stays recognisable under the
+# look's colours and tiles (0.31 with it).
+KEEP_BRIGHTNESS = {"mosaic": 0.5}
 
 
 def model_dir() -> Path:
@@ -86,6 +91,9 @@ class Stylizer:
             0
         ]
         result = _to_image(np.asarray(out)[0].transpose(1, 2, 0)[:height, :width])
+        keep = KEEP_BRIGHTNESS.get(style)
+        if keep is not None:
+            result = _keep_brightness(result, work, keep)
         return result if result.size == image.size else result.resize(image.size)
 
     def style_vector(self, style: Image.Image) -> np.ndarray:
@@ -116,6 +124,15 @@ class Stylizer:
         out = session.run(None, {content: array[np.newaxis], vector_name: vector})[0]
         result = _to_image(np.asarray(out)[0][:height, :width])
         return result.resize(image.size, Image.Resampling.BICUBIC)
+
+
+def _keep_brightness(styled: Image.Image, source: Image.Image, share: float) -> Image.Image:
+    """``styled`` with ``share`` of its luma taken from ``source``: the look's colours and
+    texture stay, the picture's shapes show through."""
+    out = np.asarray(styled.convert("YCbCr"), dtype=np.float32).copy()
+    luma = np.asarray(source.convert("L"), dtype=np.float32)
+    out[..., 0] = (1.0 - share) * out[..., 0] + share * luma
+    return Image.fromarray(np.clip(out + 0.5, 0, 255).astype(np.uint8), "YCbCr").convert("RGB")
 
 
 def _at_least(image: Image.Image, side: int) -> Image.Image:
