@@ -436,10 +436,11 @@ async def test_the_task_page_reads_the_plan_and_shows_the_apis_own_answer(
     assert answered["outputs"] and answered["outputs"][0].startswith("http")
     for url in answered["outputs"]:
         assert json.dumps(url) in shown.replace("&#34;", '"').replace("&quot;", '"')
-    # The task list shows each task's model, state and cost beside its id.
+    # The task list shows each task's model, prompt, state and cost beside its id.
     usage = (await harness.client.get("/api/v1/usage", headers=harness.headers)).json()
     [charged] = [item for item in usage["items"] if item["task_id"] == task_id]
     listing = (await client.get("/console/tasks")).text
     row = next(line for line in listing.splitlines() if f"<code>{task_id}</code>" in line)
     assert "genhook/image-edit" in row and "completed" in row
     assert f'<td class="cost">{charged["amount_usd"]}</td>' in row
+    assert ">black and white, then add a red border</td>" in row

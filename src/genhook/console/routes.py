@@ -41,7 +41,7 @@ from genhook.console.session import (
 from genhook.errors import NotFound
 from genhook.statuses import DeliveryStatus
 from genhook.task_states import POLLED_STATUSES, is_terminal
-from genhook.tasks.store.reads import owned_task
+from genhook.tasks.store.reads import owned_task, task_prompts
 
 if TYPE_CHECKING:
     # Imported where used: httpx pulls its command line (rich, click, pygments) along,
@@ -512,6 +512,12 @@ async def tasks(request: Request) -> Response:
     error = None if response.status_code == 200 else _error_text(response)[0]
     page = response.json() if response.status_code == 200 else {"items": [], "next_cursor": None}
     models = await _models(request, key) or []
+    state = _console(request).state
+    account = await authenticate(state.db, f"Bearer {key}", state.auth_cache)
+    # What each task was asked for: the listing (the API's result shape) carries no input.
+    prompts = await task_prompts(
+        state.db, [item["id"] for item in page["items"]], account_id=None if every else account.id
+    )
     # What each task cost, from the account's usage (the listing itself carries no money).
     usage = await _api(request, "GET", "/api/v1/usage", key, params={"limit": "1000"})
     costs = (
@@ -525,6 +531,7 @@ async def tasks(request: Request) -> Response:
         key,
         items=page["items"],
         costs=costs,
+        prompts=prompts,
         next_cursor=page["next_cursor"],
         filters=params,
         every=every,

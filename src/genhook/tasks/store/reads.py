@@ -70,6 +70,32 @@ async def list_tasks(
         return list((await session.scalars(stmt)).all())
 
 
+# The request fields that say what a task was asked for, in the order a list shows the first.
+_ASKED_FOR = ("prompt", "text")
+
+
+async def task_prompts(
+    db: Database, task_ids: Sequence[str], *, account_id: str | None
+) -> dict[str, str]:
+    """What each listed task was asked for (its prompt, or the text to speak), for a list
+    that shows it beside the id; ``account_id=None`` reads any account's (admins)."""
+    if not task_ids:
+        return {}
+    stmt = select(Task.id, Task.params).where(Task.id.in_(list(task_ids)))
+    if account_id is not None:
+        stmt = stmt.where(Task.account_id == account_id)
+    async with db.read() as session:
+        rows = (await session.execute(stmt)).all()
+    prompts: dict[str, str] = {}
+    for task_id, params in rows:
+        for name in _ASKED_FOR:
+            value = params.get(name) if isinstance(params, dict) else None
+            if isinstance(value, str) and value:
+                prompts[task_id] = value
+                break
+    return prompts
+
+
 @dataclass(frozen=True)
 class UsagePage:
     total_micros: int
