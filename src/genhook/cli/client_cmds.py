@@ -38,8 +38,8 @@ from genhook.client._client import Kind
 from genhook.client._credentials import local_credentials
 from genhook.client._images import file_item, image_items, is_media_field, is_url
 from genhook.client._listen import Delivery, Listener
-from genhook.client._models import NO_EFFECT
 from genhook.media import CONTENT_TYPES, sniff_image_format
+from genhook.schema_marks import NO_EFFECT
 from genhook.statuses import TaskStatus
 from genhook.task_states import UNSUCCESSFUL
 

@@ -12,6 +12,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from genhook.client._errors import TaskFailed
+from genhook.schema_marks import NO_EFFECT as NO_EFFECT
 from genhook.statuses import TaskStatus
 from genhook.task_states import TERMINAL_STATUSES as TERMINAL_STATUSES
 from genhook.task_states import UNSUCCESSFUL
@@ -293,10 +294,6 @@ class TaskPage:
             next_cursor=_str_or_none(data.get("next_cursor")),
             raw=data,
         )
-
-
-# Marks a request-schema property a model accepts (the contract has it) but ignores.
-NO_EFFECT = "x-no-effect"
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,10 +21,10 @@ from pydantic import (
 )
 from pydantic.config import JsonDict
 
-from genhook.client._models import NO_EFFECT
 from genhook.data_urls import InlineData, decode_data_url, inline_data, is_data_url
 from genhook.media import ACCEPTED_FORMATS, sniff_image_format
 from genhook.net._urls import TargetRefused, parse_target
+from genhook.schema_marks import NO_EFFECT
 
 ALLOWED_SIZES: tuple[str, ...] = (
     "2048*2048",
