@@ -196,3 +196,74 @@ async def test_a_backlog_keeps_each_worker_on_its_model(
         await asyncio.gather(*runs)
         await h.client.aclose()
         await h.state.db.dispose()
+
+
+async def adapter_workers(
+    tmp_path: Path, database_url: str, **extra: Any
+) -> tuple[Harness, Worker, list[support.OneAdapterDevice]]:
+    """Two workers holding ``ADAPTER_MODEL`` loaded, the first with adapter ``film``, the
+    other with ``noir``."""
+    support.adapter_devices.clear()
+    settings = make_settings(
+        tmp_path,
+        database_url,
+        extra_engines=["tests.support.engines:register_adapter_model"],
+        **extra,
+    )
+    h = await make_harness(settings)
+    state = h.state
+    other = Worker(
+        settings, state.db, state.storage, build_registry(settings), state.policy, "w-other"
+    )
+    devices = list(support.adapter_devices)
+    devices[0].adapters, devices[1].adapters = frozenset({"film"}), frozenset({"noir"})
+    return h, other, devices
+
+
+def adapter_body(number: int, adapter: str) -> dict[str, Any]:
+    return {**body(number), "model": support.ADAPTER_MODEL, "loras": [{"name": adapter}]}
+
+
+async def test_among_a_held_models_tasks_each_worker_takes_its_adapters(
+    tmp_path: Path, database_url: str
+) -> None:
+    """Two workers hold one model, each with another adapter: of a backlog of both adapters'
+    tasks (the other's oldest), each takes the tasks of the adapter it holds and loads
+    none (oldest first, 3 loads: both take the noir tasks, then both the film tasks)."""
+    h, other, (first, second) = await adapter_workers(tmp_path, database_url)
+    try:
+        assert h.worker.registry.resident_adapters() == {support.ADAPTER_MODEL: {"film"}}
+        adapters = ["noir"] * 3 + ["film"] * 3
+        ids = [(await h.submit(adapter_body(n, a))).json()["id"] for n, a in enumerate(adapters)]
+        for _ in range(3):
+            assert await h.worker.run_once()
+            assert await other.run_once()
+        ended = [(await h.result(task_id))["status"] for task_id in ids]
+        assert ended == ["completed"] * len(ids)
+        assert (first.calls, second.calls) == (["film"] * 3, ["noir"] * 3)
+        assert first.loads + second.loads == 0
+    finally:
+        await other.close_engines()
+        await h.client.aclose()
+        await h.state.db.dispose()
+
+
+async def test_a_task_of_anothers_adapter_is_taken_once_overdue(
+    tmp_path: Path, database_url: str
+) -> None:
+    """Bounded: a task that has waited its affinity's bound is taken oldest first, whatever
+    adapters the worker holds."""
+    h, other, (first, _) = await adapter_workers(
+        tmp_path, database_url, local_models_affinity_seconds=0.01
+    )
+    try:
+        old = (await h.submit(adapter_body(0, "noir"))).json()["id"]
+        await asyncio.sleep(h.worker.affinity.overdue_ms() / 1000 + 0.2)
+        await h.submit(adapter_body(1, "film"))
+        assert await h.worker.run_once()
+        assert (await h.result(old))["status"] == "completed"
+        assert first.calls == ["noir"]
+    finally:
+        await other.close_engines()
+        await h.client.aclose()
+        await h.state.db.dispose()

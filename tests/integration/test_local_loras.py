@@ -122,8 +122,10 @@ async def test_an_adapter_is_applied_as_diffusers_applies_it_and_undone_exactly(
         assert picture(await run_task(h, body(MODEL, "text"))) == plain
         # No model load after the first: adapters switch, the base model stays.
         assert HOST.run(residency_counts) == counts
-        # The affinity hook: what this process holds, and how much of a task's it covers.
+        # The affinity hook: what this process holds (as the worker's claims read it through
+        # the registry), and how much of a task's it covers.
         assert resident_adapters() == {MODEL: frozenset({"film", "noir"})}
+        assert h.worker.registry.resident_adapters() == resident_adapters()
         assert adapters_resident(MODEL, {"loras": both}) == 2
         assert adapters_resident(MODEL, {"loras": [{"name": "ink"}]}) == 0
         # The usage line of the priced adapter.

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from PIL import Image
+from pydantic import BaseModel, ConfigDict, Field
 
 from genhook.config import Settings
 from genhook.engines.base import Engine, EngineJob, EngineOutput, EngineResult, ModelKind, ModelSpec
@@ -177,6 +178,74 @@ def register_resident_pair(registry: Registry) -> None:
             )
         )
     registry.add_residency(lambda: device.loaded)
+
+
+class AdapterChoice(BaseModel):
+    """One adapter a request names, as a local model's ``loras`` entry."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str
+    scale: float = 1.0
+
+
+class AdapterEditRequest(EditRequest):
+    """``EditRequest`` with the adapters of a local model's request (``loras``)."""
+
+    loras: list[AdapterChoice] = Field(default_factory=list)
+
+
+class OneAdapterDevice:
+    """A worker's model process with room for one adapter beside its model: a call naming
+    another adapter loads it in place of the one held (a load, counted)."""
+
+    def __init__(self) -> None:
+        self.adapters: frozenset[str] = frozenset()
+        self.loads = 0
+        self.calls: list[str] = []
+        self._lock = threading.Lock()
+
+    def call(self, names: frozenset[str]) -> None:
+        with self._lock:
+            if names - self.adapters:
+                self.loads += 1
+            self.adapters = names or self.adapters
+            self.calls.append(",".join(sorted(names)))
+
+
+class AdapterEngine(FakeEditEngine):
+    """``FakeEditEngine`` whose call needs the request's adapters on its ``OneAdapterDevice``."""
+
+    def __init__(self, device: OneAdapterDevice) -> None:
+        self.device = device
+
+    def run(self, job: EngineJob) -> EngineResult:
+        self.device.call(frozenset(choice["name"] for choice in job.params.get("loras", ())))
+        return self.render(job)
+
+
+ADAPTER_MODEL = "test/adapters"
+# Each registry built (one per worker under test) gets an adapter device of its own, in order.
+adapter_devices: list[OneAdapterDevice] = []
+
+
+def register_adapter_model(registry: Registry) -> None:
+    """A model with affinity, held loaded, whose engine reports its held adapters through the
+    registry's residency hook, as the local models' does."""
+    device = OneAdapterDevice()
+    adapter_devices.append(device)
+    registry.register(
+        dataclasses.replace(
+            FAKE_EDIT,
+            id=ADAPTER_MODEL,
+            affinity=True,
+            request_schema=AdapterEditRequest,
+            engine_factory=lambda _: AdapterEngine(device),
+        )
+    )
+    registry.add_residency(
+        lambda: frozenset({ADAPTER_MODEL}), adapters=lambda: {ADAPTER_MODEL: device.adapters}
+    )
 
 
 class CountingBatchEngine(FakeEditEngine):

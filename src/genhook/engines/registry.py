@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -35,17 +35,35 @@ class Registry:
     def __init__(self) -> None:
         self._specs: dict[str, ModelSpec] = {}
         self._residency: list[Callable[[], frozenset[str]]] = []
+        self._adapters: list[Callable[[], Mapping[str, frozenset[str]]]] = []
 
-    def add_residency(self, resident: Callable[[], frozenset[str]]) -> None:
+    def add_residency(
+        self,
+        resident: Callable[[], frozenset[str]],
+        adapters: Callable[[], Mapping[str, frozenset[str]]] | None = None,
+    ) -> None:
         """``resident()`` names the models whose weights this process holds loaded now: an
-        engine family with affinity (local models) says so for the worker's claims."""
+        engine family with affinity (local models) says so for the worker's claims.
+        ``adapters()``, where the family has adapters a request names (LoRAs), gives per
+        model the names of those held loaded too."""
         self._residency.append(resident)
+        if adapters is not None:
+            self._adapters.append(adapters)
 
     def resident(self) -> frozenset[str]:
         """The models this process holds loaded, as their engines say (affinity)."""
         held: frozenset[str] = frozenset()
         for resident in self._residency:
             held |= resident()
+        return held
+
+    def resident_adapters(self) -> dict[str, frozenset[str]]:
+        """Per model, the adapters this process holds loaded, as their engines say: among
+        a held model's tasks, those naming them are claimed first (affinity)."""
+        held: dict[str, frozenset[str]] = {}
+        for adapters in self._adapters:
+            for model, names in adapters().items():
+                held[model] = held.get(model, frozenset()) | names
         return held
 
     def register(self, spec: ModelSpec) -> None:

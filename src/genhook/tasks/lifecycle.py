@@ -67,10 +67,11 @@ __all__ = ["Completion", "Lifecycle"]
 MISSING_BATCH = 500
 
 
-# Affinity's terms of a claim: the models whose tasks go first, and how long a task waits
-# before it goes first whatever its model (``tasks/worker/affinity.py``).
-Preference = tuple[tuple[str, ...], int]
-NO_PREFERENCE: Preference = ((), 0)
+# Affinity's terms of a claim: the models whose tasks go first, how long a task waits before
+# it goes first whatever its model, and the (model, adapter) pairs held, whose tasks go first
+# among their model's (``tasks/worker/affinity.py``).
+Preference = tuple[tuple[str, ...], int, tuple[tuple[str, str], ...]]
+NO_PREFERENCE: Preference = ((), 0, ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,11 +183,19 @@ class Lifecycle:
             return None, False
         key = tuple(models)
         now = now_ms()
-        preferred, overdue_ms = affinity
+        preferred, overdue_ms, adapters = affinity
         params = claim_params(
-            key, worker_id, now, self._lease_ms, reserve_ms or {}, hold_ms, preferred, overdue_ms
+            key,
+            worker_id,
+            now,
+            self._lease_ms,
+            reserve_ms or {},
+            hold_ms,
+            preferred,
+            overdue_ms,
+            adapters,
         )
-        row = await tx.first(claim_one(key, preferred), params)
+        row = await tx.first(claim_one(key, preferred, len(adapters)), params)
         if row is None:
             return None, False
         (task,) = claimed([row])

@@ -295,6 +295,6 @@ def register_local_models(registry: Registry, settings: Settings) -> None:
     """Register every model of ``GENHOOK_LOCAL_MODELS`` and ``GENHOOK_LOCAL_MODELS_FILE``."""
     for model in load_local_models(settings):
         registry.register(local_spec(model, settings.local_models_lora_urls))
-    from genhook.engines.local import resident_models
+    from genhook.engines.local import resident_adapters, resident_models
 
-    registry.add_residency(resident_models)
+    registry.add_residency(resident_models, adapters=resident_adapters)

@@ -13,15 +13,18 @@ polling shows) from it, without reading the task again (``terminal.complete_in``
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from sqlalchemy import (
     BigInteger,
+    ColumnElement,
     Executable,
     Integer,
     Select,
     Table,
+    Text,
     Update,
     and_,
     bindparam,
@@ -32,6 +35,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.orm import configure_mappers
 from sqlalchemy.orm.attributes import instance_dict
 from sqlalchemy.orm.instrumentation import manager_of_class
@@ -175,20 +179,27 @@ def claimed(rows: Iterable[Mapping[str, Any]]) -> list[Task]:
 
 
 @functools.lru_cache(maxsize=256)
-def claim_one(models: tuple[str, ...], preferred: tuple[str, ...] = ()) -> Update:
+def claim_one(
+    models: tuple[str, ...], preferred: tuple[str, ...] = (), adapters: int = 0
+) -> Update:
     """Take the oldest runnable task of ``models``; built once per set of models, since
     building the statement costs more than running it.
 
     ``preferred`` (affinity: the models whose weights the worker holds) go first, oldest
-    first, unless a task became runnable before ``:overdue_before``: those go before all."""
+    first, unless a task became runnable before ``:overdue_before``: those go before all.
+    Among a preferred model's tasks, those naming more of the ``adapters`` the worker holds
+    (``:held_model_<i>`` and ``:held_name_<i>``, ``held_params``) go first."""
     order: list[Any] = [_tasks.c.available_at]
     if preferred:
+        overdue = _tasks.c.available_at <= bindparam("overdue_before", type_=BigInteger)
         first = case(
-            (_tasks.c.available_at <= bindparam("overdue_before", type_=BigInteger), 0),
+            (overdue, 0),
             (_tasks.c.model.in_([bindparam(f"preferred_{i}") for i in range(len(preferred))]), 1),
             else_=2,
         )
         order.insert(0, first)
+        if adapters:
+            order.insert(1, case((overdue, 0), else_=_adapters_held(adapters)).desc())
     candidate = (
         select(_tasks.c.id)
         .where(*_runnable(models))
@@ -198,6 +209,45 @@ def claim_one(models: tuple[str, ...], preferred: tuple[str, ...] = ()) -> Updat
         .scalar_subquery()
     )
     return _take(_tasks.c.id == candidate)
+
+
+# The escape character of ``held_params``' LIKE patterns (not a backslash: PostgreSQL and
+# SQLite read a backslash in a string literal differently).
+_LIKE_ESCAPE = "/"
+
+
+def _adapters_held(count: int) -> Any:
+    """How many of the worker's ``count`` held adapters a task names: its model is
+    ``:held_model_<i>`` and its stored request (the ``params`` JSON, as written) holds
+    ``"name": <:held_name_i>`` (a ``loras`` entry; a quoted string inside another value is
+    escaped there, so it cannot match)."""
+    params = sql_cast(_tasks.c.params, Text)
+    named: list[ColumnElement[Any]] = [
+        case(
+            (
+                and_(
+                    _tasks.c.model == bindparam(f"held_model_{i}"),
+                    params.like(bindparam(f"held_name_{i}"), escape=_LIKE_ESCAPE),
+                ),
+                1,
+            ),
+            else_=0,
+        )
+        for i in range(count)
+    ]
+    return functools.reduce(lambda total, term: total + term, named)
+
+
+def held_params(adapters: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """``claim_one``'s parameters for the held ``(model, adapter name)`` pairs."""
+    params: dict[str, str] = {}
+    for i, (model, name) in enumerate(adapters):
+        quoted = json.dumps(name)  # as the stored request writes it
+        for special in (_LIKE_ESCAPE, "%", "_"):
+            quoted = quoted.replace(special, _LIKE_ESCAPE + special)
+        params[f"held_model_{i}"] = model
+        params[f"held_name_{i}"] = f'%"name": {quoted}%'
+    return params
 
 
 @functools.lru_cache(maxsize=256)
@@ -250,12 +300,14 @@ def claim_params(
     hold: Mapping[str, int] | None = None,
     preferred: tuple[str, ...] = (),
     overdue_ms: int = 0,
+    adapters: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
     params = runnable_params(models, now, reserve, hold)
     params.update(owner=worker_id, lease_until=now + lease_ms)
     if preferred:
         params["overdue_before"] = now - overdue_ms
         params.update({f"preferred_{i}": model for i, model in enumerate(preferred)})
+        params.update(held_params(adapters))
     return params
 
 

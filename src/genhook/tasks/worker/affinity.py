@@ -6,7 +6,10 @@ process holds (``Registry.resident``). Each worker applies three rules at its cl
 
 1. **Its own first.** A model it holds has its tasks taken before any other model's, however
    old those are (until the bound below): a worker never unloads a model while tasks for it
-   wait, just because another model's task is older.
+   wait, just because another model's task is older. Among a held model's tasks, those that
+   name more of the adapters it holds (LoRAs: ``Registry.resident_adapters``) go first, then
+   the oldest: of two workers holding one model with different adapters, each takes the tasks
+   of its own adapters, and loads another's only when none of its own wait.
 2. **A switch waits for the cheaper worker.** A task of a model it lacks is taken only once
    the task has waited the *hold*: ``GENHOOK_LOCAL_MODELS_AFFINITY_SECONDS``, or twice the
    model's recent call time when that is longer (a worker that holds the model is busy for
@@ -14,8 +17,8 @@ process holds (``Registry.resident``). Each worker applies three rules at its cl
    affinity waits twice the hold, as its switch also unloads: so a task of a model no worker
    holds goes to a worker with nothing to unload when there is one.
 3. **Bounded.** A task that has waited ``OVERDUE_HOLDS`` holds is taken oldest first by any
-   worker, whatever it holds: no task waits longer than that bound plus the calls queued
-   before it.
+   worker, whatever it holds (model or adapters): no task waits longer than that bound plus
+   the calls queued before it.
 
 A wait of 0 turns affinity off: no hold and no preference.
 """
@@ -38,11 +41,13 @@ class Affinity:
         models: Iterable[str],
         resident: Callable[[], frozenset[str]],
         call_seconds: Mapping[str, Iterable[float]],
+        adapters: Callable[[], Mapping[str, frozenset[str]]] = dict,
     ) -> None:
         self._seconds = seconds  # read each time: tests and operators may change it live
         self.models = list(models)
         self.resident = resident
         self._calls = call_seconds
+        self._adapters = adapters
 
     def _base_ms(self) -> int:
         return int(self._seconds() * 1000) if self.models else 0
@@ -76,6 +81,12 @@ class Affinity:
             return ()
         resident = self.resident()
         return tuple(model for model in self.models if model in resident)
+
+    def held_adapters(self, preferred: Iterable[str]) -> tuple[tuple[str, str], ...]:
+        """The ``(model, adapter)`` pairs this process holds of the ``preferred`` models: a
+        task naming them goes first among its model's (rule 1)."""
+        held = self._adapters()
+        return tuple((model, name) for model in preferred for name in sorted(held.get(model, ())))
 
     def overdue_ms(self) -> int:
         """How long a task waits before its affinity ends (rule 3)."""

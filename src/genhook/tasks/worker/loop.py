@@ -138,13 +138,15 @@ class Worker(Services):
         # Models whose tasks go preferably to a worker that has their weights loaded: this
         # one takes such a task only after it waited its hold, unless it has them.
         self._affine = [spec.id for spec in self.registry if spec.affinity]
-        # What this process holds loaded, as the engines say (tests replace it).
+        # What this process holds loaded, as the engines say (tests replace it): models, and
+        # per model its adapters.
         self.resident: Callable[[], frozenset[str]] = self.registry.resident
         self.affinity = affinity.Affinity(
             lambda: self.settings.local_models_affinity_seconds,
             self._affine,
             lambda: self.resident(),
             self._run_seconds,
+            self.registry.resident_adapters,
         )
         # Set while storage refuses this worker's outputs: claims pause until a probe write
         # succeeds (a task claimed now could not be stored either).
@@ -235,9 +237,12 @@ class Worker(Services):
         return self.affinity.hold_ms()
 
     def preference(self) -> Preference:
-        """The models this worker takes first, and when a task's wait ends that (affinity)."""
+        """The models this worker takes first, when a task's wait ends that, and the adapters
+        whose tasks it takes first among their model's (affinity)."""
         preferred = self.affinity.preferred()
-        return (preferred, self.affinity.overdue_ms()) if preferred else NO_PREFERENCE
+        if not preferred:
+            return NO_PREFERENCE
+        return preferred, self.affinity.overdue_ms(), self.affinity.held_adapters(preferred)
 
     def idle_poll(self) -> float:
         """How long an idle worker waits before it looks again: the poll, or the hold while
