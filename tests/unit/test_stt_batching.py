@@ -47,13 +47,22 @@ def test_a_batch_transcribes_each_recording_on_its_own(recordings: list[bytes]) 
     engine.load()
     inputs = [recordings[0], silent_wav(), recordings[1], b"hello, this is text"]
     jobs = [
-        EngineJob(f"t{index}", STT, {"word_timestamps": True}, [data])
+        EngineJob(f"t{index}", STT, {"word_timestamps": True, "language": "en"}, [data])
         for index, data in enumerate(inputs)
     ]
     # The file that is not audio says no length: its key is its own.
     assert len({engine.batch_key(job) for job in jobs[:3]}) == 1
-    plain = EngineJob("p", STT, {"word_timestamps": False}, [recordings[1]])
+    plain = EngineJob("p", STT, {"word_timestamps": False, "language": "en"}, [recordings[1]])
     assert engine.batch_key(plain) != engine.batch_key(jobs[0])
+    # Another language is another model (Whisper base): never in tiny.en's call.
+    german = EngineJob("g", STT, {"word_timestamps": True, "language": "de"}, [recordings[0]])
+    french = EngineJob("f", STT, {"word_timestamps": True, "language": "fr"}, [recordings[0]])
+    assert len({engine.batch_key(job) for job in (jobs[0], german, french)}) == 3
+    # A recording whose language is to be detected runs alone: detection picks its model.
+    detected = [EngineJob(f"d{n}", STT, {}, [recordings[0]]) for n in range(2)]
+    auto = EngineJob("a", STT, {"language": "auto"}, [recordings[0]])
+    keys = {engine.batch_key(job) for job in (*detected, auto, jobs[0])}
+    assert len(keys) == 4
 
     first, silent, second, not_audio = engine.run_batch(jobs)
     assert isinstance(silent, TaskFailure) and silent.code == ErrorCode.INPUT_NO_SPEECH
@@ -96,7 +105,7 @@ def test_recordings_of_very_different_lengths_never_share_a_call(
     engine.load()
 
     def key(seconds: float) -> object:
-        job = EngineJob("t", STT, {}, [padded_wav(recordings[1], seconds)])
+        job = EngineJob("t", STT, {"language": "en"}, [padded_wav(recordings[1], seconds)])
         return engine.batch_key(job)
 
     assert key(2.8) == key(12.0) == key(29.0)
@@ -115,15 +124,18 @@ def test_one_pass_takes_at_most_the_audio_budget_and_skips_given_up_tasks(
     during the first pass is left out of the second."""
     engine = SpeechToTextEngine(Settings(workers=1, stt_max_batch_seconds=45.0))
     engine.load()
-    jobs = [EngineJob(f"t{n}", STT, {}, [padded_wav(recordings[1], 20.0)]) for n in range(4)]
+    jobs = [
+        EngineJob(f"t{n}", STT, {"language": "en"}, [padded_wav(recordings[1], 20.0)])
+        for n in range(4)
+    ]
     assert len({engine.batch_key(job) for job in jobs}) == 1
     transcribe = engine._transcribe_many
     passes: list[float] = []
 
-    def counted(audios: list[Any], request: Any) -> list[dict[str, Any]]:
+    def counted(audios: list[Any], request: Any, route: Any) -> list[dict[str, Any]]:
         passes.append(sum(audio.duration for audio in audios))
         jobs[3].stop.set()  # canceled while the first pass runs
-        return transcribe(audios, request)
+        return transcribe(audios, request, route)
 
     engine._transcribe_many = counted  # type: ignore[method-assign]
     results = engine.run_batch(jobs)

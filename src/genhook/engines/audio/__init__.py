@@ -16,7 +16,11 @@ from pydantic import BaseModel
 
 from genhook.config import Settings
 from genhook.engines.audio._formats import sniff_audio_format
-from genhook.engines.audio._requests import SpeechToTextRequest, TextToSpeechRequest
+from genhook.engines.audio._requests import (
+    STT_LANGUAGES,
+    SpeechToTextRequest,
+    TextToSpeechRequest,
+)
 from genhook.engines.audio._voices import catalogue
 from genhook.engines.base import Charge, Engine, ModelKind, ModelSpec
 
@@ -95,8 +99,9 @@ STT_SPEC = ModelSpec(
     pricing=stt_pricing,
     price_list=stt_price_list,
     deadline_seconds=900.0,
-    description="Transcribes speech on the CPU (Whisper via faster-whisper) with word "
-    "timestamps; the bundled model is English-only tiny.en.",
+    description="Transcribes speech in 99 languages on the CPU (Whisper via faster-whisper) "
+    "with word timestamps: detects the language (Whisper base), English goes to tiny.en.",
+    choices=lambda: {"languages": ["auto", *sorted(STT_LANGUAGES)]},
 )
 
 __all__ = [

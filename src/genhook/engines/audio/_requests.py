@@ -38,6 +38,9 @@ WHISPER_LANGUAGES = frozenset(
     "ms mt my ne nl nn no oc pa pl ps pt ro ru sa sd si sk sl sn so sq sr su sv sw ta te tg "
     "th tk tl tr tt uk ur uz vi yi yo zh yue".split()
 )
+# What the shipped multilingual model (Whisper base) transcribes: all but ``yue``, which only
+# large-v3 knows. ``language`` accepts these and ``auto``.
+STT_LANGUAGES = WHISPER_LANGUAGES - {"yue"}
 
 
 class TextToSpeechRequest(BaseModel):
@@ -86,7 +89,11 @@ class SpeechToTextRequest(BaseModel):
 
     model: StrictStr
     audio: StrictStr
-    language: StrictStr | None = None
+    language: StrictStr = Field(
+        default="auto",
+        description="auto (detect it; English goes to tiny.en, other languages to Whisper "
+        "base) or a Whisper language code such as en, de, fr to skip detection.",
+    )
     word_timestamps: StrictBool = True
     prompt: StrictStr | None = Field(default=None, max_length=MAX_STT_PROMPT_CHARS)
     webhook_url: StrictStr | None = None
@@ -102,14 +109,14 @@ class SpeechToTextRequest(BaseModel):
 
     @field_validator("language")
     @classmethod
-    def _language(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
+    def _language(cls, value: str) -> str:
         code = value.strip().lower()
-        if not _LANGUAGE_RE.match(code) or code not in WHISPER_LANGUAGES:
+        if code == "auto":
+            return code
+        if not _LANGUAGE_RE.match(code) or code not in STT_LANGUAGES:
             raise ValueError(
-                "language must be a Whisper language code such as en, fr, de, es, ja; "
-                "leave it out to detect the language"
+                f"unknown language {value!r}: use auto (detect it) or a Whisper language "
+                "code such as en, fr, de, es, ja"
             )
         return code
 

