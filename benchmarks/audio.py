@@ -15,6 +15,12 @@
     .venv/bin/python benchmarks/audio.py                 # everything
     .venv/bin/python benchmarks/audio.py --reps 4 --json out.json
     .venv/bin/python benchmarks/audio.py --skip-stt --beams 1   # the voices only
+    .venv/bin/python benchmarks/audio.py --detection --reps 5  # language detection's cost
+
+- Language detection (``--detection``): an English clip (one sentence, and the 30 s one)
+  transcribed with ``language`` ``en`` (tiny.en alone, as before detection existed) and
+  ``auto`` (Whisper base detects the language, then tiny.en), alternately in one process
+  with both models loaded; wall and CPU seconds, median of ``--reps``.
 """
 
 from __future__ import annotations
@@ -94,7 +100,9 @@ def _stt_worker(
     cpu0, wall0 = time.process_time(), time.perf_counter()
     audio = 0.0
     for _ in range(reps):
-        result = engine.run(EngineJob("bench", "genhook/speech-to-text", {}, [data]))
+        result = engine.run(
+            EngineJob("bench", "genhook/speech-to-text", {"language": "en"}, [data])
+        )
         assert result.stt_result is not None
         audio += result.stt_result["duration"]
     out.put((audio, time.process_time() - cpu0, time.perf_counter() - wall0))
@@ -142,14 +150,14 @@ def bench_wer(
     worst: list[tuple[float, str, str]] = []
     for sentence in sentences:
         data, _ = speak(tts, sentence, voice=voice)
-        result = stt.run(EngineJob("bench", "genhook/speech-to-text", {}, [data]))
+        result = stt.run(EngineJob("bench", "genhook/speech-to-text", {"language": "en"}, [data]))
         assert result.stt_result is not None
         e, n = word_errors(sentence, result.stt_result["text"])
         errors, total = errors + e, total + n
         worst.append((e / n, sentence, result.stt_result["text"]))
     text = " ".join(sentences)
     data, _ = speak(tts, text, voice=voice)
-    joined = stt.run(EngineJob("bench", "genhook/speech-to-text", {}, [data]))
+    joined = stt.run(EngineJob("bench", "genhook/speech-to-text", {"language": "en"}, [data]))
     assert joined.stt_result is not None
     je, jn = word_errors(text, joined.stt_result["text"])
     worst.sort(reverse=True)
@@ -175,6 +183,40 @@ def round_trips(tts: TextToSpeechEngine, beam: int) -> list[dict[str, Any]]:
     return rows
 
 
+def bench_detection(tts: TextToSpeechEngine, reps: int) -> list[dict[str, Any]]:
+    """The latency ``language: auto`` adds to English speech: the same clip with ``en`` and
+    with ``auto``, alternately, after one warm-up of each (which loads both models)."""
+    import statistics
+    import tempfile
+
+    rows = []
+    with tempfile.TemporaryDirectory() as data_dir:
+        stt = SpeechToTextEngine(Settings(workers=1, data_dir=Path(data_dir)))
+        stt.load()
+        short = speak(tts, SENTENCES[5], voice="en-us")[0]
+        clips = [("one sentence", short), ("30 s", thirty_seconds(tts)[0])]
+        for name, clip in clips:
+            times: dict[str, list[tuple[float, float]]] = {"en": [], "auto": []}
+            for rep in range(reps + 1):
+                for language in ("en", "auto"):
+                    wall, cpu = time.perf_counter(), time.process_time()
+                    result = stt.run(
+                        EngineJob("b", "genhook/speech-to-text", {"language": language}, [clip])
+                    )
+                    spent = (time.perf_counter() - wall, time.process_time() - cpu)
+                    assert result.info["model"] == "tiny.en", result.info
+                    if rep:  # the first round loads the models
+                        times[language].append(spent)
+            row: dict[str, Any] = {"clip": name, "seconds": result.info["duration_seconds"]}
+            for language, spent_list in times.items():
+                row[f"{language}_wall_s"] = round(statistics.median(w for w, _ in spent_list), 3)
+                row[f"{language}_cpu_s"] = round(statistics.median(c for _, c in spent_list), 3)
+            row["added_wall_s"] = round(row["auto_wall_s"] - row["en_wall_s"], 3)
+            row["added_cpu_s"] = round(row["auto_cpu_s"] - row["en_cpu_s"], 3)
+            rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -187,8 +229,18 @@ def main() -> None:
     parser.add_argument(
         "--skip-stt", action="store_true", help="leave out the speech-to-text speed figures"
     )
+    parser.add_argument(
+        "--detection", action="store_true", help="only the cost of detecting the language"
+    )
     args = parser.parse_args()
     print(f"cpu cores: {os.cpu_count()}, load average: {os.getloadavg()}")
+    if args.detection:
+        voice = TextToSpeechEngine(Settings(workers=1))
+        voice.load()
+        for row in bench_detection(voice, args.reps):
+            print("detection:", json.dumps(row), flush=True)
+        print(f"load average after: {os.getloadavg()}")
+        return
     # One ONNX Runtime thread for the Piper voice: its real-time factor per core.
     tts = TextToSpeechEngine(Settings(workers=os.cpu_count() or 1))
     tts.load()
