@@ -146,7 +146,7 @@ ERROR_CODE_DESCRIPTIONS: dict[ErrorCode, str] = {
     ErrorCode.INSTRUCTION_INVALID: "An instruction cannot be applied (for example it names "
     "image 3 of a two-image task).",
     ErrorCode.LANGUAGE_UNSUPPORTED: "The requested language is not one the configured "
-    "speech-to-text model transcribes (the default model is English-only).",
+    "speech-to-text model transcribes (an English-only GENHOOK_STT_MODEL_DIR).",
     ErrorCode.UPSTREAM_REJECTED: "The upstream model server refused the request (an HTTP 4xx "
     "other than 429); the message carries the upstream's own, trimmed.",
     ErrorCode.UPSTREAM_UNAVAILABLE: "The upstream model server kept answering 429 or 5xx, timed "
