@@ -94,7 +94,7 @@ class _SinkProtocol(asyncio.Protocol):
             return  # never answered: the hung endpoints of webhook_fairness.py's shared host
         body = b"ok"
         content_type = b"text/plain"
-        if self.url == b"/hook":
+        if self.url == b"/hook" or self.url.startswith(b"/hook/"):
             self.received[self.hook_id] = time.time()
         elif self.url == b"/count":
             body = str(len(self.received)).encode()

@@ -1,7 +1,8 @@
 """Webhook isolation benchmark: a healthy receiver's latency next to hostile receivers.
 
     .venv/bin/python benchmarks/webhook_fairness.py [--hostile 1000] [--rate 100]
-        [--seconds 10] [--database-url URL] [--one-account] [--shared-host [--hung-paths 50]]
+        [--seconds 10] [--database-url URL] [--one-account] [--shared-host]
+        [--hung-paths N] [--new-url-per-delivery]
 
 ``--hostile`` deliveries are made due at once to a receiver that never answers and as many
 to one that answers after 5 s (both in a helper process on 127.0.0.1), with the default
@@ -15,7 +16,10 @@ circuit state, so that both sides of the isolation can be read off.
 ``--shared-host`` puts the hostile side on the healthy receiver's own host:port instead:
 ``--hostile`` deliveries spread over ``--hung-paths`` paths of the sink that are never
 answered (each with its own query, as per-task URLs have), next to the healthy path. With
-``--one-account`` they are the healthy account's own; otherwise another account's.
+``--one-account`` they are the healthy account's own; otherwise another account's. Without
+``--shared-host``, ``--hung-paths`` spreads the never-answering deliveries over that many
+paths. ``--new-url-per-delivery`` sends each healthy delivery to a path of its own (a task
+id in the path), so that each is a new endpoint without history.
 """
 
 from __future__ import annotations
@@ -252,18 +256,24 @@ async def main(args: argparse.Namespace) -> int:
         "hostile_each": args.hostile,
         "shared_host": args.shared_host,
         "one_account": args.one_account,
+        "hung_paths": args.hung_paths,
+        "new_url_per_delivery": args.new_url_per_delivery,
     }
     stop = asyncio.Event()
     try:
         if hostile is None:
             base = f"http://127.0.0.1:{sink.port}/hung"
-            paths = max(1, args.hung_paths)
+            paths = max(1, args.hung_paths or 50)
             for p in range(paths):
                 count = args.hostile // paths + (p < args.hostile % paths)
                 url = f"{base}/{p}?task=per-task-token"
                 await enqueue_hostile(db, url, f"hung{p:03d}_", count, hostile_account)
         else:
-            await enqueue_hostile(db, hostile.never_url, "never", args.hostile, hostile_account)
+            paths = max(1, args.hung_paths or 1)
+            for p in range(paths):
+                count = args.hostile // paths + (p < args.hostile % paths)
+                url = hostile.never_url if paths == 1 else f"{hostile.never_url}/{p}"
+                await enqueue_hostile(db, url, f"never{p:03d}_", count, hostile_account)
             await enqueue_hostile(db, hostile.slow_url, "slow", args.hostile, hostile_account)
         service = webhook_service(settings, db)
         run = asyncio.create_task(service.run(stop))
@@ -279,7 +289,9 @@ async def main(args: argparse.Namespace) -> int:
             if delay > 0:
                 await asyncio.sleep(delay)
             now = now_ms()
-            task = make_task(f"ok{i:06d}", sink.url, now)
+            # A new endpoint per delivery, as for clients putting a task id in the path.
+            target = f"{sink.url}/{i}" if args.new_url_per_delivery else sink.url
+            task = make_task(f"ok{i:06d}", target, now)
             async with db.write() as session:
                 session.add(task)
                 await session.flush()
@@ -305,7 +317,7 @@ async def main(args: argparse.Namespace) -> int:
         if hostile is None:
             report = await shared_host_report(db, hostile_account, elapsed)
             results["hung paths"] = report
-            print(f"{args.hung_paths} hung paths of the healthy host: {json.dumps(report)}")
+            print(f"{paths} hung paths of the healthy host: {json.dumps(report)}")
         else:
             for name, target in (
                 ("never answers", hostile.never_url),
@@ -354,5 +366,16 @@ if __name__ == "__main__":
     parser.add_argument(
         "--shared-host", action="store_true", help="Hung paths on the healthy receiver's host."
     )
-    parser.add_argument("--hung-paths", type=int, default=50, help="With --shared-host.")
+    parser.add_argument(
+        "--hung-paths",
+        type=int,
+        default=None,
+        help="Paths the never-answering deliveries spread over (default 50 with "
+        "--shared-host, else 1).",
+    )
+    parser.add_argument(
+        "--new-url-per-delivery",
+        action="store_true",
+        help="Each healthy delivery to a path of its own (a task id in the path).",
+    )
     sys.exit(asyncio.run(main(parser.parse_args())))

@@ -134,6 +134,64 @@ async def test_hung_paths_do_not_hold_a_healthy_path_of_the_same_host_and_accoun
         await receiver.stop()
 
 
+@pytest.mark.parametrize("same_host", [True, False], ids=["same-host", "other-host"])
+async def test_a_new_path_per_delivery_never_waits_behind_48_hung_paths_of_its_account(
+    env: tuple[Settings, Database], same_host: bool
+) -> None:
+    """Clients that put a task id in the path make every webhook a new endpoint: with no
+    history of its own, each must still go out at once while 48 paths of the account hang,
+    whether on its host or on another one."""
+    settings, db = env
+    # 32 senders for the account, 8 of them its reserve: fewer than the hung paths.
+    settings = settings.model_copy(update={"webhook_concurrency": 64})
+    release = asyncio.Event()
+    hung_now: Counter[str] = Counter()
+
+    async def behaviour(request: web.Request, _: int) -> web.StreamResponse:
+        if request.path.startswith("/hang/"):
+            hung_now[request.path] += 1
+            try:
+                await release.wait()
+            finally:
+                hung_now[request.path] -= 1
+        return web.Response(status=200)
+
+    receiver = await Receiver(behaviour).start()
+    other = await Receiver(behaviour).start() if not same_host else receiver
+    base = f"http://127.0.0.1:{receiver.port}"
+    hung_base = f"http://127.0.0.1:{other.port}"
+    try:
+        hung = [
+            await enqueue(db, terminal_task(f"t_hang_{p}_{n}", f"{hung_base}/hang/{p}?task={n}"))
+            for p in range(48)
+            for n in range(3)
+        ]
+
+        async def work() -> None:
+            await other.wait_for(32)
+            good: list[str] = []
+            for n in range(20):
+                good.append(await enqueue(db, terminal_task(f"t_new_{n}", f"{base}/task/{n}")))
+                await wait_until(all_in(db, good, "delivered"))
+            # Every new path went out on its first attempt while the hung ones still hung:
+            # none of them has ended an attempt yet.
+            assert not release.is_set()
+            assert all(d.attempts == 1 for d in await deliveries(db, good))
+            assert not await attempts_of(db, hung)
+            assert sum(hung_now.values()) >= 32
+            release.set()
+            await wait_until(all_in(db, hung, "delivered"), timeout=60.0)
+            paths = Counter(r.path for r in receiver.received)
+            assert all(paths[f"/task/{n}"] == 1 for n in range(20))
+
+        await serve(settings, db, work)
+    finally:
+        release.set()
+        await receiver.stop()
+        if other is not receiver:
+            await other.stop()
+
+
 async def test_one_accounts_failing_path_never_delays_another_accounts_path(
     env: tuple[Settings, Database],
 ) -> None:

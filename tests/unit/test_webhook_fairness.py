@@ -397,3 +397,36 @@ def test_an_endpoint_that_has_not_answered_yet_is_postponed_by_how_long_it_has_b
     # does the other path's, out as long without room for more).
     assert f.rooms().postpone[lane_key] == 3000
     assert f.rooms().postpone == {}
+
+
+@pytest.mark.parametrize("hung_host", [A, "https://other.example:443"], ids=["same", "other"])
+def test_a_new_path_per_delivery_goes_at_once_beside_48_hung_paths_of_its_account(
+    tmp_path: Path, hung_host: str
+) -> None:
+    # 64 senders: 32 for the account, 8 of them its reserve; fewer than the hung paths,
+    # which are new endpoints too and fill the share with their first attempts.
+    clock = Clock()
+    f = make(tmp_path, clock, webhook_concurrency=64, webhook_account_share=0.5)
+    hung = [job(hung_host, "acct_1", f"{n}/hang{i}") for i in range(48) for n in range(3)]
+    sent = [j for j in hung if admit(f, j)]
+    account = f.accounts["acct_1"]
+    # Their first attempts fill the share.
+    assert account.in_flight == len(sent) == 32
+    # Out a second without an answer, first attempts are known to hang and leave
+    # probation: 8 paths not tried yet get their first attempt beyond the share, and no
+    # attempt had to end for it.
+    clock.now += 1.0
+    moved = list(f.moved(lanes))
+    assert len(moved) == 8
+    sent += moved
+    for _ in range(10):
+        clock.now += 1.0
+        sent += f.moved(lanes)
+    # Every hung path has an attempt out. A new path per delivery goes at once, each.
+    assert all(f.destinations[lane(j)].in_flight for j in hung)
+    for n in range(20):
+        healthy = job(A, "acct_1", f"{n}/task{n}")
+        assert admit(f, healthy)
+        assert release(f, healthy, seconds=0.07) == []
+    # The hung ones took no more meanwhile.
+    assert account.in_flight == len(sent)

@@ -248,6 +248,8 @@ class Dispatcher:
         stopping.add_done_callback(lambda _: self._nudge())
         try:
             while not stop.is_set():
+                if self.fairness.parked:
+                    self._move_lines()
                 if (
                     len(self._exchanges) < MAX_EXCHANGES
                     and not self._stopping_endpoints
@@ -272,6 +274,9 @@ class Dispatcher:
                         await self._read_next_due()
                         continue
                     timeout = max(0.001, self._next_look - time.monotonic())
+                if self.fairness.parked:
+                    due = self.fairness.probation_due - time.monotonic()
+                    timeout = min(timeout, max(0.001, due))
                 if self._outcomes:
                     due = self._oldest_outcome + RECORD_DELAY_SECONDS - time.monotonic()
                     timeout = min(timeout, max(0.001, due))
@@ -292,6 +297,13 @@ class Dispatcher:
                 await self._record_last(outcomes)
             await self.close()
             await self.release_leases()
+
+    def _move_lines(self) -> None:
+        """Send the held jobs that a first attempt leaving probation lets go."""
+        freed = list(self.fairness.moved(_route))
+        if freed:
+            self._ready.extend(freed)
+            self._wake_senders(len(freed))
 
     async def _record_last(self, outcomes: Sequence[Outcome]) -> None:
         """Record the outcomes left at stop, retrying with the shared backoff: a full disk or

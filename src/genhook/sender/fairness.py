@@ -14,7 +14,10 @@ own.
 - An account has at most ``webhook_account_share`` of the senders. A quarter of that share
   is kept for its *trusted* endpoints (answering within a second on average) and for an
   endpoint's first attempt, so a healthy endpoint keeps flowing beside the account's
-  hanging ones.
+  hanging ones. A new endpoint's first attempt may also go beyond the shares on a
+  *probation* lane as large as the reserve: first attempts out for under
+  ``BORROW_MAX_SECONDS``. One out longer is known to hang and leaves it (``moved`` lets the
+  lines move then), so a new endpoint never waits for hung ones to time out.
 - A host (scheme, host and port) has at most ``webhook_host_max_in_flight`` of the account's
   attempts in flight: a generous safety limit for the receiver's machine, kept the same way.
 
@@ -194,6 +197,9 @@ class Lane(Generic[J]):
     failing: bool = False
     # Monotonic time its first attempt went out, while it has not answered yet.
     first_sent: float = 0.0
+    # First attempts in flight of endpoints that have not answered yet, by lane, with the
+    # time each went out (shares only): the probation lane.
+    firsts: dict[str, float] = field(default_factory=dict)
     waiting: deque[J] = field(default_factory=deque)
 
     @property
@@ -287,6 +293,9 @@ class Fairness(Generic[J]):
         # is never lent.
         self.borrowed = [0, 0]
         self.borrow_cap = settings.webhook_concurrency - settings.webhook_concurrency // 4
+        # When the next first attempt leaves probation (monotonic): lines may move then,
+        # though no attempt ended (``moved``).
+        self.probation_due = math.inf
 
     # -- lanes ------------------------------------------------------------------------------
 
@@ -372,7 +381,7 @@ class Fairness(Generic[J]):
                 cap = min(cap, 1)
             elif self._slow_start(lane, route):
                 cap = min(cap, max(1, lane.in_flight))
-            if not lane.trusted and route.account in crowded:
+            if not lane.trusted and route.account in crowded and not self._unheard(lane):
                 cap = 0
             room = max(0, cap - lane.held)
             if room != NEW_LANE_ROOM:
@@ -397,6 +406,17 @@ class Fairness(Generic[J]):
         if lane.ewma_seconds is not None:
             return lane.ewma_seconds
         return self.clock() - lane.first_sent if lane.in_flight and lane.first_sent else 0.0
+
+    @staticmethod
+    def _unheard(lane: Lane[J]) -> bool:
+        """Never answered and holding nothing: a new endpoint (or one given back unsent)."""
+        return lane.ewma_seconds is None and not lane.held
+
+    def _probation(self, account: Lane[J]) -> int:
+        """How many of the account's first attempts are on probation: out for less than
+        BORROW_MAX_SECONDS. One out longer without an answer is known to hang."""
+        now = self.clock()
+        return sum(now - t < BORROW_MAX_SECONDS for t in account.firsts.values())
 
     def _probing(self, route: Route) -> bool:
         return any(
@@ -426,7 +446,7 @@ class Fairness(Generic[J]):
             self._give_back(job, route)
             return False
         if not lane.waiting and self._room(lane, route, account, host):
-            self._take(lane, account, host)
+            self._take(lane, account, host, route)
             return True
         lane.waiting.append(job)
         self.lines.setdefault(route.lane, None)
@@ -443,6 +463,15 @@ class Fairness(Generic[J]):
         ):
             return False
         first = lane.ewma_seconds is None and lane.in_flight == 0
+        if (
+            first
+            and self._probation(account) < reserve(account.limit)
+            and self.borrowed[1] < self.borrow_cap
+            and host.in_flight < host.limit
+        ):
+            # The probation lane: a few first attempts a second go out whatever the account's
+            # attempts known to hang hold, so that a new endpoint never waits behind them.
+            return True
         for share in (account, host):
             if lane.trusted:
                 if share.in_flight >= share.limit and not (
@@ -462,9 +491,11 @@ class Fairness(Generic[J]):
         and a newcomer always finds a sender."""
         return lane.limit == self.destination_limit and lane.trusted and borrowed < self.borrow_cap
 
-    def _take(self, lane: Lane[J], account: Lane[J], host: Lane[J]) -> None:
+    def _take(self, lane: Lane[J], account: Lane[J], host: Lane[J], route: Route) -> None:
         if lane.ewma_seconds is None and not lane.in_flight:
             lane.first_sent = self.clock()
+            account.firsts[route.lane] = lane.first_sent
+            self.probation_due = min(self.probation_due, lane.first_sent + BORROW_MAX_SECONDS)
         for i, one in enumerate((lane, account)):
             if one.in_flight >= one.limit:
                 one.over += 1
@@ -519,6 +550,7 @@ class Fairness(Generic[J]):
         self._give(lane, account, host)
         for one in (lane, account, host):
             one.held -= 1
+        account.firsts.pop(route.lane, None)
         scope = failure_scope(status_code, error)
         if scope != "host":
             # A connection that was never made says nothing of the endpoint's answer time.
@@ -547,9 +579,29 @@ class Fairness(Generic[J]):
                         self._give_back(job, key(job))
         yield from self._drain(lane, key)
         # A slot freed: other lines may move now.
+        yield from self._drain_lines(key, lane)
+
+    def moved(self, key: Callable[[J], Route]) -> Iterator[J]:
+        """The held jobs that may be sent now that a first attempt left probation (its
+        slot there is free, although the attempt may still hang)."""
+        now = self.clock()
+        if now < self.probation_due:
+            return
+        self.probation_due = min(
+            (
+                t + BORROW_MAX_SECONDS
+                for share in self.accounts.values()
+                for t in share.firsts.values()
+                if t + BORROW_MAX_SECONDS > now
+            ),
+            default=math.inf,
+        )
+        yield from self._drain_lines(key)
+
+    def _drain_lines(self, key: Callable[[J], Route], done: Lane[J] | None = None) -> Iterator[J]:
         for other_key in list(self.lines):
             other = self.destinations[other_key]
-            if other is not lane:
+            if other is not done:
                 other.limit = self._endpoint_limit(self.routes[other_key])
                 yield from self._drain(other, key)
         for line in [k for k in self.lines if not self.destinations[k].waiting]:
@@ -564,7 +616,7 @@ class Fairness(Generic[J]):
                 return
             job = lane.waiting.popleft()
             self.parked -= 1
-            self._take(lane, account, host)
+            self._take(lane, account, host, route)
             yield job
 
     # -- health -----------------------------------------------------------------------------
