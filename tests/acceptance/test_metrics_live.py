@@ -8,6 +8,7 @@ checked on both in tests/integration/test_metrics.py."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from genhook.files import shared_memory_dir
 from tests.conftest import LiveService, start_service, stop_service
 from tests.support.http import HTTP
 from tests.support.images import data_url
@@ -158,8 +160,12 @@ def test_metrics_add_up_every_process_and_logs_are_json(
     assert value(samples, "genhook_task_run_seconds_sum", model=MODEL, outcome="completed") >= 1.6
     assert value(samples, "genhook_tasks_waiting", model=MODEL) == 0
     assert sorted(receiver.paths) == ["/flaky", "/flaky", "/ok", "/ok", "/ok", "/ok"]
-    # Each worker and the api count into their own files of this run's directory.
-    (directory,) = (service.data_dir / "metrics").iterdir()
+    # Each worker and the api count into their own files of this supervisor's directory, in
+    # shared memory by default (metrics.serve_directory), never on the data disk.
+    shared = shared_memory_dir()
+    assert shared is not None
+    directory = shared / "metrics" / f"{socket.gethostname()}-{service.process.pid}"
+    assert not (service.data_dir / "metrics").exists()
     assert len(list(directory.glob("*.db"))) >= 3
 
     stop_service(service)

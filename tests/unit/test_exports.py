@@ -52,6 +52,7 @@ EXPORTS: dict[str, list[str]] = {
         "WebhookVerificationError",
         "WebhookVerifier",
         "data_url",
+        "lora",
         "parse_jwks",
         "standard_secret",
         "verify_request",

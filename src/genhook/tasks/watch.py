@@ -129,6 +129,7 @@ async def stream_step(
                     .where(
                         TaskEvent.task_id == task_id,
                         TaskEvent.id > after,
+                        TaskEvent.id <= newest,
                         TaskEvent.progress.is_not(None),
                     )
                     .order_by(TaskEvent.id)
@@ -143,7 +144,9 @@ async def stream_step(
                     step["logs"] = lines
                 events.append((step_id, step))
                 after = step_id
-        lines = await log_lines(session, task_id, after=after)
+        # Up to ``newest`` only: a line recorded since that read (each statement of a read
+        # sees new commits on PostgreSQL) belongs to a later event, not again to the next.
+        lines = await log_lines(session, task_id, after=after, upto=newest)
         if lines:
             view["logs"] = lines
         events.append((newest, view))
