@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,9 +15,13 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_make_serve_shows_progress_while_it_installs(tmp_path: Path) -> None:
     # -n: the commands a first `make serve` would run, into a virtualenv that does not exist.
+    # A fresh make, not a sub-make of the one running the suite (`make test`), which would
+    # add its "Entering/Leaving directory" lines.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     shown = subprocess.run(
-        ["make", "-n", "serve", f"VENV={tmp_path / 'venv'}"],
+        ["make", "--no-print-directory", "-n", "serve", f"VENV={tmp_path / 'venv'}"],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,
