@@ -121,8 +121,9 @@ class Model:
         """Load weights and anything else the calls share; once per worker process."""
 
     def predict(self, *args: Any, **kwargs: Any) -> Any:
-        """One task's output from its inputs."""
-        raise NotImplementedError
+        """One task's output from its inputs. Every model defines its own: an entry whose
+        class does not is refused at start (``engines/predictor/_config.py``)."""
+        raise TypeError(f"{type(self).__name__} defines no predict()")
 
     def progress(self, fraction: float | None = None, log: str | None = None) -> None:
         """Report how far the call is (0 to 1) and/or a short log line, shown while the task
