@@ -3,6 +3,7 @@
 from genhook.db.database import Database, now_ms
 from genhook.db.models import (
     Account,
+    AccountClock,
     AccountLimit,
     ApiKey,
     Base,
@@ -21,6 +22,7 @@ from genhook.db.models import (
 
 __all__ = [
     "Account",
+    "AccountClock",
     "AccountLimit",
     "ApiKey",
     "Base",

@@ -4,7 +4,7 @@ micro-dollars."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from sqlalchemy import (
     JSON,
@@ -19,7 +19,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, MappedColumn, mapped_column
 
 
 class Base(DeclarativeBase):
@@ -49,6 +49,8 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
     revoked_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # The highest task priority the key may ask for (1 high, 0 normal, -1 low); None: any.
+    max_priority: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class Task(Base):
@@ -95,9 +97,26 @@ class Task(Base):
     # The W3C traceparent of the submit request's span, when traced (genhook.tracing): how
     # the worker and the dispatcher continue the task's trace in their own processes.
     trace_context: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Order among the account's own waiting tasks: 1 high, 0 normal, -1 low (docs/scheduling.md).
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Fair queuing (docs/scheduling.md): the task's virtual start tag, in virtual
+    # microseconds of weighted worker time, which orders the claims across accounts; and the
+    # virtual time its account was charged for it at submit, corrected when it ends.
+    fair_tag: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    fair_cost: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
     __table_args__ = (
         Index("ix_tasks_account_created", "account_id", "created_at"),
+        # The fair claim walks the waiting tasks by tag, then takes the head account's
+        # highest-priority oldest task.
+        Index("ix_tasks_status_tag", "status", "fair_tag"),
+        Index(
+            "ix_tasks_account_queue",
+            "account_id",
+            "status",
+            cast("MappedColumn[int]", priority).column.desc(),
+            "created_at",
+        ),
         # Tasks in flight per account (the in-flight limit counts them at every submit).
         Index("ix_tasks_account_status", "account_id", "status"),
         Index("ix_tasks_status_start_deadline", "status", "start_deadline_at"),
@@ -261,8 +280,24 @@ class AccountLimit(Base):
     submits_per_second: Mapped[float | None] = mapped_column(Float, nullable=True)
     submit_burst: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_in_flight: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The account's share of the workers relative to others (fair queuing); None means 1.
+    weight: Mapped[int | None] = mapped_column(Integer, nullable=True)
     tokens: Mapped[float] = mapped_column(Float, default=0.0)
     tokens_at: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class AccountClock(Base):
+    """An account's virtual clock of fair queuing (docs/scheduling.md): where its next
+    task's tag starts, and the worker time its tasks actually used."""
+
+    __tablename__ = "account_clocks"
+
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    # The virtual finish of the account's last submitted task (virtual microseconds).
+    finish: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Worker milliseconds its ended tasks held a worker, in all (the usage share).
+    used_ms: Mapped[int] = mapped_column(BigInteger, default=0)
+    updated_at: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class ExpiredOutput(Base):
