@@ -29,14 +29,24 @@ _blobs = cast(Table, Blob.__table__)
 _keys = cast(Table, IdempotencyKey.__table__)
 
 TASK_COLUMNS = [column.key for column in _tasks.columns]
+# The scalar defaults of the columns that have one, which the ORM would fill at a flush.
+TASK_DEFAULTS = {
+    column.key: column.default.arg
+    for column in _tasks.columns
+    if column.default is not None and column.default.is_scalar
+}
 INSERT_TASKS = insert(_tasks)
 INSERT_BLOBS = insert(_blobs)
 INSERT_KEYS = insert(_keys)
 
 
 def task_values(task: Task) -> dict[str, Any]:
-    """A new task's row, every column."""
-    return {name: getattr(task, name) for name in TASK_COLUMNS}
+    """A new task's row, every column; one left unset takes its default, as at a flush."""
+    values = {name: getattr(task, name) for name in TASK_COLUMNS}
+    for name, default in TASK_DEFAULTS.items():
+        if values[name] is None:
+            values[name] = default
+    return values
 
 
 # -- the insert path -------------------------------------------------------------------------
