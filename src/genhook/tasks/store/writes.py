@@ -17,6 +17,7 @@ from sqlalchemy import select as sql_select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.sql.schema import ScalarElementColumnDefault
 
 from genhook.db import Blob, IdempotencyKey, Task
 from genhook.db.driver import Tx
@@ -33,7 +34,7 @@ TASK_COLUMNS = [column.key for column in _tasks.columns]
 TASK_DEFAULTS = {
     column.key: column.default.arg
     for column in _tasks.columns
-    if column.default is not None and column.default.is_scalar
+    if isinstance(column.default, ScalarElementColumnDefault)
 }
 INSERT_TASKS = insert(_tasks)
 INSERT_BLOBS = insert(_blobs)
