@@ -2,7 +2,7 @@
 
 Creates a migrated database, inserts ``--tasks`` tasks the way a submit stores them (a
 webhook_url unless ``--no-webhook``, one input image in the ``blobs`` table, a price), then
-claims every one through ``Lifecycle.claim_next`` (reading its input) and completes every one
+claims every one through ``Lifecycle.claim`` (reading its input) and completes every one
 through ``Lifecycle.complete``, one transaction each, and prints this process's CPU time per
 claim and per completion (``time.process_time``: on PostgreSQL the server's own CPU is not in it).
 Each round uses fresh tasks; the best round is the figure, as the others only add noise
@@ -57,8 +57,8 @@ async def round_of(
     start = time.process_time()
     for _ in range(count):
         inputs: dict[str, dict[str, bytes]] = {}
-        task, _more = await lifecycle.claim_next("bench-worker", [MODEL], inputs=inputs)
-        assert task is not None and inputs[task.id]
+        (task,) = (await lifecycle.claim("bench-worker", [MODEL], inputs=inputs)).tasks
+        assert inputs[task.id]
         claimed.append(task.id)
     claim_cpu = time.process_time() - start
     outputs = ["outputs/" + secrets.token_urlsafe(16) + ".jpeg"]

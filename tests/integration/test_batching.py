@@ -446,15 +446,15 @@ async def test_a_database_fault_at_a_deadline_in_a_batch_spares_the_neighbours(
         late = await submit(h, "wait=30")
         kept = await submit(h, "sleep=1")
         lifecycle = h.worker.lifecycle
-        claim_batch, time_out = lifecycle.claim_batch, lifecycle.time_out
+        claim, time_out = lifecycle.claim, lifecycle.time_out
         faults: list[None] = []
 
         async def claim_with_a_near_deadline(*args: Any, **kwargs: Any) -> Any:
-            tasks, more = await claim_batch(*args, **kwargs)
-            for task in tasks:
+            claimed = await claim(*args, **kwargs)
+            for task in claimed.tasks:
                 if task.id == late:
                     task.deadline_at = now_ms() + 300
-            return tasks, more
+            return claimed
 
         async def faulty_time_out(*args: Any, **kwargs: Any) -> Any:
             if not faults:
@@ -462,7 +462,7 @@ async def test_a_database_fault_at_a_deadline_in_a_batch_spares_the_neighbours(
                 raise OperationalError("UPDATE tasks", {}, Exception("database is locked"))
             return await time_out(*args, **kwargs)
 
-        lifecycle.claim_batch = claim_with_a_near_deadline  # type: ignore[method-assign]
+        lifecycle.claim = claim_with_a_near_deadline  # type: ignore[method-assign]
         lifecycle.time_out = faulty_time_out  # type: ignore[method-assign]
         await h.worker.run_once()
         tasks = await rows(h, [late, kept])

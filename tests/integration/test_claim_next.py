@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import func, select
 
 from genhook.db import Task, UsageLine, WebhookDelivery
-from genhook.tasks.lifecycle import Completion
+from genhook.tasks.lifecycle import Claim, Completion
 from tests.conftest import QUIET_KEEPER, Harness, make_harness, make_settings
 from tests.integration.test_hot_path import counting, submit
 
@@ -129,14 +129,15 @@ async def test_a_task_claimed_with_a_completion_is_released_when_the_worker_stop
     h = quiet
     ids = [await submit(h) for _ in range(3)]
     worker, stop = h.worker, asyncio.Event()
-    combined = worker.lifecycle.complete_and_claim
+    claim = worker.lifecycle.claim
 
-    async def stop_after(*args: Any) -> tuple[list[bool], Task | None, bool]:
-        outcome = await combined(*args)
-        stop.set()  # after the commit that claimed the next task, before the loop runs it
+    async def stop_after(*args: Any, **kwargs: Any) -> Claim:
+        outcome = await claim(*args, **kwargs)
+        if kwargs.get("complete"):
+            stop.set()  # after the commit that claimed the next task, before the loop runs it
         return outcome
 
-    monkeypatch.setattr(worker.lifecycle, "complete_and_claim", stop_after)
+    monkeypatch.setattr(worker.lifecycle, "claim", stop_after)
     await run_until(h, stop)
     assert await states(h, ids) == {
         ids[0]: ("completed", None, 0),
@@ -155,20 +156,22 @@ async def test_a_failed_combined_transaction_completes_each_task_once_and_loses_
     h, count = quiet, 4
     ids = [await submit(h, webhook_url=HOOK) for _ in range(count)]
     worker, stop = h.worker, asyncio.Event()
-    combined = worker.lifecycle.complete_and_claim
+    claim = worker.lifecycle.claim
     calls: list[int] = []
 
-    async def faulty(*args: Any) -> tuple[list[bool], Task | None, bool]:
+    async def faulty(*args: Any, **kwargs: Any) -> Claim:
+        if not kwargs.get("complete"):
+            return await claim(*args, **kwargs)
         calls.append(1)
         if committed:
-            await combined(*args)
+            await claim(*args, **kwargs)
         raise ConnectionResetError("connection lost")
 
     async def all_completed() -> None:
         if {status for status, _, _ in (await states(h, ids)).values()} == {"completed"}:
             stop.set()
 
-    monkeypatch.setattr(worker.lifecycle, "complete_and_claim", faulty)
+    monkeypatch.setattr(worker.lifecycle, "claim", faulty)
     await run_until(h, stop, all_completed)
     assert calls  # the combined transaction was tried
     assert set((await states(h, ids)).values()) == {("completed", None, 0)}
@@ -177,30 +180,26 @@ async def test_a_failed_combined_transaction_completes_each_task_once_and_loses_
     assert callbacks == {task_id: 1 for task_id in ids}
 
 
-async def test_complete_and_claim_ends_the_items_then_claims_as_claim_next(
+async def test_a_claim_with_a_completion_ends_the_items_then_claims_as_a_plain_claim(
     harness: Harness,
 ) -> None:
     first, second, third = [await submit(harness) for _ in range(3)]
-    lifecycle = harness.worker.lifecycle
-    task, more = await lifecycle.claim_next("w-1", ["test/fake-edit"])
-    assert task is not None and task.id == first and more
+    lifecycle, model = harness.worker.lifecycle, "test/fake-edit"
+    claim = await lifecycle.claim("w-1", [model])
+    assert [task.id for task in claim.tasks] == [first] and claim.more
     inputs: dict[str, dict[str, bytes]] = {}
     item = Completion(first, [], [], {"n": 1})
     with counting(harness.state.db) as seen:
-        done, task, more = await lifecycle.complete_and_claim(
-            "w-1", [item], ["test/fake-edit"], inputs=inputs
-        )
-    assert done == [True] and task is not None and task.id == second and more
+        claim = await lifecycle.claim("w-1", [model], inputs=inputs, complete=[item])
+    assert claim.done == [True] and [task.id for task in claim.tasks] == [second] and claim.more
     assert list(inputs) == [second] and len(inputs[second]) == 1  # its input image, read too
     # The completion's UPDATE, blob DELETE and usage INSERT; the claim's UPDATE, its input
     # image and the look on: one transaction.
     assert dict(seen) == {"tx": 1, "UPDATE": 2, "DELETE": 1, "INSERT": 1, "SELECT": 2}
-    item = Completion(second, [], [], {})
-    done, task, more = await lifecycle.complete_and_claim("w-1", [item], ["test/fake-edit"])
-    assert done == [True] and task is not None and task.id == third and not more
+    claim = await lifecycle.claim("w-1", [model], complete=[Completion(second, [], [], {})])
+    assert claim.done == [True] and [task.id for task in claim.tasks] == [third]
+    assert not claim.more
     lifecycle.closed = True  # a worker leaving at once completes, and takes nothing more
-    done, task, more = await lifecycle.complete_and_claim(
-        "w-1", [Completion(third, [], [], {})], ["test/fake-edit"]
-    )
-    assert (done, task, more) == ([True], None, False)
+    claim = await lifecycle.claim("w-1", [model], complete=[Completion(third, [], [], {})])
+    assert claim == Claim([], False, [True])
     assert set((await states(harness, [first, second, third])).values()) == {("completed", None, 0)}

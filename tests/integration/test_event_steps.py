@@ -23,8 +23,8 @@ async def test_each_recorded_step_is_an_event(tmp_path: Path) -> None:
         assert response.status_code == 200, response.text
         task_id = response.json()["id"]
         state = h.state
-        claimed = await Lifecycle(state.settings, state.db, state.storage).claim("w-1", [MODEL])
-        assert claimed is not None and claimed.id == task_id
+        claim = await Lifecycle(state.settings, state.db, state.storage).claim("w-1", [MODEL])
+        assert [task.id for task in claim.tasks] == [task_id]
         recorder = ProgressRecorder(state.db, task_id, "w-1", interval=60.0)
         for number in range(1, 20):
             recorder.report(progress=number / 19, log=f"step {number}")

@@ -96,11 +96,12 @@ async def test_a_claim_tells_whether_another_task_was_waiting(harness: Harness) 
     """A worker that knows nothing else waits needs no second claim (a write) after its task."""
     lifecycle = harness.worker.lifecycle
     first, second = await submit(harness), await submit(harness)
-    task, more = await lifecycle.claim_next("w-1", [MODEL])
-    assert task is not None and task.id == first and more
-    task, more = await lifecycle.claim_next("w-1", [MODEL])
-    assert task is not None and task.id == second and not more
-    assert await lifecycle.claim_next("w-1", [MODEL]) == (None, False)
+    claim = await lifecycle.claim("w-1", [MODEL])
+    assert [task.id for task in claim.tasks] == [first] and claim.more
+    claim = await lifecycle.claim("w-1", [MODEL])
+    assert [task.id for task in claim.tasks] == [second] and not claim.more
+    claim = await lifecycle.claim("w-1", [MODEL])
+    assert (claim.tasks, claim.more) == ([], False)
 
 
 async def test_a_claim_reads_every_input_image_of_its_task(harness: Harness) -> None:
@@ -110,15 +111,16 @@ async def test_a_claim_reads_every_input_image_of_its_task(harness: Harness) -> 
     first = await submit(harness, images=[data_url(colour) for colour in colours])
     second = await submit(harness)
     inputs: dict[str, dict[str, bytes]] = {}
-    task, more = await harness.worker.lifecycle.claim_next("w-1", [MODEL], inputs=inputs)
-    assert task is not None and task.id == first and more
+    claim = await harness.worker.lifecycle.claim("w-1", [MODEL], inputs=inputs)
+    (task,) = claim.tasks
+    assert task.id == first and claim.more
     keys = [item["blob"] for item in task.inputs]
     assert list(inputs) == [first] and sorted(inputs[first]) == sorted(keys)
     async with harness.state.db.read() as session:
         stored = {key: data for key, data in await session.execute(select(Blob.key, Blob.data))}
     assert {key: stored[key] for key in keys} == inputs[first]
-    task, more = await harness.worker.lifecycle.claim_next("w-1", [MODEL], inputs=inputs)
-    assert task is not None and task.id == second and not more
+    claim = await harness.worker.lifecycle.claim("w-1", [MODEL], inputs=inputs)
+    assert [task.id for task in claim.tasks] == [second] and not claim.more
     assert len(inputs[second]) == 1
 
 
@@ -156,7 +158,7 @@ async def test_a_batch_costs_one_statement_per_task_beyond_its_shared_ones(
     lifecycle = Lifecycle(harness.state.settings, harness.state.db, harness.state.storage)
     inputs: dict[str, dict[str, bytes]] = {}
     with counting(harness.state.db) as claim:
-        tasks = await lifecycle.claim_many("w-batch", [MODEL], 8, inputs=inputs)
+        tasks = (await lifecycle.claim("w-batch", [MODEL], limits={MODEL: 8}, inputs=inputs)).tasks
     assert sorted(task.id for task in tasks) == sorted(ids)
     assert sorted(inputs) == sorted(ids) and all(len(images) == 1 for images in inputs.values())
     # The ids, the UPDATE that takes them, and their input images: one transaction.
@@ -178,7 +180,7 @@ async def test_a_batch_costs_one_statement_per_task_beyond_its_shared_ones(
 async def test_a_task_held_by_another_worker_is_not_completed(harness: Harness) -> None:
     task_id = await submit(harness)
     lifecycle = Lifecycle(harness.state.settings, harness.state.db, harness.state.storage)
-    assert await lifecycle.claim("w-owner", [MODEL]) is not None
+    assert (await lifecycle.claim("w-owner", [MODEL])).tasks
     assert not await lifecycle.complete(task_id, "w-other", outputs=[], nsfw=[], info={})
     assert await lifecycle.complete(task_id, "w-owner", outputs=[], nsfw=[], info={})
     async with harness.state.db.read() as session:
@@ -189,7 +191,7 @@ async def test_a_task_held_by_another_worker_is_not_completed(harness: Harness) 
 async def test_keeper_extends_held_leases_and_reports_a_cancel(harness: Harness) -> None:
     kept_id, canceled_id = await submit(harness), await submit(harness)
     lifecycle = Lifecycle(harness.state.settings, harness.state.db, harness.state.storage)
-    assert len(await lifecycle.claim_many("w-keep", [MODEL], 2)) == 2
+    assert len((await lifecycle.claim("w-keep", [MODEL], limits={MODEL: 2})).tasks) == 2
     async with harness.state.db.read() as session:
         before = await session.scalar(select(Task.lease_expires_at).where(Task.id == kept_id))
     keeper = LeaseKeeper(lifecycle, "w-keep", heartbeat_seconds=0.3, check_seconds=0.1)
@@ -222,7 +224,7 @@ async def test_a_callback_rendered_from_the_completion_row_is_the_one_polling_sh
     transcribed = await submit(harness, webhook_url=hook, webhook_events=["processing", "terminal"])
     base64_out = await submit(harness, webhook_url=hook, enable_base64_output=True)
     lifecycle, state = harness.worker.lifecycle, harness.state
-    assert len(await lifecycle.claim_many("w-hook", [MODEL], 8)) == 3
+    assert len((await lifecycle.claim("w-hook", [MODEL], limits={MODEL: 8})).tasks) == 3
     key = "outputs/row-check.png"
     await state.storage.put(key, b"\x89PNG-not-really", "image/png")
     items = [
@@ -261,9 +263,9 @@ async def test_a_completion_gives_up_only_progress_events_not_in_flight(harness:
     lapsed = await submit(harness, webhook_url=hook, webhook_events=events)
     in_flight = await submit(harness, webhook_url=hook, webhook_events=events)
     lifecycle, db = harness.worker.lifecycle, harness.state.db
-    assert len(await lifecycle.claim_many("w-progress", [MODEL], 8)) == 3
+    assert len((await lifecycle.claim("w-progress", [MODEL], limits={MODEL: 8})).tasks) == 3
     assert await lifecycle.release(idle, "w-progress")
-    assert (await lifecycle.claim("w-progress", [MODEL])) is not None  # ``idle`` again
+    assert (await lifecycle.claim("w-progress", [MODEL])).tasks  # ``idle`` again
     now = now_ms()
     progress = WebhookDelivery.event_type.like("%.task.processing")
     async with db.write() as session:

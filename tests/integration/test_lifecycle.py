@@ -116,8 +116,8 @@ async def test_two_workers_never_claim_the_same_task(harness: Harness) -> None:
 
     async def claimer(name: str) -> list[str]:
         got = []
-        while (task := await lifecycle.claim(name, [MODEL])) is not None:
-            got.append(task.id)
+        while tasks := (await lifecycle.claim(name, [MODEL])).tasks:
+            got.extend(task.id for task in tasks)
         return got
 
     results = await asyncio.gather(*(claimer(f"w{i}") for i in range(4)))
@@ -128,8 +128,8 @@ async def test_two_workers_never_claim_the_same_task(harness: Harness) -> None:
 async def test_terminal_state_is_final(harness: Harness) -> None:
     task_id = await submit(harness)
     lifecycle = Lifecycle(harness.state.settings, harness.state.db, harness.state.storage)
-    task = await lifecycle.claim("w1", [MODEL])
-    assert task is not None and task.status == "processing"
+    (task,) = (await lifecycle.claim("w1", [MODEL])).tasks
+    assert task.status == "processing"
     assert await lifecycle.fail(task_id, "w1", ErrorCode.ENGINE_ERROR, "x")
     assert not await lifecycle.complete(task_id, "w1", outputs=["o"], nsfw=[False], info={})
     assert not await lifecycle.time_out(task_id)
@@ -148,14 +148,14 @@ async def test_lost_lease_requeues_then_fails(harness: Harness) -> None:
                 update(Task).where(Task.id == task_id).values(lease_expires_at=now_ms() - 1)
             )
 
-    assert (await lifecycle.claim("dead-1", [MODEL])) is not None
+    assert (await lifecycle.claim("dead-1", [MODEL])).tasks
     await expire()
     assert await lifecycle.sweep() == 1
     task = await row(harness, task_id)
     assert task.status == "created" and task.lease_losses == 1 and task.lease_owner is None
     # The first worker is gone: its late heartbeat and completion must not count.
     assert not await lifecycle.heartbeat(task_id, "dead-1")
-    assert (await lifecycle.claim("dead-2", [MODEL])) is not None
+    assert (await lifecycle.claim("dead-2", [MODEL])).tasks
     await expire()
     await lifecycle.sweep()
     result = await harness.result(task_id)

@@ -97,7 +97,7 @@ async def test_lease_losses_are_counted(harness: Harness) -> None:
     settings = harness.state.settings
     # A worker dies holding the task, until the task has lost too many leases and fails.
     for _ in range(settings.max_lease_losses):
-        assert await lifecycle.claim("w-dead", [MODEL]) is not None
+        assert (await lifecycle.claim("w-dead", [MODEL])).tasks
         assert await lifecycle.release_owner("w-dead", lost=True) == 1
     after = await scrape(harness)
     losses = "genhook_task_lease_losses_total"

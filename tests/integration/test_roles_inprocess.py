@@ -27,7 +27,7 @@ async def test_the_api_starts_no_background_task(harness: Harness) -> None:
 async def test_the_dispatcher_role_recovers_an_expired_task_lease(harness: Harness) -> None:
     task_id = await submit(harness)
     lifecycle = Lifecycle(harness.state.settings, harness.state.db, harness.state.storage)
-    assert await lifecycle.claim("dead-1", [MODEL]) is not None
+    assert (await lifecycle.claim("dead-1", [MODEL])).tasks
     async with harness.state.db.write() as session:
         await session.execute(
             update(Task).where(Task.id == task_id).values(lease_expires_at=now_ms() - 1)

@@ -40,7 +40,6 @@ from genhook.tasks.store import reads, writes
 from genhook.tasks.store.hot_path import (
     HEARTBEAT,
     HELD,
-    TAKE_IDS,
     claim_candidates,
     claim_one,
     claim_params,
@@ -61,7 +60,7 @@ from genhook.tasks.store.terminal import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Completion", "Lifecycle"]
+__all__ = ["Claim", "Completion", "Lifecycle"]
 
 # The most tasks one reconciliation pass publishes missing terminal events for.
 MISSING_BATCH = 500
@@ -84,6 +83,17 @@ class Completion:
     stt_result: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What one claim took and saw: ``tasks``, oldest first (the first chosen by affinity);
+    ``more``, whether another task was runnable then; ``done``, the outcome of each
+    completion recorded in its transaction."""
+
+    tasks: list[Task]
+    more: bool
+    done: list[bool]
+
+
 @dataclass
 class Lifecycle:
     settings: Settings
@@ -104,90 +114,69 @@ class Lifecycle:
         self,
         worker_id: str,
         models: Sequence[str],
+        *,
+        limits: Mapping[str, int] | None = None,
         reserve_ms: Mapping[str, int] | None = None,
         inputs: dict[str, dict[str, bytes]] | None = None,
-    ) -> Task | None:
-        """Take the oldest runnable task under a lease, or None.
+        hold_ms: Mapping[str, int] | None = None,
+        affinity: Preference = NO_PREFERENCE,
+        look_on: bool = True,
+        complete: Sequence[Completion] = (),
+    ) -> Claim:
+        """The worker's one claim: runnable tasks of ``models`` taken under a lease in one
+        write transaction, after recording ``complete`` in it.
 
+        The first task is the oldest runnable one, ordered by ``affinity`` (the models and
+        adapters the worker holds go first, ``tasks/worker/affinity.py``); ``hold_ms``: per
+        model, how long its task must have waited before this worker takes it. Up to
+        ``limits[model]`` tasks of the first task's model are taken in all (a batch, or the
+        free slots of a model that runs several calls at once; 1 by default), oldest first.
         ``reserve_ms`` is the time a model's task needs: a task with less left before its
         deadline is never started (it would only time out mid-run); the sweeper expires it.
-        ``inputs``, when given, receives the task's input images read in the same transaction.
+        ``inputs``, when given, receives the tasks' input images, read in the same
+        transaction.
+
+        ``look_on``: also say whether another task was runnable then (one read), so that a
+        worker that knows none was, and has not been woken since, need not claim again (on
+        SQLite a write) after its task. ``complete``: completions recorded first, in the same
+        transaction: on SQLite every write transaction takes the database's single write
+        lock, handed between processes, so a worker that knows another task waits saves a
+        BEGIN, a COMMIT and a hand-over per task.
         """
-        task, _ = await self.claim_next(worker_id, models, reserve_ms, inputs, look_on=False)
-        return task
-
-    async def claim_next(
-        self,
-        worker_id: str,
-        models: Sequence[str],
-        reserve_ms: Mapping[str, int] | None = None,
-        inputs: dict[str, dict[str, bytes]] | None = None,
-        *,
-        look_on: bool = True,
-        hold_ms: Mapping[str, int] | None = None,
-        affinity: Preference = NO_PREFERENCE,
-    ) -> tuple[Task | None, bool]:
-        """``claim``, and whether another task was runnable then (``look_on``): a worker
-        that knows none was, and has not been woken since, need not ask again after this
-        one, which on SQLite would be a write. ``hold_ms``: per model, how long its task
-        must have waited before this worker takes it; ``affinity``: the models whose tasks
-        it takes first (``tasks/worker/affinity.py``)."""
-        if not models:
-            return None, False
+        if not models and not complete:
+            return Claim([], False, [])
         async with self.db.transaction() as tx:
-            return await self._claim_in(
-                tx, worker_id, models, reserve_ms, inputs, look_on, hold_ms, affinity
+            done: list[bool] = []
+            if complete:
+                done = await complete_in(
+                    tx, self.settings, self.storage, self.outbox, worker_id, complete, now_ms()
+                )
+            tasks, more = await self._claim_in(
+                tx, worker_id, models, limits or {}, reserve_ms, inputs, hold_ms, affinity, look_on
             )
-
-    async def complete_and_claim(
-        self,
-        worker_id: str,
-        items: Sequence[Completion],
-        models: Sequence[str],
-        reserve_ms: Mapping[str, int] | None = None,
-        inputs: dict[str, dict[str, bytes]] | None = None,
-        hold_ms: Mapping[str, int] | None = None,
-        affinity: Preference = NO_PREFERENCE,
-    ) -> tuple[list[bool], Task | None, bool]:
-        """``complete_many`` and then ``claim_next`` in one write transaction.
-
-        For a worker that knows another task waits: on SQLite every write transaction takes
-        the database's single write lock, handed between processes, so sharing one saves a
-        BEGIN, a COMMIT and a hand-over per task. Returns the completions' outcomes, the
-        claimed task (or None) and whether yet another was runnable.
-        """
-        async with self.db.transaction() as tx:
-            done = await complete_in(
-                tx, self.settings, self.storage, self.outbox, worker_id, items, now_ms()
-            )
-            if not models:
-                return done, None, False
-            task, more = await self._claim_in(
-                tx, worker_id, models, reserve_ms, inputs, hold_ms=hold_ms, affinity=affinity
-            )
-            return done, task, more
+            return Claim(tasks, more, done)
 
     async def _claim_in(
         self,
         tx: Tx,
         worker_id: str,
         models: Sequence[str],
+        limits: Mapping[str, int],
         reserve_ms: Mapping[str, int] | None,
         inputs: dict[str, dict[str, bytes]] | None,
-        look_on: bool = True,
-        hold_ms: Mapping[str, int] | None = None,
-        affinity: Preference = NO_PREFERENCE,
-    ) -> tuple[Task | None, bool]:
-        """The claim of ``claim_next`` in the caller's write transaction."""
-        if self.closed:
-            return None, False
+        hold_ms: Mapping[str, int] | None,
+        affinity: Preference,
+        look_on: bool,
+    ) -> tuple[list[Task], bool]:
+        """The claim of ``claim`` in the caller's write transaction."""
+        if self.closed or not models:
+            return [], False
         key = tuple(models)
-        now = now_ms()
         preferred, overdue_ms, adapters = affinity
         params = claim_params(
             key,
             worker_id,
-            now,
+            now_ms(),
             self._lease_ms,
             reserve_ms or {},
             hold_ms,
@@ -195,46 +184,27 @@ class Lifecycle:
             overdue_ms,
             adapters,
         )
-        row = await tx.first(claim_one(key, preferred, len(adapters)), params)
-        if row is None:
-            return None, False
-        (task,) = claimed([row])
-        if task.webhook_events:
-            await self.outbox.task_started(tx, TaskStarted(task, params["now"]))
-        if inputs is not None:
-            await read_inputs(tx, [task], inputs)
-        more = look_on and await tx.first(runnable_one(key), params) is not None
-        metrics.task_started(task)
-        return task, more
-
-    async def claim_batch(
-        self,
-        worker_id: str,
-        models: Sequence[str],
-        batch_sizes: Mapping[str, int],
-        reserve_ms: Mapping[str, int] | None = None,
-        inputs: dict[str, dict[str, bytes]] | None = None,
-        hold_ms: Mapping[str, int] | None = None,
-        affinity: Preference = NO_PREFERENCE,
-    ) -> tuple[list[Task], bool]:
-        """``claim_next``; when the task's model batches (``batch_sizes``), also up to its
-        batch size less one more of that model's waiting tasks, in the same transaction.
-
-        Returns the tasks, oldest first, and whether another task was runnable at the claim.
-        """
-        if not models:
-            return [], False
-        async with self.db.transaction() as tx:
-            task, more = await self._claim_in(
-                tx, worker_id, models, reserve_ms, inputs, hold_ms=hold_ms, affinity=affinity
-            )
-            if task is None:
+        limit = limits.get(key[0], 1)
+        if len(key) == 1 and not preferred and limit > 1:
+            # One model, nothing preferred: its oldest tasks, up to the limit, by their ids.
+            tasks = await self._take(tx, key, params, limit)
+            more = len(tasks) == limit
+        else:
+            row = await tx.first(claim_one(key, preferred, len(adapters)), params)
+            if row is None:
                 return [], False
-            size = batch_sizes.get(task.model, 1)
-            if size <= 1 or not more:
-                return [task], more
-            company = await self._take_in(tx, worker_id, task.model, size - 1, reserve_ms, inputs)
-            return [task, *company], more
+            tasks = claimed([row])
+            more = look_on and await tx.first(runnable_one(key), params) is not None
+            limit = limits.get(tasks[0].model, 1)
+            if limit > 1 and (more or not look_on):
+                # The rest of a batch: the first task's model, whatever its hold.
+                company = (tasks[0].model,)
+                params = claim_params(
+                    company, worker_id, params["now"], self._lease_ms, reserve_ms or {}
+                )
+                tasks += await self._take(tx, company, params, limit - 1)
+        await self._started(tx, tasks, params["now"], inputs)
+        return tasks, more
 
     async def claim_more(
         self,
@@ -245,23 +215,22 @@ class Lifecycle:
         inputs: dict[str, dict[str, bytes]] | None = None,
         hold_ms: Mapping[str, int] | None = None,
     ) -> list[Task]:
-        """Take up to ``limit`` of ``model``'s oldest runnable tasks in one transaction: the
-        claim that fills a batch (``SKIP LOCKED`` on PostgreSQL, so competing workers split
-        the queue rather than wait for each other)."""
+        """Take up to ``limit`` more of ``model``'s oldest runnable tasks in one transaction:
+        the claim that fills a batch being formed (``SKIP LOCKED`` on PostgreSQL, so
+        competing workers split the queue rather than wait for each other)."""
+        if self.closed or limit < 1:
+            return []
+        key = (model,)
+        params = claim_params(key, worker_id, now_ms(), self._lease_ms, reserve_ms or {}, hold_ms)
         async with self.db.transaction() as tx:
-            return await self._take_in(tx, worker_id, model, limit, reserve_ms, inputs, hold_ms)
+            tasks = await self._take(tx, key, params, limit)
+            await self._started(tx, tasks, params["now"], inputs)
+            return tasks
 
-    async def _take_in(
-        self,
-        tx: Tx,
-        worker_id: str,
-        model: str,
-        limit: int,
-        reserve_ms: Mapping[str, int] | None,
-        inputs: dict[str, dict[str, bytes]] | None,
-        hold_ms: Mapping[str, int] | None = None,
+    async def _take(
+        self, tx: Tx, key: tuple[str, ...], params: dict[str, Any], limit: int
     ) -> list[Task]:
-        """The claim of ``claim_more`` in the caller's write transaction.
+        """Up to ``limit`` of the oldest runnable tasks of ``key``, oldest first.
 
         The ids are selected first (locked, skipping those another claim holds), then taken
         by a statement naming each: PostgreSQL may run an ``IN (... LIMIT n)`` subquery more
@@ -269,21 +238,28 @@ class Lifecycle:
         """
         if self.closed or limit < 1:
             return []
-        key = (model,)
-        params = claim_params(key, worker_id, now_ms(), self._lease_ms, reserve_ms or {}, hold_ms)
         chosen = await tx.rows(claim_candidates(key), params | {"limit": limit})
         ids = [row["id"] for row in chosen]
         if not ids:
             return []
         rows = await tx.rows(take_ids(len(ids)), params | keys_params(ids, "id"))
-        tasks = sorted(claimed(rows), key=lambda task: (task.available_at, task.created_at))
+        return sorted(claimed(rows), key=lambda task: (task.available_at, task.created_at))
+
+    async def _started(
+        self,
+        tx: Tx,
+        tasks: list[Task],
+        now: int,
+        inputs: dict[str, dict[str, bytes]] | None,
+    ) -> None:
+        """What a claim does for the tasks it took: their processing events (for a task that
+        asks for them), their input images read, the metric."""
         for task in tasks:
             if task.webhook_events:
-                await self.outbox.task_started(tx, TaskStarted(task, params["now"]))
-        if inputs is not None:
+                await self.outbox.task_started(tx, TaskStarted(task, now))
+        if inputs is not None and tasks:
             await read_inputs(tx, tasks, inputs)
         metrics.tasks_started(tasks)
-        return tasks
 
     async def any_runnable(
         self,
@@ -298,44 +274,6 @@ class Lifecycle:
         params = runnable_params(group, now_ms(), reserve_ms or {}, hold_ms)
         async with self.db.read() as session:
             return await session.scalar(runnable_one(group), params) is not None
-
-    async def claim_many(
-        self,
-        worker_id: str,
-        models: Sequence[str],
-        limit: int,
-        inputs: dict[str, dict[str, bytes]] | None = None,
-        hold_ms: Mapping[str, int] | None = None,
-    ) -> list[Task]:
-        """Take up to ``limit`` of the oldest runnable tasks in one transaction (I/O engines).
-
-        The ids are selected first: PostgreSQL may run an ``IN (... LIMIT n)`` subquery more
-        than once per UPDATE and so take more than ``limit`` rows.
-        """
-        if limit <= 1:
-            task, _ = await self.claim_next(
-                worker_id, models, inputs=inputs, look_on=False, hold_ms=hold_ms
-            )
-            return [] if task is None else [task]
-        key = tuple(models)
-        params = claim_params(key, worker_id, now_ms(), self._lease_ms, {}, hold_ms)
-        now = params["now"]
-        async with self.db.write() as session:
-            if self.closed:
-                return []
-            candidates = claim_candidates(key)
-            ids = list((await session.scalars(candidates, params | {"limit": limit})).all())
-            if not ids:
-                return []
-            tx = SessionTx(session)
-            tasks = claimed(await tx.rows(TAKE_IDS, params | {"ids": ids}))
-            for task in tasks:
-                if task.webhook_events:
-                    await self.outbox.task_started(tx, TaskStarted(task, now))
-            if inputs is not None:
-                await read_inputs(tx, tasks, inputs)
-            metrics.tasks_started(tasks)
-            return tasks
 
     @property
     def _lease_ms(self) -> int:

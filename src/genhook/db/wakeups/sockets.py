@@ -28,7 +28,7 @@ wake-up arrived meanwhile (``Waiter.pending``):
   writer's scan either still busy (the writer then took another, idle worker, or sent to
   every busy one) or already idle (and may be the one taken). Datagrams read together
   before one claim make one wake-up, but each belongs to a commit that claim sees, and the
-  claim reports whether a second task waited (``Lifecycle.claim_next``), so the worker
+  claim reports whether a second task waited (``Claim.more`` of ``Lifecycle.claim``), so the worker
   claims again after its task.
 
 Only a worker killed just after a writer took it drops a wake-up; its task waits for another

@@ -262,13 +262,11 @@ def claim_candidates(models: tuple[str, ...]) -> Select[Any]:
     )
 
 
-TAKE_IDS = _take(_tasks.c.id.in_(bindparam("ids", expanding=True)))
-
-
 @functools.lru_cache(maxsize=64)
 def take_ids(count: int) -> Update:
-    """``TAKE_IDS`` for exactly ``count`` ids (``:id_0`` ...; ``keys_params(ids, "id")``),
-    rendered once, for the driver path: a batch's claim (``Lifecycle.claim_more``)."""
+    """Take exactly ``count`` tasks by id (``:id_0`` ...; ``keys_params(ids, "id")``),
+    rendered once, for the driver path: a claim of several tasks (``Lifecycle.claim``,
+    ``Lifecycle.claim_more``)."""
     return _take(_keyed(count, _tasks.c.id, "id"))
 
 

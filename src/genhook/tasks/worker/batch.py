@@ -1,7 +1,7 @@
 """Dynamic batching: many tasks of one model in one engine call, each still ending alone.
 
 A model whose ``ModelSpec.max_batch_size`` is above 1 has its waiting tasks claimed
-together, up to that size, in one transaction (``Lifecycle.claim_batch``, ``claim_more``).
+together, up to that size, in one transaction (``Lifecycle.claim``; ``claim_more`` fills it).
 With fewer in hand, the worker waits up to the model's ``max_wait_ms`` for more to arrive
 (each submit wakes it), then runs what it has: tasks with the same ``batch_key`` share one
 ``run_batch`` call, in the thread engines run in.

@@ -133,8 +133,8 @@ class Worker(Services):
         # The one-at-a-time loop's stop event while it runs: only that loop completes a task
         # and claims its successor in one transaction (see _complete).
         self._chain_stop: asyncio.Event | None = None
-        # A task claimed with the last completion, run next without a claim of its own.
-        self._next: Task | None = None
+        # Tasks claimed with the last completion, run next without a claim of its own.
+        self._next: list[Task] = []
         # Models whose tasks go preferably to a worker that has their weights loaded: this
         # one takes such a task only after it waited its hold, unless it has them.
         self._affine = [spec.id for spec in self.registry if spec.affinity]
@@ -327,10 +327,10 @@ class Worker(Services):
                 # it a task, so that claim goes ahead at once. After a task, claim again
                 # only if another was waiting at the claim or a submit has woken this
                 # worker since. A task claimed with the last completion runs next.
-                if self._next is None and ran and not self._more and not self.wakeup.pending():
+                if not self._next and ran and not self._more and not self.wakeup.pending():
                     ran = False
                 elif (
-                    self._next is not None
+                    self._next
                     or not waited
                     or await self.lifecycle.any_runnable(
                         self._models, self.reserve_ms(), self.hold_ms()
@@ -371,32 +371,21 @@ class Worker(Services):
     async def run_once(self, stop: asyncio.Event | None = None) -> bool:
         """Run one task (or one batch): the one claimed with the last completion, or one
         claimed now."""
-        task, self._next = self._next, None
-        chained = task is not None
-        if task is not None:
-            tasks = [task]
-        elif not await self.storage_ready():
-            return False
-        elif self.batch_sizes:
-            tasks, self._more = await self.lifecycle.claim_batch(
+        tasks, self._next = self._next, []
+        chained = bool(tasks)
+        if not tasks:
+            if not await self.storage_ready():
+                return False
+            claim = await self.lifecycle.claim(
                 self.worker_id,
                 self._models,
-                self.batch_sizes,
-                self.reserve_ms(),
+                limits=self.batch_sizes,
+                reserve_ms=self.reserve_ms(),
                 inputs=self.prefetched,
                 hold_ms=self.hold_ms(),
                 affinity=self.preference(),
             )
-        else:
-            task, self._more = await self.lifecycle.claim_next(
-                self.worker_id,
-                self._models,
-                self.reserve_ms(),
-                inputs=self.prefetched,
-                hold_ms=self.hold_ms(),
-                affinity=self.preference(),
-            )
-            tasks = [] if task is None else [task]
+            tasks, self._more = claim.tasks, claim.more
         if not tasks:
             log.debug("worker %s: claim found no task", self.worker_id)
             return False
@@ -632,24 +621,19 @@ class Worker(Services):
         never claims a second task.
         """
         stop = self._chain_stop
-        if (
-            stop is None
-            or stop.is_set()
-            or self.tainted
-            or not self._more
-            or self._next is not None
-        ):
+        if stop is None or stop.is_set() or self.tainted or not self._more or self._next:
             return await self._complete_plain(task, item)
         inputs: dict[str, dict[str, bytes]] = {}
         try:
-            (done,), claimed, self._more = await self.lifecycle.complete_and_claim(
+            claim = await self.lifecycle.claim(
                 self.worker_id,
-                [item],
                 self._models,
-                self.reserve_ms(),
-                inputs,
-                self.hold_ms(),
-                self.preference(),
+                limits=self.batch_sizes,
+                reserve_ms=self.reserve_ms(),
+                inputs=inputs,
+                hold_ms=self.hold_ms(),
+                affinity=self.preference(),
+                complete=[item],
             )
         except Exception as error:
             if not is_infrastructure_error(error):
@@ -663,7 +647,7 @@ class Worker(Services):
                 if not await self.lifecycle.held_of([task.id], self.worker_id):
                     await self.lifecycle.release_owner(self.worker_id, lost=False)
             return done
-        self._next = claimed
+        (done,), self._next, self._more = claim.done, claim.tasks, claim.more
         self.prefetched.update(inputs)
         if done:
             await discard_inputs(self.storage, task.inputs)
@@ -681,12 +665,11 @@ class Worker(Services):
         )
 
     async def _release_next(self) -> None:
-        """Give back a task claimed with the last completion that the loop will not run."""
-        task, self._next = self._next, None
-        if task is None:
-            return
-        self.prefetched.pop(task.id, None)
-        await self.release_task(task)
+        """Give back the tasks claimed with the last completion that the loop will not run."""
+        tasks, self._next = self._next, []
+        for task in tasks:
+            self.prefetched.pop(task.id, None)
+            await self.release_task(task)
 
     async def release_task(self, task: Task) -> None:
         """Give a task back at shutdown, unharmed (no lost lease counted)."""

@@ -94,29 +94,24 @@ async def run_concurrent(worker: Worker, stop: asyncio.Event) -> None:
 async def _claim(worker: Worker, models: list[str], free: int) -> list[list[Task]]:
     """Work for ``free`` slots of ``models``: a task each, or a batch each for a batched
     model (its first task and up to its batch size less one more of its model)."""
-    lifecycle, owner, reserve = worker.lifecycle, worker.worker_id, worker.reserve_ms()
-    hold = worker.hold_ms()
-    if len(models) == 1 and models[0] in worker.batch_sizes:
-        size = worker.batch_sizes[models[0]]
-        batches = []
-        for _ in range(free):
-            batch = await lifecycle.claim_more(
-                owner, models[0], size, reserve, inputs=worker.prefetched, hold_ms=hold
-            )
-            if not batch:
-                break
-            batches.append(batch)
-        return batches
-    tasks = await lifecycle.claim_many(owner, models, free, inputs=worker.prefetched, hold_ms=hold)
+    lifecycle, owner = worker.lifecycle, worker.worker_id
+    terms: dict[str, Any] = dict(
+        reserve_ms=worker.reserve_ms(),
+        inputs=worker.prefetched,
+        hold_ms=worker.hold_ms(),
+        affinity=worker.preference(),
+        look_on=False,
+    )
+    if len(models) == 1 and models[0] not in worker.batch_sizes:
+        # A model's free slots in one claim, a task each.
+        claim = await lifecycle.claim(owner, models, limits={models[0]: free}, **terms)
+        return [[task] for task in claim.tasks]
     batches = []
-    for task in tasks:
-        size = worker.batch_sizes.get(task.model, 1)
-        company = []
-        if size > 1:
-            company = await lifecycle.claim_more(
-                owner, task.model, size - 1, reserve, inputs=worker.prefetched
-            )
-        batches.append([task, *company])
+    for _ in range(free):
+        claim = await lifecycle.claim(owner, models, limits=worker.batch_sizes, **terms)
+        if not claim.tasks:
+            break
+        batches.append(claim.tasks)
     return batches
 
 
