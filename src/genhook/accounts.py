@@ -34,6 +34,16 @@ class NewKey:
     key_id: str
     account_id: str
     api_key: str
+    max_priority: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who a request authenticated as: the account, and what its key may ask for."""
+
+    account: Account
+    # The highest task priority the key may ask for (``genhook.priorities``); None: any.
+    max_priority: int | None = None
 
 
 def hash_key(api_key: str) -> str:
@@ -74,7 +84,9 @@ def key_prefix(api_key: str) -> str:
     return api_key[: len(KEY_PREFIX) + 6]
 
 
-def _key_row(account_id: str, api_key: str, name: str, now: int) -> ApiKey:
+def _key_row(
+    account_id: str, api_key: str, name: str, now: int, max_priority: int | None = None
+) -> ApiKey:
     return ApiKey(
         id="key_" + secrets.token_hex(8),
         account_id=account_id,
@@ -83,6 +95,7 @@ def _key_row(account_id: str, api_key: str, name: str, now: int) -> ApiKey:
         key_hash=hash_key(api_key),
         created_at=now,
         revoked_at=None,
+        max_priority=max_priority,
     )
 
 
@@ -115,13 +128,16 @@ async def update_account(db: Database, account_id: str, **values: object) -> Non
             raise NotFound(f"no account {account_id}")
 
 
-async def create_key(db: Database, account: str, name: str = "") -> NewKey:
+async def create_key(
+    db: Database, account: str, name: str = "", *, max_priority: int | None = None
+) -> NewKey:
+    """``max_priority``: the highest task priority the key may ask for (None: any)."""
     owner = await find_account(db, account)
     api_key = _new_key()
-    row = _key_row(owner.id, api_key, name, now_ms())
+    row = _key_row(owner.id, api_key, name, now_ms(), max_priority)
     async with db.write() as session:
         session.add(row)
-    return NewKey(row.id, owner.id, api_key)
+    return NewKey(row.id, owner.id, api_key, max_priority)
 
 
 async def list_keys(db: Database, account: str | None = None) -> list[ApiKey]:
@@ -155,9 +171,9 @@ class AuthCache:
     def __init__(self, ttl: float, max_entries: int = 10_000) -> None:
         self.ttl = ttl
         self.max_entries = max_entries
-        self._entries: dict[str, tuple[float, Account]] = {}
+        self._entries: dict[str, tuple[float, Caller]] = {}
 
-    def get(self, digest: str) -> Account | None:
+    def get(self, digest: str) -> Caller | None:
         entry = self._entries.get(digest)
         if entry is None:
             return None
@@ -166,12 +182,12 @@ class AuthCache:
             return None
         return entry[1]
 
-    def put(self, digest: str, account: Account) -> None:
+    def put(self, digest: str, caller: Caller) -> None:
         if self.ttl <= 0:
             return
         if len(self._entries) >= self.max_entries:
             self._entries.clear()
-        self._entries[digest] = (time.monotonic() + self.ttl, account)
+        self._entries[digest] = (time.monotonic() + self.ttl, caller)
 
     def clear(self) -> None:
         self._entries.clear()
@@ -181,6 +197,14 @@ async def authenticate(
     db: Database, authorization: str | None, cache: AuthCache | None = None
 ) -> Account:
     """Resolve ``Authorization: Bearer <key>`` to its account, or raise 401."""
+    return (await authenticate_caller(db, authorization, cache)).account
+
+
+async def authenticate_caller(
+    db: Database, authorization: str | None, cache: AuthCache | None = None
+) -> Caller:
+    """Resolve ``Authorization: Bearer <key>`` to its account and the key's bounds, or
+    raise 401."""
     if not authorization:
         raise Unauthorized("missing Authorization header; send 'Authorization: Bearer <API key>'")
     scheme, _, token = authorization.strip().partition(" ")
@@ -193,14 +217,14 @@ async def authenticate(
     async with db.read() as session:
         row = (
             await session.execute(
-                select(ApiKey.key_hash, ApiKey.revoked_at, Account)
+                select(ApiKey.key_hash, ApiKey.revoked_at, ApiKey.max_priority, Account)
                 .join(Account, Account.id == ApiKey.account_id)
                 .where(ApiKey.key_hash == digest)
             )
         ).first()
     if row is None or not hmac.compare_digest(row[0], digest) or row[1] is not None:
         raise Unauthorized("invalid or revoked API key")
-    account: Account = row[2]
+    caller = Caller(row[3], row[2])
     if cache is not None:
-        cache.put(digest, account)
-    return account
+        cache.put(digest, caller)
+    return caller

@@ -267,6 +267,9 @@ class Settings(BaseSettings):
     metrics_dir: Path | None = None
     metrics_token: str | None = None
     metrics_database_timeout_seconds: float = Field(default=2.0, gt=0)
+    # Per-account queue gauges in /metrics: the N accounts with the most waiting tasks by
+    # id, the rest as ``other``; 0 (the default) shows no account at all.
+    metrics_accounts: int = Field(default=0, ge=0, le=1000)
 
     # Web console (/console); its sessions are kept in the database (docs/console.md).
     console_enabled: bool = True

@@ -3,6 +3,8 @@
 Events are counted where they happen, in whichever process they happen, with one
 ``inc()`` or ``observe()`` each. Labels are the model and the outcome only: never task
 ids, accounts or URLs, so the series stay few and no account data leaves through a scrape.
+The one exception is opt-in: ``GENHOOK_METRICS_ACCOUNTS=N`` adds per-account queue gauges
+for the N accounts with the most waiting tasks, by id, and the rest as ``other``.
 
 Each process reports its own counts, unless a metrics directory is set
 (``GENHOOK_METRICS_DIR``; ``genhook serve`` sets one under the data directory): then every
@@ -211,6 +213,8 @@ class DatabaseGauges(Collector):
     def __init__(self) -> None:
         self.waiting: list[tuple[str, int, int]] = []  # model, count, oldest created_at
         self.outbox: tuple[int, int | None] = (0, None)
+        # (account id or "other", waiting, running, weight or None, usage share); None: off.
+        self.accounts: list[tuple[str, int, int, int | None, float]] | None = None
         self.up: bool | None = None
         self.refreshed_at = 0.0  # monotonic
         self.measured_at = 0  # epoch ms
@@ -255,8 +259,42 @@ class DatabaseGauges(Collector):
         )
         age.add_metric([], 0 if first is None else max(0, self.measured_at - first) / 1000)
         yield age
+        if self.accounts is not None:
+            yield from self._account_families(self.accounts)
 
-    async def refresh(self, db: Database, *, timeout: float, max_age: float) -> None:
+    @staticmethod
+    def _account_families(
+        rows: list[tuple[str, int, int, int | None, float]],
+    ) -> Iterator[Metric]:
+        labels = ["account"]
+        waiting = GaugeMetricFamily(
+            "genhook_account_tasks_waiting",
+            "Tasks waiting for a worker, per account (top GENHOOK_METRICS_ACCOUNTS, the rest "
+            "as other).",
+            labels=labels,
+        )
+        running = GaugeMetricFamily(
+            "genhook_account_tasks_running", "Tasks a worker runs now, per account.", labels=labels
+        )
+        weight = GaugeMetricFamily(
+            "genhook_account_weight", "The account's fair-queuing weight.", labels=labels
+        )
+        share = GaugeMetricFamily(
+            "genhook_account_usage_share",
+            "The account's part of the worker time used over the last 15 minutes, 0 to 1.",
+            labels=labels,
+        )
+        for account, queued, held, account_weight, used in rows:
+            waiting.add_metric([account], queued)
+            running.add_metric([account], held)
+            if account_weight is not None:
+                weight.add_metric([account], account_weight)
+            share.add_metric([account], used)
+        yield from (waiting, running, weight, share)
+
+    async def refresh(
+        self, db: Database, *, timeout: float, max_age: float, accounts: int = 0
+    ) -> None:
         loop = asyncio.get_running_loop()
         if loop not in self._locks:
             self._locks = {loop: asyncio.Lock()}
@@ -265,14 +303,14 @@ class DatabaseGauges(Collector):
                 return
             self._source = db
             try:
-                await asyncio.wait_for(self._read(db), timeout)
+                await asyncio.wait_for(self._read(db, accounts), timeout)
                 self.up = True
             except Exception as error:  # TimeoutError included: report, never fail a scrape
                 log.warning("metrics: reading the queue and outbox failed (%r)", error)
                 self.up = False
             self.refreshed_at = time.monotonic()
 
-    async def _read(self, db: Database) -> None:
+    async def _read(self, db: Database, accounts: int) -> None:
         from sqlalchemy import func, select
 
         from genhook.db import WebhookDelivery, now_ms
@@ -287,6 +325,30 @@ class DatabaseGauges(Collector):
         self.measured_at = now_ms()
         self.waiting = [(str(m), int(c), int(o)) for m, c, o in rows]
         self.outbox = (int(pending[0]), None if pending[1] is None else int(pending[1]))
+        self.accounts = await _top_accounts(db, accounts) if accounts else None
+
+
+async def _top_accounts(db: Database, n: int) -> list[tuple[str, int, int, int | None, float]]:
+    """The ``n`` accounts with the most waiting tasks (``tasks/shares.py``'s order), and
+    every other one added up as ``other``: at most ``n + 1`` series per gauge."""
+    from genhook.tasks.shares import measure
+
+    shares = (await measure(db)).accounts
+    rows: list[tuple[str, int, int, int | None, float]] = [
+        (a.account_id, a.waiting, a.running, a.weight, a.usage_share) for a in shares[:n]
+    ]
+    rest = shares[n:]
+    if rest:
+        rows.append(
+            (
+                "other",
+                sum(a.waiting for a in rest),
+                sum(a.running for a in rest),
+                None,
+                sum(a.usage_share for a in rest),
+            )
+        )
+    return rows
 
 
 DATABASE = DatabaseGauges()
@@ -294,9 +356,10 @@ REGISTRY.register(DATABASE)
 
 
 async def refresh_database_gauges(
-    db: Database, *, timeout: float = 2.0, max_age: float = 1.0
+    db: Database, *, timeout: float = 2.0, max_age: float = 1.0, accounts: int = 0
 ) -> None:
-    await DATABASE.refresh(db, timeout=timeout, max_age=max_age)
+    """``accounts``: how many accounts get gauges of their own (0: none)."""
+    await DATABASE.refresh(db, timeout=timeout, max_age=max_age, accounts=accounts)
 
 
 # -- exposition -----------------------------------------------------------------------------
@@ -376,5 +439,6 @@ def metric_names() -> list[str]:
     names = [metric._name + ("_total" if metric._type == "counter" else "") for metric in DEFINED]
     families = DatabaseGauges()
     families.up = True
+    families.accounts = []
     names += [family.name for family in families.collect()]
     return names

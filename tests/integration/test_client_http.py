@@ -575,6 +575,19 @@ def test_cli_submit_loras(api):
     assert out.exit_code == 2 and "--lora" in out.output and len(api.seen) == 1
 
 
+def test_cli_submit_priority(api):
+    api.reply(Reply(body=prediction(priority="high")), Reply(body=prediction()))
+    out = cli(api, "submit", "--kind", "image", "-p", "a cat", "--priority", "high", "--json")
+    assert out.exit_code == 0, out.output
+    assert api.seen[0].json()["priority"] == "high"
+    assert json.loads(out.output)["priority"] == "high"
+    out = cli(api, "submit", "--kind", "image", "-p", "a cat")
+    assert out.exit_code == 0, out.output
+    assert "priority" not in api.seen[1].json()  # the service's default applies
+    out = cli(api, "submit", "--kind", "image", "-p", "a cat", "--priority", "urgent")
+    assert out.exit_code == 2 and "--priority" in out.output and len(api.seen) == 2
+
+
 def test_cli_submit_wait_exit_codes(api):
     api.reply(
         Reply(body=prediction()),

@@ -18,7 +18,7 @@ from genhook.engines.audio._requests import TextToSpeechRequest
 from genhook.engines.edit_request import ALLOWED_SIZES, EditRequest
 from genhook.sender.keys import ensure_signing_key, rotate_signing_key
 from tests.conftest import Harness, make_harness, make_settings
-from tests.support.images import data_url
+from tests.support.images import data_url, image_bytes
 
 
 async def signed_in(harness: Harness, api_key: str) -> httpx.AsyncClient:
@@ -444,3 +444,68 @@ async def test_the_task_page_reads_the_plan_and_shows_the_apis_own_answer(
     assert "genhook/image-edit" in row and "completed" in row
     assert f'<td class="cost">{charged["amount_usd"]}</td>' in row
     assert ">black and white, then add a red border</td>" in row
+
+
+async def test_the_play_form_offers_priority_and_a_key_bound_is_shown_there(
+    harness: Harness,
+) -> None:
+    bounded = await create_key(harness.state.db, harness.account.account_id, max_priority=0)
+    client = await signed_in(harness, bounded.api_key)
+    page = (await client.get("/console/play/test/fake-edit")).text
+    assert '<select id="f-priority" name="priority">' in page
+    assert '<option value="normal" selected>normal</option>' in page
+    token = csrf_of(page)
+    png = ("a.png", image_bytes(), "image/png")
+    form = {"csrf": token, "prompt": "edit", "size": "1024*1024", "action": "submit"}
+    refused = await client.post(
+        "/console/play/test/fake-edit",
+        data={**form, "priority": "high"},
+        files={"images": png},
+    )
+    assert refused.status_code == 403
+    assert "may ask for normal or lower" in refused.text
+    made = await client.post(
+        "/console/play/test/fake-edit", data={**form, "priority": "low"}, files={"images": png}
+    )
+    assert made.status_code == 303
+    task_id = made.headers["location"].rsplit("/", 1)[1]
+    assert (await harness.result(task_id))["priority"] == "low"
+    listing = (await client.get("/console/tasks")).text
+    assert "(low priority)" in listing
+
+
+async def test_a_key_made_in_the_console_may_be_bounded(harness: Harness) -> None:
+    client = await signed_in(harness, harness.account.api_key)
+    token = csrf_of((await client.get("/console/keys")).text)
+    created = await client.post(
+        "/console/keys", data={"name": "batch", "max_priority": "low", "csrf": token}
+    )
+    assert created.status_code == 200
+    assert '<td class="max-priority">low</td>' in created.text
+    assert '<td class="max-priority">any</td>' in created.text
+
+
+async def test_the_queue_page_shows_the_weight_and_who_holds_the_workers(
+    tmp_path: Path, database_url: str
+) -> None:
+    harness = await make_harness(make_settings(tmp_path, database_url))
+    try:
+        other = await create_account(harness.state.db, "other")
+        theirs = {"Authorization": f"Bearer {other.api_key}"}
+        body = {"model": "test/fake-edit", "prompt": "edit", "images": [data_url()]}
+        for _ in range(2):
+            await harness.client.post("/api/v1/model/generateImage", json=body, headers=theirs)
+        plain = await signed_in(harness, harness.account.api_key)
+        page = (await plain.get("/console/queue")).text
+        assert '<td class="weight">1</td><td class="waiting">0</td>' in page
+        assert "Every account" not in page and other.account_id not in page
+        harness.state.settings.admin_accounts.append(harness.account.account_id)
+        admin = (await plain.get("/console/queue")).text
+        assert 'id="queue-table"' in admin
+        assert f"<code>{other.account_id}</code></a></td><td>1</td><td>2</td><td>0</td>" in admin
+        mine = await signed_in(harness, other.api_key)
+        own = (await mine.get("/console/queue")).text
+        assert '<td class="waiting">2</td>' in own and "Every account" not in own
+    finally:
+        await harness.client.aclose()
+        await harness.state.db.dispose()

@@ -14,6 +14,7 @@ import {
   type LoraChoice,
   type ModelInfo,
   type Prediction,
+  type Priority,
   type TaskEvent,
   type TaskPage,
   type Usage,
@@ -71,6 +72,9 @@ export interface SubmitOptions {
   idempotencyKey?: string;
   /** Seconds the task may wait in the queue before it ends `timeout`: `X-Start-Deadline`. */
   startDeadline?: number;
+  /** Orders the account's own waiting tasks (`high`, `normal` (the service's default), `low`);
+   * sent as the body's `priority`. Above the key's bound: `Forbidden` (403). */
+  priority?: Priority;
   /** The `traceparent` of the caller's trace, so the task's spans join it. */
   traceparent?: string;
   signal?: AbortSignal;
@@ -299,7 +303,7 @@ export class GenhookClient {
     const data = await this.request<unknown>({
       method: "POST",
       path: SUBMIT_PATHS[options.kind ?? "image"],
-      body: { ...fields, model },
+      body: { ...fields, model, ...(options.priority !== undefined ? { priority: options.priority } : {}) },
       headers,
       idempotent: options.idempotencyKey !== undefined,
       extraMs,

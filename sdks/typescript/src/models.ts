@@ -51,6 +51,9 @@ export interface SttResult {
   readonly words?: readonly SttWord[];
 }
 
+/** A task's priority: the order among its account's own waiting tasks. */
+export type Priority = "high" | "normal" | "low";
+
 /** A task as the submit, result, cancel and listing endpoints (and webhooks) render it. */
 export interface Prediction {
   readonly id: string;
@@ -70,6 +73,8 @@ export interface Prediction {
   readonly logs?: readonly LogLine[] | null;
   readonly outputs_expire_at?: string | null;
   readonly stt_result?: SttResult | null;
+  /** Present when the task's priority is not `normal`. */
+  readonly priority?: Priority;
   readonly [field: string]: unknown;
 }
 

@@ -6,6 +6,7 @@ import { after, before, describe, test } from "node:test";
 
 import {
   Conflict,
+  Forbidden,
   GenhookClient,
   InvalidRequest,
   NotFound,
@@ -125,6 +126,31 @@ describe("against a live service", () => {
     const canceled = await client.cancel(task.id);
     assert.equal(canceled.status, "canceled");
     await assert.rejects(client.cancel(task.id), Conflict);
+  });
+
+  test("priority: sent in the body, shown when not normal, refused above the key's bound", async () => {
+    const high = await edit("plain", { priority: "high" });
+    assert.equal(high.priority, "high");
+    const plain = await edit("plain");
+    assert.equal(plain.priority, undefined, "a normal task's answer keeps its shape");
+    await assert.rejects(edit("plain", { priority: "urgent" as "high" }), (error: unknown) => {
+      assert.ok(error instanceof InvalidRequest);
+      assert.deepEqual(error.fieldErrors.map((f) => f.field), ["priority"]);
+      return true;
+    });
+    const created = JSON.parse(await service.cli("keys", "create", service.accountId, "--max-priority", "normal", "--json")) as {
+      api_key: string;
+    };
+    const bounded = new GenhookClient({ baseUrl: service.baseUrl, apiKey: created.api_key });
+    const boundedEdit = (priority: "high" | "low") =>
+      bounded.edit("plain", PNG, { model: MODEL, size: "1024*1024", priority });
+    await assert.rejects(boundedEdit("high"), (error: unknown) => {
+      assert.ok(error instanceof Forbidden);
+      assert.equal(error.statusCode, 403);
+      assert.deepEqual(error.fieldErrors.map((f) => f.field), ["priority"]);
+      return true;
+    });
+    assert.equal((await boundedEdit("low")).priority, "low");
   });
 
   test("idempotency keys: a repeat is the same task, a different body with the key a Conflict", async () => {

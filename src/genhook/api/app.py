@@ -25,6 +25,7 @@ from genhook.api.routes_docs import install_docs
 from genhook.api.routes_keys import router as keys_router
 from genhook.api.routes_metrics import router as metrics_router
 from genhook.api.routes_models import install_models
+from genhook.api.routes_queue import router as queue_router
 from genhook.api.routes_root import router as root_router
 from genhook.api.routes_signing_keys import router as signing_keys_router
 from genhook.api.routes_tasks import router as tasks_router
@@ -92,6 +93,7 @@ def create_app(state: AppState) -> FastAPI:
     app.include_router(upstream_router)
     app.include_router(keys_router)
     app.include_router(admin_router)
+    app.include_router(queue_router)
     app.include_router(delivery_message_router)
     app.include_router(timeline_router)
     app.include_router(signing_keys_router)

@@ -64,6 +64,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 # The submit paths also push back (limits) and refuse a reused Idempotency-Key.
 SUBMIT_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES,
+    403: {
+        "model": ErrorResponse,
+        "description": "priority is above the API key's bound (errors names priority).",
+    },
     409: {"model": ErrorResponse, "description": "Idempotency-Key reused with another body."},
     429: {"model": ErrorResponse, "description": "Over a limit; see the Retry-After header."},
 }

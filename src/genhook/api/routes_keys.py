@@ -6,16 +6,23 @@ the same), never another account's keys.
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 from fastapi import APIRouter
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from genhook.accounts import create_key, list_keys, revoke_key
-from genhook.api.deps import AccountDep, StateDep
-from genhook.api.errors import ERROR_RESPONSES
-from genhook.errors import NotFound
+from genhook.api.deps import AccountDep, CallerDep, StateDep
+from genhook.api.errors import ERROR_RESPONSES, ErrorResponse
+from genhook.db import ApiKey
+from genhook.errors import FieldError, Forbidden, NotFound
+from genhook.priorities import Priority
 from genhook.tasks.views import iso_ms
 
 router = APIRouter(tags=["keys"])
+
+
+PriorityName = Literal["high", "normal", "low"]
 
 
 class KeyView(BaseModel):
@@ -24,6 +31,10 @@ class KeyView(BaseModel):
     prefix: str = Field(description="The first characters of the key, to recognise it.")
     created_at: str
     revoked_at: str | None
+    max_priority: PriorityName | None = Field(
+        default=None,
+        description="The highest task priority the key may ask for; null: any.",
+    )
 
 
 class KeyList(BaseModel):
@@ -31,7 +42,14 @@ class KeyList(BaseModel):
 
 
 class NewKeyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     name: str = Field(default="", max_length=100)
+    max_priority: PriorityName | None = Field(
+        default=None,
+        description="The highest task priority the new key may ask for. Never above the "
+        "calling key's own bound; left out, the new key has the calling key's bound.",
+    )
 
 
 class NewKeyView(KeyView):
@@ -43,37 +61,51 @@ class NewKeyView(KeyView):
 )
 async def get_keys(state: StateDep, account: AccountDep) -> KeyList:
     rows = await list_keys(state.db, account.id)
-    return KeyList(
-        keys=[
-            KeyView(
-                id=row.id,
-                name=row.name,
-                prefix=row.prefix,
-                created_at=iso_ms(row.created_at),
-                revoked_at=iso_ms(row.revoked_at) if row.revoked_at is not None else None,
-            )
-            for row in rows
-        ]
-    )
+    return KeyList(keys=[KeyView(**_key_fields(row)) for row in rows])
+
+
+def _key_fields(row: ApiKey) -> dict[str, Any]:
+    bound = row.max_priority
+    return {
+        "id": row.id,
+        "name": row.name,
+        "prefix": row.prefix,
+        "created_at": iso_ms(row.created_at),
+        "revoked_at": iso_ms(row.revoked_at) if row.revoked_at is not None else None,
+        "max_priority": Priority.of_level(bound) if bound is not None else None,
+    }
+
+
+def new_key_bound(asked: Priority | None, own: int | None) -> int | None:
+    """The bound of a key a key creates: never above the creator's own, so a bounded key
+    cannot mint itself a way around its bound; left out, the creator's."""
+    if asked is None:
+        return own
+    if own is not None and asked.level > own:
+        message = (
+            f"max_priority {asked} is above this API key's own bound "
+            f"({Priority.of_level(own)}); a key may create keys bounded at or below its own"
+        )
+        raise Forbidden(message, [FieldError("max_priority", message)])
+    return asked.level
 
 
 @router.post(
     "/api/v1/keys",
     response_model=NewKeyView,
-    responses=ERROR_RESPONSES,
+    responses={
+        **ERROR_RESPONSES,
+        403: {"model": ErrorResponse, "description": "max_priority above the key's own bound."},
+    },
     summary="Create a key for this account",
 )
-async def post_key(state: StateDep, account: AccountDep, body: NewKeyRequest) -> NewKeyView:
-    new = await create_key(state.db, account.id, body.name)
+async def post_key(state: StateDep, caller: CallerDep, body: NewKeyRequest) -> NewKeyView:
+    account = caller.account
+    asked = Priority(body.max_priority) if body.max_priority is not None else None
+    bound = new_key_bound(asked, caller.max_priority)
+    new = await create_key(state.db, account.id, body.name, max_priority=bound)
     row = next(k for k in await list_keys(state.db, account.id) if k.id == new.key_id)
-    return NewKeyView(
-        id=row.id,
-        name=row.name,
-        prefix=row.prefix,
-        created_at=iso_ms(row.created_at),
-        revoked_at=None,
-        api_key=new.api_key,
-    )
+    return NewKeyView(**_key_fields(row), api_key=new.api_key)
 
 
 @router.post(

@@ -1,8 +1,8 @@
 """``GET /metrics``: Prometheus text exposition (docs/operations.md#metrics).
 
 Open by default, for a scraper on a private network; ``GENHOOK_METRICS_TOKEN`` makes it
-ask for that bearer token. Either way it shows counts by model and outcome only, never
-account data.
+ask for that bearer token. Either way it shows counts by model and outcome only, and no
+account data unless ``GENHOOK_METRICS_ACCOUNTS`` asks for per-account queue gauges.
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ async def get_metrics(request: Request) -> Response:
         if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
             raise Unauthorized("the metrics token is missing or wrong")
     await metrics.refresh_database_gauges(
-        state.db, timeout=state.settings.metrics_database_timeout_seconds
+        state.db,
+        timeout=state.settings.metrics_database_timeout_seconds,
+        accounts=state.settings.metrics_accounts,
     )
     # Reading the other processes' files is file I/O: off the loop.
     body, content_type = await asyncio.to_thread(metrics.render)

@@ -19,6 +19,7 @@ from genhook.config import Settings
 from genhook.engines.base import ModelSpec
 from genhook.engines.registry import PATH_KINDS, Registry, submit_paths
 from genhook.errors import NotFound
+from genhook.tasks.submission import with_submit_fields
 
 router = APIRouter()
 
@@ -68,7 +69,7 @@ def model_info(spec: ModelSpec, settings: Settings) -> dict[str, Any]:
         "kind": spec.kind.value,
         "description": spec.description,
         "submit_paths": submit_paths(spec),
-        "request_schema": spec.request_schema.model_json_schema(),
+        "request_schema": with_submit_fields(spec.request_schema.model_json_schema()),
         "pricing": pricing,
         "deadline_seconds": settings.task_deadline_seconds or spec.deadline_seconds,
         "choices": spec.choices() if spec.choices is not None else None,
@@ -116,8 +117,8 @@ def request_schemas(registry: Registry, document: dict[str, Any]) -> None:
         schema = spec.request_schema.model_json_schema(ref_template="#/components/schemas/{model}")
         for name, definition in schema.pop("$defs", {}).items():
             components.setdefault(name, definition)
-        schema = copy.deepcopy(schema)
-        properties = schema.setdefault("properties", {})
+        schema = with_submit_fields(copy.deepcopy(schema))
+        properties = schema["properties"]
         properties["model"] = {"const": spec.id, "type": "string", "title": "Model"}
         schema["title"] = f"{spec.id} request"
         names[spec.id] = _component_name(spec.id)

@@ -8,14 +8,14 @@ from typing import Any
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
+from genhook.accounts import Caller
 from genhook.api.bodies import BodyLimits, large_body_slot, read_json_body
-from genhook.api.deps import AccountDep, AppState, StateDep, current_account, get_state
+from genhook.api.deps import AccountDep, AppState, StateDep, current_caller, get_state
 from genhook.api.errors import ERROR_RESPONSES, SUBMIT_ERROR_RESPONSES, ErrorResponse
 from genhook.api.outputs import bucket_output
 from genhook.api.ranges import ranged_response
 from genhook.api.routes_watch import prefer_wait, result_response
 from genhook.api.schemas import PredictionResponse, UsageResponse
-from genhook.db import Account
 from genhook.engines.edit_request import EditRequest
 from genhook.errors import NotFound
 from genhook.storage.blobs import BucketBlobStore, valid_key
@@ -39,11 +39,11 @@ _SUBMIT_DOC = {
 }
 
 
-async def _caller(request: Request) -> tuple[AppState, Account]:
-    """State and account without FastAPI's dependency machinery, which costs more per
+async def _caller(request: Request) -> tuple[AppState, Caller]:
+    """State and caller without FastAPI's dependency machinery, which costs more per
     request than the whole submit does; used by the two hot endpoints."""
     state = await get_state(request)
-    return state, await current_account(request, state)
+    return state, await current_caller(request, state)
 
 
 def _limits(state: AppState) -> BodyLimits:
@@ -59,7 +59,7 @@ def _limits(state: AppState) -> BodyLimits:
 async def _read_and_submit(
     request: Request,
     state: AppState,
-    account_id: str,
+    caller: Caller,
     path_name: str,
     idempotency_key: str | None,
     start_deadline: float | None,
@@ -67,30 +67,32 @@ async def _read_and_submit(
     """In a frame of its own, so a large body is freed as soon as this returns or raises."""
     body = await read_json_body(request, _limits(state))
     return await state.submitter.submit(
-        account_id,
+        caller.account.id,
         path_name,
         body.value,
         idempotency_key=idempotency_key,
         start_deadline=start_deadline,
         offload=body.large,
         inline=body.inline,
+        max_priority=caller.max_priority,
     )
 
 
 def _submit_route(path_name: str, summary: str, doc: dict[str, Any] = _SUBMIT_DOC) -> None:
     async def endpoint(request: Request) -> Any:
-        state, account = await _caller(request)
+        state, caller = await _caller(request)
+        account = caller.account
         wait = prefer_wait(request, state.settings.wait_max_seconds)
         key = parse_idempotency_key(request.headers.get(IDEMPOTENCY_HEADER))
         start = parse_start_deadline(request.headers.get(START_DEADLINE_HEADER))
         if wait is None:
             async with large_body_slot(request):
-                task = await _read_and_submit(request, state, account.id, path_name, key, start)
+                task = await _read_and_submit(request, state, caller, path_name, key, start)
             return JSONResponse(await prediction_view(task, state.settings, state.storage))
         # Held from before the submit, so a wait over the caps creates nothing.
         with state.held.hold(account.id, request.headers.get("authorization")) as hold:
             async with large_body_slot(request):
-                task = await _read_and_submit(request, state, account.id, path_name, key, start)
+                task = await _read_and_submit(request, state, caller, path_name, key, start)
             return await result_response(state, task, request, hold)
 
     endpoint.__name__ = f"submit_{path_name}"
@@ -119,8 +121,8 @@ _submit_route("generateAudio", "Submit an audio task (text-to-speech, speech-to-
     summary="Get a task's status and result",
 )
 async def get_result(request_id: str, request: Request) -> Any:
-    state, account = await _caller(request)
-    task = await owned_task(state.db, account.id, request_id)
+    state, caller = await _caller(request)
+    task = await owned_task(state.db, caller.account.id, request_id)
     if task is None:
         raise NotFound(f"no task {request_id!r}")
     return await result_response(state, task, request)

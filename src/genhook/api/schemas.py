@@ -60,6 +60,11 @@ class PredictionResponse(BaseModel):
     urls: Urls
     error: str | None = Field(default=None, description="Present when status is failed.")
     error_code: int | None = Field(default=None, description="Present when status is failed.")
+    priority: Literal["high", "low"] | None = Field(
+        default=None,
+        description="The task's priority when the submit asked for one other than normal "
+        "(absent: normal).",
+    )
     info: dict[str, Any] | None = Field(
         default=None, description="Engine details, e.g. how the prompt was understood."
     )

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from genhook.cli._output import print_table
+from genhook.priorities import Priority
 
 T = TypeVar("T")
 
@@ -263,23 +264,41 @@ def accounts_list(as_json: bool = typer.Option(False, "--json", help="Print JSON
 def keys_create(
     account: str = typer.Argument(..., help="Account id or name."),
     name: str = typer.Option("", help="A label for the key."),
+    max_priority: Priority | None = typer.Option(
+        None,
+        "--max-priority",
+        case_sensitive=False,
+        help="The highest task priority the key may ask for (default: any).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Create an API key for an account; the key is shown once."""
     from genhook.accounts import create_key
     from genhook.errors import GenhookError
 
+    bound = max_priority.level if max_priority is not None else None
     try:
-        key = _run(_with_db(_settings(), lambda db: create_key(db, account, name)))
+        key = _run(
+            _with_db(_settings(), lambda db: create_key(db, account, name, max_priority=bound))
+        )
     except GenhookError as exc:
         _fail(exc.message)
         return
     if as_json:
         print(
-            json.dumps({"key_id": key.key_id, "account_id": key.account_id, "api_key": key.api_key})
+            json.dumps(
+                {
+                    "key_id": key.key_id,
+                    "account_id": key.account_id,
+                    "api_key": key.api_key,
+                    "max_priority": max_priority,
+                }
+            )
         )
         return
     console.print(f"key id:  {key.key_id}\nAPI key: {key.api_key}")
+    if max_priority is not None:
+        console.print(f"max priority: {max_priority}")
 
 
 @keys_app.command("list")
@@ -305,13 +324,16 @@ def keys_list(
             "prefix": r.prefix,
             "created_at": iso_ms(r.created_at),
             "revoked_at": iso_ms(r.revoked_at) if r.revoked_at else None,
+            "max_priority": (
+                Priority.of_level(r.max_priority) if r.max_priority is not None else None
+            ),
         }
         for r in rows
     ]
     if as_json:
         print(json.dumps(items))
         return
-    table = Table("key id", "account", "name", "prefix", "created", "revoked")
+    table = Table("key id", "account", "name", "prefix", "created", "revoked", "max priority")
     for item in items:
         table.add_row(*(str(item[k] or "") for k in item))
     print_table(console, table)

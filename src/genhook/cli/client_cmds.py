@@ -39,6 +39,7 @@ from genhook.client._credentials import local_credentials
 from genhook.client._images import file_item, image_items, is_media_field, is_url
 from genhook.client._listen import Delivery, Listener
 from genhook.media import CONTENT_TYPES, sniff_image_format
+from genhook.priorities import Priority
 from genhook.schema_marks import NO_EFFECT
 from genhook.statuses import TaskStatus
 from genhook.task_states import UNSUCCESSFUL
@@ -327,6 +328,12 @@ def submit(
     start_deadline: float | None = typer.Option(
         None, "--start-deadline", help="Seconds; a task not started by then ends timeout."
     ),
+    priority: Priority | None = typer.Option(
+        None,
+        "--priority",
+        case_sensitive=False,
+        help="Order among the account's own waiting tasks (default normal; a key may be bounded).",
+    ),
     wait_for_it: bool = typer.Option(False, "--wait", help="Wait for the terminal state."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds --wait waits at most."),
     output_dir: Path | None = OUTPUT_DIR,
@@ -365,6 +372,7 @@ def submit(
             kind=_submit_kind(client, model, kind),
             idempotency_key=idempotency_key,
             start_deadline=start_deadline,
+            priority=priority,
             **fields,
         )
         if not wait_for_it:

@@ -34,6 +34,7 @@ from genhook.client._verifier import WebhookVerifier
 from genhook.errors import (
     Conflict,
     FieldError,
+    Forbidden,
     GenhookError,
     Gone,
     InvalidRequest,
@@ -42,6 +43,7 @@ from genhook.errors import (
     TooManyRequests,
     Unauthorized,
 )
+from genhook.priorities import Priority
 from genhook.signature import standard_secret
 from genhook.statuses import DeliveryStatus, TaskStatus
 
@@ -56,6 +58,7 @@ __all__ = [
     "DedupStore",
     "DeliveryStatus",
     "FieldError",
+    "Forbidden",
     "GenhookError",
     "Gone",
     "ImageInput",
@@ -66,6 +69,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "Prediction",
+    "Priority",
     "SQLiteDedupStore",
     "SSEDecoder",
     "SttResult",

@@ -32,10 +32,13 @@ from genhook.client._models import (
     model_list,
 )
 from genhook.client._sse import SSEDecoder
+from genhook.priorities import Priority
 from genhook.retry import backoff_delay, parse_retry_after
 
 EDIT_MODEL = "genhook/image-edit"
 Kind = Literal["image", "video", "audio"]
+# A task's priority: a ``Priority`` or its name.
+PriorityArg = Priority | Literal["high", "normal", "low"]
 _SUBMIT_PATHS: dict[str, str] = {
     "image": "/api/v1/model/generateImage",
     "video": "/api/v1/model/generateVideo",
@@ -301,6 +304,7 @@ class Client(_Core):
         wait: float | None = None,
         idempotency_key: str | None = None,
         start_deadline: float | None = None,
+        priority: PriorityArg | None = None,
         **fields: Any,
     ) -> Prediction:
         """Submit any model's task; ``fields`` are its request body beside ``model``
@@ -311,9 +315,10 @@ class Client(_Core):
         started by then. ``wait`` (seconds, at most 60) answers once the task ends
         or the wait runs out, so a short task needs no polling. A media field (``images``,
         ``audio``, ``video``...) takes local files as ``edit()`` does: a ``Path``, an existing
-        file's path as a string, bytes or a PIL image, sent as a data URL.
+        file's path as a string, bytes or a PIL image, sent as a data URL. ``priority``
+        (``high``, ``normal``, ``low``) orders the account's own waiting tasks.
         """
-        body = {"model": model, **media_fields(_with_loras(fields))}
+        body = {"model": model, **media_fields(_with_loras(fields)), **_priority(priority)}
         headers, timeout = self._wait_options(wait)
         return self._prediction(
             self._request(
@@ -341,6 +346,7 @@ class Client(_Core):
         wait: float | None = None,
         idempotency_key: str | None = None,
         start_deadline: float | None = None,
+        priority: PriorityArg | None = None,
         **extra: Any,
     ) -> Prediction:
         """Submit an image edit; images may be paths, bytes, PIL images or URLs."""
@@ -351,6 +357,7 @@ class Client(_Core):
             "prompt_optimization_mode": prompt_optimization_mode,
             "enable_base64_output": enable_base64_output,
             "webhook_url": webhook_url,
+            "priority": str(priority) if priority is not None else None,
         }
         body = self._edit_body(prompt, images, model, optional, extra)
         headers, timeout = self._wait_options(wait)
@@ -534,10 +541,15 @@ class AsyncClient(_Core):
         wait: float | None = None,
         idempotency_key: str | None = None,
         start_deadline: float | None = None,
+        priority: PriorityArg | None = None,
         **fields: Any,
     ) -> Prediction:
         # Reading and encoding files is blocking work; keep it off the event loop.
-        body = {"model": model, **await asyncio.to_thread(media_fields, _with_loras(fields))}
+        body = {
+            "model": model,
+            **await asyncio.to_thread(media_fields, _with_loras(fields)),
+            **_priority(priority),
+        }
         headers, timeout = self._wait_options(wait)
         return self._prediction(
             await self._request(
@@ -565,6 +577,7 @@ class AsyncClient(_Core):
         wait: float | None = None,
         idempotency_key: str | None = None,
         start_deadline: float | None = None,
+        priority: PriorityArg | None = None,
         **extra: Any,
     ) -> Prediction:
         optional = {
@@ -574,6 +587,7 @@ class AsyncClient(_Core):
             "prompt_optimization_mode": prompt_optimization_mode,
             "enable_base64_output": enable_base64_output,
             "webhook_url": webhook_url,
+            "priority": str(priority) if priority is not None else None,
         }
         # Reading and encoding files is blocking work; keep it off the event loop.
         body = await asyncio.to_thread(self._edit_body, prompt, images, model, optional, extra)
@@ -683,6 +697,11 @@ class AsyncClient(_Core):
     async def jwks(self) -> dict[str, Any]:
         data = await self._request("GET", "/api/v1/webhooks/jwks.json", idempotent=True, auth=False)
         return data if isinstance(data, dict) else {"keys": []}
+
+
+def _priority(priority: PriorityArg | None) -> dict[str, str]:
+    """The body's ``priority`` field, left out when not given (the service's default)."""
+    return {} if priority is None else {"priority": str(priority)}
 
 
 def _with_loras(fields: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from genhook.client._credentials import MISSING_KEY_HINT
 from genhook.errors import (
     Conflict,
     FieldError,
+    Forbidden,
     GenhookError,
     Gone,
     InvalidRequest,
@@ -32,6 +33,7 @@ _BY_STATUS: dict[int, type[GenhookError]] = {
     for cls in (
         InvalidRequest,
         Unauthorized,
+        Forbidden,
         NotFound,
         Conflict,
         Gone,

@@ -136,6 +136,8 @@ class Prediction:
     stt_result: SttResult | None = None
     # When the outputs are deleted (ISO 8601); their URLs answer 410 after it.
     outputs_expire_at: str | None = None
+    # high, normal or low: the order among the account's own waiting tasks.
+    priority: str = "normal"
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -166,6 +168,7 @@ class Prediction:
             if isinstance(stt := data.get("stt_result"), dict)
             else None,
             outputs_expire_at=_str_or_none(data.get("outputs_expire_at")),
+            priority=_str_or_none(data.get("priority")) or "normal",
             raw=data,
         )
 

@@ -794,9 +794,10 @@ async def create_key(request: Request) -> Response:
     if isinstance(checked, Response):
         return checked
     key, form = checked
-    created = await _api(
-        request, "POST", "/api/v1/keys", key, json_body={"name": str(form.get("name") or "")}
-    )
+    body = {"name": str(form.get("name") or "")}
+    if bound := str(form.get("max_priority") or ""):
+        body["max_priority"] = bound  # the API names a wrong one
+    created = await _api(request, "POST", "/api/v1/keys", key, json_body=body)
     if created.status_code != 200:
         return _page(
             request, "error.html", key, created.status_code, message=_error_text(created)[0]
@@ -826,6 +827,31 @@ async def revoke(request: Request, key_id: str) -> Response:
             request, "error.html", key, response.status_code, message=_error_text(response)[0]
         )
     return RedirectResponse("/console/keys", status_code=303)
+
+
+# Queue: who is waiting on whom.
+
+
+@router.get("/queue")
+async def queue(request: Request) -> Response:
+    key = await _key(request)
+    if key is None:
+        return _to_login()
+    own = await _api(request, "GET", "/api/v1/queue", key)
+    if own.status_code == 401:
+        return _to_login()
+    if own.status_code != 200:
+        return _page(request, "error.html", key, own.status_code, message=_error_text(own)[0])
+    every = await _api(request, "GET", "/api/v1/admin/queue", key)
+    accounts = every.json()["accounts"] if every.status_code == 200 else None
+    return _page(
+        request,
+        "queue.html",
+        key,
+        own=own.json(),
+        accounts=accounts,
+        holding=[a for a in accounts or [] if a["running"]],
+    )
 
 
 # Usage.

@@ -20,7 +20,7 @@ from genhook.db.thread_writes import ThreadWriter
 from genhook.engines.base import ModelKind
 from genhook.engines.edit_request import IMAGE_REFS, ImageItemsError, ImageRef, parse_image_ref
 from genhook.engines.registry import PATH_KINDS, Registry, submit_paths
-from genhook.errors import FieldError, InvalidRequest, ServiceUnavailable
+from genhook.errors import FieldError, Forbidden, InvalidRequest, ServiceUnavailable
 from genhook.faults import RETRY_AFTER_SECONDS
 from genhook.files import disk_problem
 from genhook.media import (
@@ -31,6 +31,8 @@ from genhook.media import (
     pixel_total_problem,
     sniff_image_format,
 )
+from genhook.priorities import DEFAULT as DEFAULT_PRIORITY
+from genhook.priorities import NAMES, Priority, names_text, parse
 from genhook.runtime.services import Services
 from genhook.statuses import TaskStatus
 from genhook.storage.inputs import discard_blobs, stage_inputs
@@ -90,10 +92,12 @@ class Submitter(Services):
         start_deadline: float | None = None,
         offload: bool = False,
         inline: InlineData | None = None,
+        max_priority: int | None = None,
     ) -> Task:
         """Create a task, or return the one an earlier submit with ``idempotency_key`` made.
 
         ``start_deadline`` (seconds) ends the task ``timeout`` if no worker starts it in time;
+        ``max_priority``: the calling key's bound on the body's ``priority`` (None: none);
         ``offload`` validates in a thread: a large body's image data takes real work.
         ``inline``: what the body's data URL placeholders stand for (``genhook.api.bodies``).
         """
@@ -112,10 +116,12 @@ class Submitter(Services):
         path_kind = PATH_KINDS[path_name]
         context: dict[str, Any] = {INLINE_DATA: inline}
         body, webhook_events = take_webhook_events(body)
+        body, priority = take_priority(body)
         if offload:
             request = await asyncio.to_thread(self._validate, path_kind, body, context)
         else:
             request = self._validate(path_kind, body, context)
+        priority = bounded_priority(priority, max_priority)
         webhook_url: str | None = getattr(request, "webhook_url", None)
         if webhook_url is not None:
             await self.policy.check_webhook_url(webhook_url)
@@ -137,6 +143,7 @@ class Submitter(Services):
             inputs=inputs,
             webhook_url=webhook_url,
             webhook_events=webhook_events,
+            priority=priority.level,
             created_at=now,
             updated_at=now,
             available_at=now,
@@ -343,3 +350,55 @@ def take_webhook_events(body: Any) -> tuple[Any, str | None]:
         raise _refuse("webhook_events needs a webhook_url")
     extra = [e for e in raw if e != "terminal"]
     return body, ",".join(extra) or None
+
+
+PRIORITY_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "enum": list(NAMES),
+    "default": str(DEFAULT_PRIORITY),
+    "title": "Priority",
+    "description": "Orders this account's own waiting tasks: high ones are taken before "
+    "normal ones, normal before low (FIFO within a level). It never takes workers from "
+    "another account. An API key may be bounded (max_priority): asking above its bound "
+    "answers 403 naming priority; left out, a task gets normal, or the key's bound when "
+    "that is lower.",
+}
+
+
+def with_submit_fields(schema: dict[str, Any]) -> dict[str, Any]:
+    """A model's request schema with the fields every submit takes beside the model's own
+    (``priority``), as the submit accepts them; ``schema`` is left unchanged."""
+    properties = dict(schema.get("properties", {}))
+    properties.setdefault("priority", PRIORITY_SCHEMA)
+    return {**schema, "properties": properties}
+
+
+def take_priority(body: Any) -> tuple[Any, Priority | None]:
+    """Remove ``priority`` from a submit body (it orders the queue; engines never see it)
+    and check it is one of the names; None when left out or null."""
+    if not isinstance(body, dict) or "priority" not in body:
+        return body, None
+    body = dict(body)
+    raw = body.pop("priority")
+    if raw is None:
+        return body, None
+    priority = parse(raw)
+    if priority is None:
+        message = f"priority must be one of {names_text()}"
+        raise InvalidRequest(message, [FieldError("priority", message)])
+    return body, priority
+
+
+def bounded_priority(asked: Priority | None, bound: int | None) -> Priority:
+    """The task's priority under the API key's bound (``api_keys.max_priority``, None: no
+    bound). Asking above the bound is refused (403); asking nothing gives ``normal``, or the
+    bound when it is lower, so a key limited to ``low`` submits low tasks by default."""
+    if asked is None:
+        if bound is not None and bound < DEFAULT_PRIORITY.level:
+            return Priority.of_level(bound)
+        return DEFAULT_PRIORITY
+    if bound is None or asked.level <= bound:
+        return asked
+    allowed = Priority.of_level(bound)
+    message = f"priority {asked} is above this API key's bound: it may ask for {allowed} or lower"
+    raise Forbidden(message, [FieldError("priority", message)])

@@ -9,6 +9,7 @@ from typing import Any
 from genhook.config import Settings
 from genhook.db import Task
 from genhook.errors import ErrorCode
+from genhook.priorities import Priority
 from genhook.statuses import TaskStatus
 from genhook.storage import BlobStore
 from genhook.task_states import TIMEOUT_MESSAGE, UNSUCCESSFUL
@@ -57,6 +58,8 @@ async def prediction_view(
     if task.status in UNSUCCESSFUL:
         view["error_code"] = task.error_code or int(ErrorCode.INTERNAL_ERROR)
         view["error"] = task.error_message or TIMEOUT_MESSAGE
+    if task.priority:  # shown when not normal: unchanged for a client that never sets it
+        view["priority"] = Priority.of_level(task.priority)
     if task.info:
         view["info"] = task.info
     if task.status == TaskStatus.COMPLETED and task.stt_result is not None:

@@ -48,7 +48,7 @@ from genhook.net._urls import TargetRefused, parse_target
 from genhook.storage.blobs import CONTENT_TYPE_BY_EXTENSION
 
 # Request fields every submit has; a predictor may not name a parameter after one.
-RESERVED = frozenset({"model", "webhook_url", "webhook_events"})
+RESERVED = frozenset({"model", "webhook_url", "webhook_events", "priority"})
 # Where a field's parsed file inputs wait, in the validation context, for the model check.
 _FILE_REFS = "predictor_file_refs"
 

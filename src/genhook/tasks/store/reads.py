@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Row, Select, and_, exists, func, or_, select
+from sqlalchemy import Row, Select, and_, case, exists, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -355,6 +355,52 @@ async def waiting_by_model(session: AsyncSession) -> Sequence[Row[str, int, int]
             .group_by(Task.model)
         )
     ).all()
+
+
+@dataclass(frozen=True, slots=True)
+class AccountQueue:
+    """One account's tasks waiting and running now, and the worker time its tasks held
+    since the start of a window."""
+
+    account_id: str
+    waiting: int = 0
+    running: int = 0
+    worker_ms: int = 0
+
+
+async def account_queues(session: AsyncSession, since: int, now: int) -> list[AccountQueue]:
+    """Every account with a task waiting or running, or one that held a worker since
+    ``since``: two grouped reads, the active tasks (``ix_tasks_account_status``) and the
+    ones finished since ``since`` (``ix_tasks_finished``). Worker time is the part of each
+    run inside the window: ``finished_at`` (or ``now`` while running) less ``started_at``
+    (or ``since`` when it started before)."""
+    start = case((Task.started_at > since, Task.started_at), else_=since)
+    active = (
+        select(
+            Task.account_id,
+            func.count().filter(Task.status == TaskStatus.CREATED),
+            func.count().filter(Task.status == TaskStatus.PROCESSING),
+            func.coalesce(
+                func.sum(case((Task.status == TaskStatus.PROCESSING, now - start), else_=0)), 0
+            ),
+        )
+        .where(Task.status.in_((TaskStatus.CREATED, TaskStatus.PROCESSING)))
+        .group_by(Task.account_id)
+    )
+    finished = (
+        select(Task.account_id, func.sum(Task.finished_at - start))
+        .where(Task.finished_at >= since, Task.started_at.is_not(None))
+        .group_by(Task.account_id)
+    )
+    queues: dict[str, AccountQueue] = {}
+    for account_id, waiting, running, held in (await session.execute(active)).all():
+        queues[account_id] = AccountQueue(account_id, int(waiting), int(running), int(held))
+    for account_id, held in (await session.execute(finished)).all():
+        earlier = queues.get(account_id, AccountQueue(account_id))
+        queues[account_id] = AccountQueue(
+            account_id, earlier.waiting, earlier.running, earlier.worker_ms + max(0, int(held or 0))
+        )
+    return list(queues.values())
 
 
 async def blob(session: AsyncSession, key: str) -> tuple[bytes, str] | None:
