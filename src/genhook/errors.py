@@ -8,6 +8,7 @@ that ends a task as ``failed`` and is published in ``docs/api.md``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from enum import IntEnum
 
 
@@ -197,3 +198,17 @@ def whole_number(text: str, field: str, *, low: int = 0, high: int = MAX_WIRE_IN
             return value
     message = f"{field} must be a whole number from {low} to {high}"
     raise InvalidRequest(message, [FieldError(field, message)])
+
+
+def zoned_time_ms(text: str, field: str) -> int:
+    """``text``, an ISO 8601 time with a zone (RFC 3339, the schemas' date-time, allows a
+    lower-case ``t`` and ``z``), as Unix milliseconds, or ``InvalidRequest`` naming ``field``;
+    a time without a zone is refused rather than guessed."""
+    try:
+        moment = datetime.fromisoformat(text.strip().upper().replace("Z", "+00:00"))
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        message = f"{field} must be an ISO 8601 time with a zone (e.g. 2026-11-22T08:00:00Z)"
+        raise InvalidRequest(message, [FieldError(field, message)])
+    return int(moment.timestamp() * 1000)

@@ -13,7 +13,6 @@ import binascii
 import json
 import re
 from collections.abc import AsyncIterator
-from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -25,7 +24,14 @@ from genhook.api.errors import ERROR_RESPONSES
 from genhook.api.held import HeldStream, Hold
 from genhook.api.schemas import TaskListResponse
 from genhook.db import Account, Task
-from genhook.errors import MAX_WIRE_INTEGER, FieldError, InvalidRequest, NotFound, whole_number
+from genhook.errors import (
+    MAX_WIRE_INTEGER,
+    FieldError,
+    InvalidRequest,
+    NotFound,
+    whole_number,
+    zoned_time_ms,
+)
 from genhook.task_states import POLLED_STATUSES, is_terminal, polled_status
 from genhook.tasks.store.reads import get_task, list_tasks, owned_task
 from genhook.tasks.views import prediction_view
@@ -202,18 +208,9 @@ def _decode_cursor(cursor: str) -> tuple[int, str]:
 
 
 def _since_ms(value: str) -> int:
+    """``since``: Unix milliseconds, or an ISO 8601 time with a zone."""
     text = value.strip()
-    if text.isdigit():
-        return whole_number(text, "since")
-    try:
-        # RFC 3339 (the schema's date-time) allows a lower-case "t" and "z".
-        moment = datetime.fromisoformat(text.upper().replace("Z", "+00:00"))
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
-        message = "since must be an ISO 8601 time with a zone (e.g. 2026-01-01T00:00:00Z)"
-        raise InvalidRequest(message, [FieldError("since", message)])
-    return int(moment.timestamp() * 1000)
+    return whole_number(text, "since") if text.isdigit() else zoned_time_ms(text, "since")
 
 
 def _limit(value: str | None) -> int:

@@ -10,7 +10,6 @@ with the first attempt number it covers, so the attempt log can mark replayed at
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -18,7 +17,14 @@ from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from genhook.db import Database, WebhookAttempt, WebhookDelivery, WebhookReplay, now_ms
-from genhook.errors import Conflict, FieldError, InvalidRequest, NotFound, whole_number
+from genhook.errors import (
+    Conflict,
+    FieldError,
+    InvalidRequest,
+    NotFound,
+    whole_number,
+    zoned_time_ms,
+)
 from genhook.sender.fairness import destination_of
 from genhook.sender.outbox import wake_dispatchers
 from genhook.sender.queue import rearm_deliveries, rearm_delivery
@@ -250,20 +256,6 @@ class BulkRedeliveryResult(BaseModel):
     more: bool = Field(description="True when the limit was reached: repeat for the rest.")
 
 
-def _parse_since(text: str) -> int:
-    try:
-        # RFC 3339 (the schema's date-time) allows a lower-case "t" and "z".
-        moment = datetime.fromisoformat(text.strip().upper().replace("Z", "+00:00"))
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
-        raise InvalidRequest(
-            "since must be an ISO 8601 time with a time zone",
-            [FieldError("since", "expected e.g. 2026-11-22T08:00:00Z")],
-        )
-    return int(moment.timestamp() * 1000)
-
-
 async def redeliver_many(
     db: Database, request: BulkRedelivery, *, account_id: str | None
 ) -> BulkRedeliveryResult:
@@ -274,7 +266,7 @@ async def redeliver_many(
     Deliveries with an attempt in flight are left out. Progress events whose task's
     terminal event exists are never replayed (the terminal event must stay last).
     """
-    since = _parse_since(request.since)
+    since = zoned_time_ms(request.since, "since")
     now = now_ms()
     query = select(WebhookDelivery.id).where(
         WebhookDelivery.status == request.status,
