@@ -4,9 +4,6 @@ See ``docs/engines/local-models.md``. The configuration and wire schemas import 
 the engine (torch, diffusers) loads only in a worker that runs one of these models.
 """
 
-from collections.abc import Mapping
-from typing import Any
-
 from genhook.engines.local._config import (
     FAMILIES,
     LocalModel,
@@ -44,25 +41,12 @@ def resident_adapters() -> dict[str, frozenset[str]]:
     return {model: names for model, names in held.items() if names}
 
 
-def adapters_resident(model: str, params: Mapping[str, Any]) -> int:
-    """How many of the adapters a task of ``model`` names (its stored request's ``loras``)
-    this process holds loaded: with the model loaded, the worker that holds more of them
-    starts the task sooner (an adapter not loaded costs a load before the call)."""
-    wanted = {
-        choice.get("name")
-        for choice in params.get("loras") or ()
-        if isinstance(choice, Mapping) and choice.get("scale") != 0
-    }
-    return len(wanted & resident_adapters().get(model, frozenset()))
-
-
 __all__ = [
     "FAMILIES",
     "LocalEditRequest",
     "LocalModel",
     "LocalTextRequest",
     "LocalVideoRequest",
-    "adapters_resident",
     "check_device",
     "check_directory",
     "load_local_models",
