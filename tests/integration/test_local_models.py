@@ -33,6 +33,7 @@ from genhook.engines.local import _host, resident_models
 from genhook.engines.local._host import HOST
 from genhook.engines.registry import build_registry
 from genhook.errors import ErrorCode, TaskFailure
+from genhook.runtime.lifeline import ORPHAN_SIGNAL
 from genhook.runtime.supervisor import EXIT_CANNOT_START
 from genhook.tasks.worker import PreloadFailed, Worker
 from genhook.tasks.worker.batch import call_batch
@@ -1216,6 +1217,56 @@ def test_the_model_process_ends_as_its_worker_end_of_the_lifeline_closes() -> No
     assert process is not None and HOST._lifeline is not None
     HOST._lifeline.close()
     process.join(60)
-    assert process.exitcode == 0
+    assert process.exitcode == -ORPHAN_SIGNAL
     HOST.run(_host.unload, "nothing")
     assert HOST.pid() not in (None, process.pid)
+
+
+def test_the_model_process_ends_when_its_worker_is_killed(tmp_path: Path) -> None:
+    """A worker killed outright (SIGKILL, mid-call or idle) takes its model process with it:
+    nothing of a dead worker holds a device."""
+    mark = f"{os.getpid()}-{time.monotonic_ns()}"
+    script = (
+        "from genhook.engines.local import _host\n"
+        "from genhook.engines.local._host import HOST\n"
+        "HOST.run(_host.unload, 'nothing')\n"
+        "print(HOST.pid(), flush=True)\n"
+        "import time; time.sleep(600)\n"
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        env={
+            **os.environ,
+            "GENHOOK_TEST_MARK": mark,
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        },
+        cwd=tmp_path,
+    )
+    try:
+        assert worker.stdout is not None
+        model_process = int(worker.stdout.readline())
+        assert model_process in processes_with("GENHOOK_TEST_MARK", mark)
+        worker.kill()
+        worker.wait()
+        for _ in range(600):
+            if not processes_with("GENHOOK_TEST_MARK", mark):
+                break
+            time.sleep(0.05)
+        assert not processes_with("GENHOOK_TEST_MARK", mark), "the model process outlived it"
+    finally:
+        worker.kill()
+        worker.wait()
+        for pid in processes_with("GENHOOK_TEST_MARK", mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_stop_ends_its_own_command_and_never_the_next() -> None:
+    """The worker's stop goes on the command pipe: a call reads it between its steps; one that
+    arrives as its command ends (a command that never looked) is dropped, and the next
+    command starts unasked."""
+    assert HOST.run(in_model_process.until_asked_to_stop, 60.0, stop=lambda: True)
+    HOST.run(in_model_process.busy, 0.5, stop=lambda: True)
+    assert not HOST.run(in_model_process.asked_to_stop)
+    assert not HOST.run(in_model_process.until_asked_to_stop, 0.2)

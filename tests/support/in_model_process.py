@@ -149,3 +149,31 @@ def slow_loads(seconds: float) -> None:
 
     slow.__wrapped__ = load  # type: ignore[attr-defined]
     _residency.load_pipeline = slow if seconds else load
+
+
+def until_asked_to_stop(limit: float) -> bool:
+    """Look for the worker's stop as a call's steps do, until it comes (True) or ``limit``
+    seconds pass (False)."""
+    import time
+
+    from genhook.engines.local import _host
+
+    ends = time.monotonic() + limit
+    while not _host._asked_to_stop():
+        if time.monotonic() > ends:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def busy(seconds: float) -> None:
+    """A command that never looks for a stop (a load, say)."""
+    import time
+
+    time.sleep(seconds)
+
+
+def asked_to_stop() -> bool:
+    from genhook.engines.local import _host
+
+    return _host._asked_to_stop()

@@ -80,14 +80,13 @@ def require_migrated(settings: Settings) -> None:
 
 
 def _watch_parent(parent: int | None, on_orphaned: Any) -> None:
-    """Call ``on_orphaned`` when the supervisor ``parent`` dies (the kernel signals it)."""
+    """Call ``on_orphaned`` when the supervisor ``parent`` dies: its lifeline's watch sends
+    ``ORPHAN_SIGNAL``, which ended the process at once until now (``runtime/lifeline.py``)."""
     from genhook.runtime.lifeline import ORPHAN_SIGNAL
 
     if parent is None:
         return
     asyncio.get_running_loop().add_signal_handler(ORPHAN_SIGNAL, on_orphaned)
-    if os.getppid() != parent:
-        on_orphaned()
 
 
 def _exit_on_signals(role: ApiRole) -> None:

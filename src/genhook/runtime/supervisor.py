@@ -112,9 +112,10 @@ class Child:
 class Supervisor:
     """Starts, restarts and stops role processes, and gives back what a dead one held.
 
-    Children are plain processes (``python -m genhook.runtime.lifeline PARENT ROLE INDEX``) started
-    from the main thread, so the kernel's parent-death signal follows this process, not a
-    helper thread; each reads ``payload`` (its settings as JSON) on standard input.
+    Children are plain processes (``python -m genhook.runtime.lifeline PARENT LIFELINE ROLE
+    INDEX``); each reads ``payload`` (its settings as JSON) on standard input and watches
+    this process's lifeline, a pipe whose write end only this process holds (the kernel
+    closes it when this process dies, however it dies: ``lifeline.die_with_parent``).
     ``listen_fd`` is the API's listening socket, opened once so that the port stays open
     while an API process restarts.
     """
@@ -135,14 +136,18 @@ class Supervisor:
         self._signalled: set[int] = set()
         self._releases: set[asyncio.Task[None]] = set()
         self._exited = asyncio.Event()
+        # Nothing is ever written to it: every child waits for its end of file. The write
+        # end is never inherited (PEP 446), so it closes with this process.
+        self._lifeline, self._lifeline_write = os.pipe()
 
     def _spawn(
         self, args: list[str], fds: tuple[int, ...] = (), *, keep_stdin: bool = False
     ) -> subprocess.Popen[bytes]:
         """Start a child; its settings go first on its standard input, one line. A
         dispatcher's stays open for ``RELEASE`` requests."""
-        argv = [sys.executable, "-m", "genhook.runtime.lifeline", str(os.getpid()), *args]
-        process = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=fds)
+        lifeline = str(self._lifeline)
+        argv = [sys.executable, "-m", "genhook.runtime.lifeline", str(os.getpid()), lifeline, *args]
+        process = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=(self._lifeline, *fds))
         assert process.stdin is not None
         try:
             process.stdin.write(self.payload + b"\n")

@@ -12,6 +12,7 @@ its deadline, so the device is free within one step and the worker stays in serv
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import io
 import logging
@@ -20,7 +21,7 @@ import secrets
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -78,6 +79,30 @@ def _each(function: Callable[[_In], _Out], items: Sequence[_In]) -> list[_Out]:
     return [future.result() for future in futures]
 
 
+@contextlib.contextmanager
+def _task_failures(jobs: Sequence[EngineJob] = ()) -> Iterator[None]:
+    """A model process command's failures as the task's: out of memory (3020), the
+    process's death (3021: the worker runs the task again once, on a fresh process), a
+    device the worker lacks (3099), a call that stopped for its ``jobs`` (given up, or past
+    the deadline: 3001)."""
+    try:
+        yield
+    except (ModelTooLarge, OutOfMemory) as exc:
+        raise TaskFailure(ErrorCode.ENGINE_OUT_OF_MEMORY, str(exc)) from None
+    except ModelProcessExited as exc:
+        raise TaskFailure(ErrorCode.MODEL_PROCESS_DIED, str(exc)) from None
+    except DeviceUnavailable as exc:
+        raise TaskFailure(ErrorCode.ENGINE_ERROR, str(exc)) from None
+    except AdapterUnfit as exc:
+        raise TaskFailure(ErrorCode.INSTRUCTION_INVALID, str(exc)) from None
+    except Stopped:
+        deadline = jobs[0].deadline if jobs and not jobs[0].stop.is_set() else None
+        if deadline is not None and time.time() >= deadline:
+            message = "the model did not finish by the deadline"
+            raise TaskFailure(ErrorCode.TIMEOUT, message) from None
+        raise TaskFailure(ErrorCode.ENGINE_ERROR, STOPPED_EARLY) from None
+
+
 @dataclass(frozen=True, slots=True)
 class _Prepared:
     """One job, decoded and moderated, ready for a shared pipeline call."""
@@ -118,22 +143,8 @@ class DiffusersEngine(DetectorEngine):
 
     def pipeline(self) -> None:
         """Load the model in the model process, unless it is there already."""
-        self._device = self._in_model_process(_host.load, self.model, self._settings)
-
-    def _in_model_process(self, function: Callable[..., Any], *args: Any, **options: Any) -> Any:
-        """``HOST.run``, its failures the task's: out of memory (3020), the process's death
-        (3021: the worker runs the task again once, on a fresh process) or a device the
-        worker lacks (3099)."""
-        try:
-            return HOST.run(function, *args, **options)
-        except (ModelTooLarge, OutOfMemory) as exc:
-            raise TaskFailure(ErrorCode.ENGINE_OUT_OF_MEMORY, str(exc)) from None
-        except ModelProcessExited as exc:
-            raise TaskFailure(ErrorCode.MODEL_PROCESS_DIED, str(exc)) from None
-        except DeviceUnavailable as exc:
-            raise TaskFailure(ErrorCode.ENGINE_ERROR, str(exc)) from None
-        except AdapterUnfit as exc:
-            raise TaskFailure(ErrorCode.INSTRUCTION_INVALID, str(exc)) from None
+        with _task_failures():
+            self._device = HOST.run(_host.load, self.model, self._settings)
 
     def _run(self, job: EngineJob) -> EngineResult:
         (result,) = self.generate([job])
@@ -236,8 +247,8 @@ class DiffusersEngine(DetectorEngine):
             return all(job.given_up() for job in jobs)
 
         seeds = [item.seed for item in prepared]
-        try:
-            pictures, seconds = self._in_model_process(
+        with _task_failures(jobs):
+            pictures, seconds = HOST.run(
                 _host.generate,
                 self.model,
                 self._settings,
@@ -250,8 +261,6 @@ class DiffusersEngine(DetectorEngine):
                 stop=given_up,
                 clock=self._clock,
             )
-        except Stopped:
-            raise self._stopped(prepared) from None
         info = {
             "pipeline": self.model.pipeline,
             "steps": steps,
@@ -389,12 +398,6 @@ class DiffusersEngine(DetectorEngine):
         else:  # text to image
             kwargs.update(height=height, width=width, guidance_scale=guidance)
         return kwargs
-
-    def _stopped(self, prepared: list[_Prepared]) -> TaskFailure:
-        job = prepared[0].job
-        if not job.stop.is_set() and job.deadline is not None and time.time() >= job.deadline:
-            return TaskFailure(ErrorCode.TIMEOUT, "the model did not finish by the deadline")
-        return TaskFailure(ErrorCode.ENGINE_ERROR, STOPPED_EARLY)
 
     def _image(self, item: _Prepared, picture: Image.Image, info: dict[str, Any]) -> EngineResult:
         request = item.request

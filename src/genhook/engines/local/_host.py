@@ -8,18 +8,18 @@ plain loop, with the card busy 98% of the time (``docs/performance.md``). So eac
 process starts one child process that holds the process's ``Residency`` and does nothing but
 load, unload and call pipelines, one command at a time; the worker keeps the pictures.
 
-The worker sends a command (a function of this module and its arguments) and reads the
-replies: one per denoising step, then the result or the error. A flag in shared memory
-asks the call to stop after its current step. A child that dies (a crash in a native library,
-the kernel's out-of-memory killer) fails the command it was running and is started again,
-empty, for the next one. It ends with the worker (the moment the worker's end of a pipe
-closes), and ignores the terminal's Ctrl-C: the worker decides when a call stops.
+The worker sends a command (a function of this module and its arguments) on one pipe and
+reads the replies: one per denoising step, then the result or the error. While a call runs,
+the only thing it sends is ``STOP``, which the call reads between two steps and stops at. A
+child that dies (a crash in a native library, the kernel's out-of-memory killer) fails the
+command it was running and is started again, empty, for the next one. It ends with the
+worker, however the worker ends (the worker's lifeline: ``runtime/lifeline.py``), and ignores
+the terminal's Ctrl-C: the worker decides when a call stops.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import multiprocessing
 import os
@@ -35,9 +35,12 @@ from typing import Any
 from genhook.config import Settings
 from genhook.engines.local._config import LocalModel
 from genhook.engines.local._residency import RESIDENCY, Adapter, free_memory
+from genhook.runtime.lifeline import die_with_parent
 
 log = logging.getLogger(__name__)
 
+# What the worker sends while a call runs: stop it after its current step.
+STOP = "stop"
 # How often the worker looks at its jobs (cancel, deadline, shutdown) while a call runs.
 _TICK_SECONDS = 0.05
 # How long a call's first step may take before the call, asked to stop, counts as stuck (a
@@ -110,8 +113,7 @@ class Host:
         self._lock = threading.Lock()
         self._process: multiprocessing.process.BaseProcess | None = None
         self._channel: Connection | None = None
-        self._stop: Any = None  # a shared c_bool: stop after this step
-        # The write end of the pipe the model process watches (``_die_with_parent``).
+        # The write end of the model process's lifeline (``die_with_parent``), held here only.
         self._lifeline: Connection | None = None
         # The models loaded there, and the LoRA adapters of each, as of the last reply: what
         # the worker's claim reads for affinity, without asking the process.
@@ -131,8 +133,8 @@ class Host:
         if it turned true while the call waited for another's to end), and ``clock`` times
         its progress."""
         with self._turn(stop):
-            channel, flag = self._started(args)
-            flag.value = False
+            channel = self._started(args)
+            asked = False  # to stop: ``STOP`` was sent
             clock = clock or CallClock()
             clock.loading()
             replied = False
@@ -143,8 +145,7 @@ class Host:
                     raise self._exited() from None
                 while True:
                     if not channel.poll(_TICK_SECONDS):
-                        if stop is not None and not flag.value and stop():
-                            flag.value = True
+                        asked = asked or self._ask_to_stop(channel, stop)
                         continue
                     try:
                         kind, value, held = channel.recv()
@@ -154,8 +155,7 @@ class Host:
                         clock.progressed(kind == "step")
                         if kind == "step" and on_step is not None:
                             on_step(value)
-                        if stop is not None and not flag.value and stop():
-                            flag.value = True
+                        asked = asked or self._ask_to_stop(channel, stop)
                         continue
                     replied = True
                     self.loaded, self.adapters = held
@@ -164,6 +164,14 @@ class Host:
                     return value
             finally:
                 clock.ended(replied)
+
+    def _ask_to_stop(self, channel: Connection, stop: Callable[[], bool] | None) -> bool:
+        """Send ``STOP`` if ``stop()`` says so; whether it was sent."""
+        if stop is None or not stop():
+            return False
+        with contextlib.suppress(OSError):  # it died: the reply loop finds out
+            channel.send(STOP)
+        return True
 
     @contextlib.contextmanager
     def _turn(self, stop: Callable[[], bool] | None) -> Iterator[None]:
@@ -189,21 +197,20 @@ class Host:
         process = self._process
         return process.pid if process is not None and process.is_alive() else None
 
-    def _started(self, args: tuple[Any, ...]) -> tuple[Connection, Any]:
+    def _started(self, args: tuple[Any, ...]) -> Connection:
         if self._process is not None and not self._process.is_alive():
             self._exited()  # while it waited (the kernel's out-of-memory killer): start anew
-        if self._process is not None and self._channel is not None and self._stop is not None:
-            return self._channel, self._stop
+        if self._process is not None and self._channel is not None:
+            return self._channel
         # The first command's settings (each command carries its own) format its log lines.
         settings = next((a for a in args if isinstance(a, Settings)), None) or Settings()
         context = multiprocessing.get_context("spawn")
         mine, theirs = context.Pipe()
         # Nothing is ever sent on it: the kernel closes this end when the worker dies.
         lifeline, watched = context.Pipe(duplex=False)
-        flag = context.RawValue(ctypes.c_bool, False)
         process = context.Process(
             target=_serve,
-            args=(theirs, flag, settings, os.getpid(), lifeline),
+            args=(theirs, settings, os.getpid(), lifeline),
             name=f"{multiprocessing.current_process().name}/models",
             daemon=True,
         )
@@ -211,9 +218,8 @@ class Host:
         theirs.close()
         lifeline.close()
         log.info("model process %s started", process.pid)
-        self._process, self._channel, self._stop = process, mine, flag
-        self._lifeline = watched
-        return mine, flag
+        self._process, self._channel, self._lifeline = process, mine, watched
+        return mine
 
     def _exited(self) -> ModelProcessExited:
         process = self._process
@@ -221,7 +227,7 @@ class Host:
         self._channel.close()
         process.join(10)
         code = process.exitcode
-        self._process = self._channel = self._stop = None
+        self._process = self._channel = None
         if self._lifeline is not None:
             self._lifeline.close()
             self._lifeline = None
@@ -248,25 +254,27 @@ HOST = Host()
 # What follows runs in the model process.
 
 _channel: Connection | None = None
-_stop: Any = None
+_stopping = False  # the running command read ``STOP``
 
 
-def _serve(
-    channel: Connection, stop: Any, settings: Settings, parent: int, lifeline: Connection
-) -> None:
-    """Run commands until the worker closes the channel (or dies)."""
-    global _channel, _stop
+def _serve(channel: Connection, settings: Settings, parent: int, lifeline: Connection) -> None:
+    """Run commands until the worker closes the channel (or dies: ``lifeline``'s write end
+    is the worker's alone, and this process ends when it closes)."""
+    global _channel, _stopping
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent(parent, lifeline)
+    die_with_parent(parent, lifeline.fileno())
     from genhook.logs import configure_logging
 
     configure_logging(settings, "worker")
-    _channel, _stop = channel, stop
+    _channel = channel
     while True:
         try:
             command = channel.recv()
         except (EOFError, OSError):
             return
+        if command == STOP:  # sent as the last command ended: it asks nothing of the next
+            continue
+        _stopping = False
         _answer(channel, *command)
         del command  # its arguments (the pictures) are the call's, not the next one's
 
@@ -285,26 +293,6 @@ def _answer(channel: Connection, function: Callable[..., Any], args: tuple[Any, 
         channel.send(("error", _portable(exc), held))
 
 
-def _die_with_parent(parent: int, lifeline: Connection) -> None:
-    """End this process as soon as the worker ends, even by SIGKILL, mid-call.
-
-    A thread waits on a pipe whose other end only the worker holds and never writes to:
-    the kernel closes it when the worker dies, which wakes the wait at once (a wait in the
-    kernel, without the interpreter's lock, so a busy call does not delay it). Polling the
-    parent's id instead once let the process outlive its worker by 1.56 s. That poll stays,
-    once a second, for a worker that forked a child holding the end open. (Linux's
-    PR_SET_PDEATHSIG would fire when the worker's thread that started this process ends,
-    not the worker.)"""
-
-    def watch() -> None:
-        with contextlib.suppress(OSError):
-            while os.getppid() == parent and not lifeline.poll(1.0):
-                pass
-        os._exit(0)
-
-    threading.Thread(target=watch, name="watch-worker", daemon=True).start()
-
-
 def _portable(exc: Exception) -> Exception:
     """``exc`` as the worker can receive it, with this process's traceback as a note, and
     without the frames (and the tensors they hold) of it and the errors it chains."""
@@ -321,11 +309,21 @@ def _portable(exc: Exception) -> Exception:
     return exc
 
 
+def _asked_to_stop() -> bool:
+    """Whether the worker sent ``STOP`` during the running command: read from the channel
+    without waiting (the worker sends nothing else while a command runs)."""
+    global _stopping
+    assert _channel is not None
+    while not _stopping and _channel.poll():
+        _stopping = _channel.recv() == STOP
+    return _stopping
+
+
 def after_step(pipe: Any, step: int, timestep: Any, tensors: dict[str, Any]) -> dict[str, Any]:
     """The pipelines' ``callback_on_step_end``: report the step, stop if asked."""
-    assert _channel is not None and _stop is not None
+    assert _channel is not None
     _channel.send(("step", step, None))
-    if _stop.value:
+    if _asked_to_stop():
         raise Stopped
     return {}
 
@@ -354,8 +352,8 @@ def generate(
     import torch
 
     pipe = _pipeline(model, settings, adapters)
-    assert _channel is not None and _stop is not None
-    if _stop.value:  # given up while the model loaded
+    assert _channel is not None
+    if _asked_to_stop():  # given up while the model loaded
         raise Stopped
     _channel.send(("call", None, None))
     # The process's share of the cores (torch otherwise takes every core in each process).
