@@ -280,6 +280,7 @@ def test_playground_operator_view_and_sign_out(
     page.set_input_files("#f-images", str(picture))
     page.locator("#f-prompt").fill("wait=60")
     page.locator("#f-size").select_option("1024*1024")
+    page.locator("#f-priority").select_option("high")
     page.get_by_role("button", name="Submit").click()
     page.wait_for_url("**/console/tasks/*")
     wait_status(page, "processing")
@@ -356,13 +357,19 @@ def test_playground_operator_view_and_sign_out(
     page.goto("/console/tasks")
     assert page.locator("#task-table tbody tr").count() == 5
     snap(page, shots, "tasks")
+    assert page.locator("#task-table .priority").first.inner_text() == "(high priority)"
     page.goto("/console/usage")
     assert page.locator("svg.chart rect").count() >= 2
     snap(page, shots, "usage")
+    page.get_by_role("link", name="Queue").click()
+    assert page.locator("#own-queue td.weight").inner_text() == "1"
+    snap(page, shots, "queue")
     page.goto("/console/keys")
     page.locator("#key-name").fill("ci")
+    page.locator("#key-max-priority").select_option("normal")
     page.get_by_role("button", name="Create a key").click()
     assert page.locator("#new-key").inner_text().startswith("ghk_")
+    assert page.locator("td.max-priority").filter(has_text="normal").count() == 1
     snap(page, shots, "keys")
 
     # Sign out: the cookie is gone and the console asks to sign in again.
