@@ -60,10 +60,14 @@ def completed_task(service: LiveService) -> dict[str, Any]:
     raise AssertionError(f"task never completed:\n{service.log()[-3000:]}")
 
 
+# A plain start's webhook targets: public https only (the tests' default allows loopback).
+PLAIN = {"GENHOOK_WEBHOOK_ALLOW_PRIVATE_TARGETS": "false"}
+
+
 @pytest.fixture(scope="module")
 def live_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveService]:
-    """One ``serve`` for the tests that only read from it and add keys."""
-    service = start_service(tmp_path_factory.mktemp("first-hour"))
+    """One plain ``serve`` for the tests that only read from it, add keys or are refused."""
+    service = start_service(tmp_path_factory.mktemp("first-hour"), **PLAIN)
     yield service
     stop_service(service)
 
@@ -102,13 +106,12 @@ def test_tables_keep_ids_whole_in_a_narrow_terminal(live_service: LiveService) -
     assert any(created["key_id"] in line for line in listed.stdout.splitlines()), listed.stdout
 
 
-@pytest.mark.timeout(300)  # two services, one after the other
-def test_serve_dev_accepts_local_webhooks_and_prints_listen(tmp_path: Path) -> None:
-    env = {"GENHOOK_WEBHOOK_ALLOW_PRIVATE_TARGETS": "false"}
-    (tmp_path / "dev").mkdir()
-    (tmp_path / "plain").mkdir()
+@pytest.mark.timeout(300)  # a second service beside the module's
+def test_serve_dev_accepts_local_webhooks_and_prints_listen(
+    tmp_path: Path, live_service: LiveService
+) -> None:
     # A shell whose PATH has no genhook: the virtualenv is not active.
-    live = start_service(tmp_path / "dev", args=("--dev",), PATH="/usr/bin:/bin", **env)
+    live = start_service(tmp_path, args=("--dev",), PATH="/usr/bin:/bin", **PLAIN)
     try:
         script = Path(sys.executable).parent / "genhook"
         printed = f"  {script} listen --base-url {live.base_url} --port 4242\n"
@@ -136,25 +139,22 @@ def test_serve_dev_accepts_local_webhooks_and_prints_listen(tmp_path: Path) -> N
         assert response.status_code == 200, response.text
     finally:
         stop_service(live)
-    plain = start_service(tmp_path / "plain", **env)
-    try:
-        response = HTTP.post(
-            f"{plain.base_url}/api/v1/model/generateImage",
-            json={
-                "model": MODEL,
-                "prompt": "edit",
-                "images": [data_url()],
-                "webhook_url": "http://127.0.0.1:4242/hook",
-            },
-            headers={"Authorization": f"Bearer {plain.api_key}"},
-            timeout=10,
-        )
-        assert response.status_code == 400
-        assert "must use https" in response.json()["message"]
-        assert "not a routable public address" in response.json()["message"]
-        assert "genhook serve --dev" in response.json()["message"]
-    finally:
-        stop_service(plain)
+    # Without --dev the same request is refused, and the refusal names --dev.
+    response = HTTP.post(
+        f"{live_service.base_url}/api/v1/model/generateImage",
+        json={
+            "model": MODEL,
+            "prompt": "edit",
+            "images": [data_url()],
+            "webhook_url": "http://127.0.0.1:4242/hook",
+        },
+        headers={"Authorization": f"Bearer {live_service.api_key}"},
+        timeout=10,
+    )
+    assert response.status_code == 400
+    assert "must use https" in response.json()["message"]
+    assert "not a routable public address" in response.json()["message"]
+    assert "genhook serve --dev" in response.json()["message"]
 
 
 def saved_paths(stdout: str) -> list[Path]:
