@@ -162,7 +162,7 @@ async def latency(args: argparse.Namespace) -> dict[str, float]:
             through: list[float] = []
             for _ in ids:
                 began = time.perf_counter()
-                assert await worker.run_once()
+                assert await worker.run_turn()
                 through.append(time.perf_counter() - began)
             await worker.close_engines()
             await state.db.dispose()

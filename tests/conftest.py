@@ -160,7 +160,7 @@ class Harness:
 
     async def run_all(self) -> int:
         ran = 0
-        while await self.worker.run_once():
+        while await self.worker.run_turn():
             ran += 1
         return ran
 

@@ -236,8 +236,8 @@ async def test_among_a_held_models_tasks_each_worker_takes_its_adapters(
         adapters = ["noir"] * 3 + ["film"] * 3
         ids = [(await h.submit(adapter_body(n, a))).json()["id"] for n, a in enumerate(adapters)]
         for _ in range(3):
-            assert await h.worker.run_once()
-            assert await other.run_once()
+            assert await h.worker.run_turn()
+            assert await other.run_turn()
         ended = [(await h.result(task_id))["status"] for task_id in ids]
         assert ended == ["completed"] * len(ids)
         assert (first.calls, second.calls) == (["film"] * 3, ["noir"] * 3)
@@ -260,7 +260,7 @@ async def test_a_task_of_anothers_adapter_is_taken_once_overdue(
         old = (await h.submit(adapter_body(0, "noir"))).json()["id"]
         await asyncio.sleep(h.worker.affinity.overdue_ms() / 1000 + 0.2)
         await h.submit(adapter_body(1, "film"))
-        assert await h.worker.run_once()
+        assert await h.worker.run_turn()
         assert (await h.result(old))["status"] == "completed"
         assert first.calls == ["noir"]
     finally:

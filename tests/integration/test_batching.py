@@ -189,7 +189,7 @@ async def test_a_lone_task_runs_after_the_wait(tmp_path: Path, database_url: str
     async with batching(tmp_path, database_url, wait_ms=300) as h:
         task_id = await submit(h)
         async with asyncio.timeout(30):  # the wait ends by itself: no other task comes
-            assert await h.worker.run_once()
+            assert await h.worker.run_turn()
         assert CountingBatchEngine.calls == [(task_id,)]
         assert (await rows(h, [task_id]))[task_id].info["batch_size"] == 1
 
@@ -204,7 +204,7 @@ async def test_a_task_canceled_while_its_batch_forms_leaves_it(
 ) -> None:
     async with batching(tmp_path, database_url, wait_ms=1500) as h:
         kept, canceled = await submit(h), await submit(h)
-        running = asyncio.create_task(h.worker.run_once())
+        running = asyncio.create_task(h.worker.run_turn())
         await until_processing(h, [kept, canceled])  # both claimed; the batch waits for more
         await cancel(h, canceled)
         async with asyncio.timeout(30):
@@ -223,7 +223,7 @@ async def test_a_task_canceled_in_a_running_batch_is_discarded_alone(
     async with batching(tmp_path, database_url, cancel_check_seconds=0.05) as h:
         # The second job waits until it is given up; the others finish normally.
         ids = [await submit(h), await submit(h, "wait=20"), await submit(h)]
-        running = asyncio.create_task(h.worker.run_once())
+        running = asyncio.create_task(h.worker.run_turn())
         await until_called()
         await cancel(h, ids[1])
         async with asyncio.timeout(30):
@@ -326,7 +326,7 @@ async def test_a_call_abandoned_by_all_its_tasks_lets_no_other_call_start_beside
     async with batching(tmp_path, database_url, cancel_check_seconds=0.05) as h:
         stuck = await submit(h, "sleep=3", size="1024*1024")
         other = await submit(h, "edit", size="1536*1536")
-        running = asyncio.create_task(h.worker.run_once())
+        running = asyncio.create_task(h.worker.run_turn())
         await until_called()
         await cancel(h, stuck)
         async with asyncio.timeout(30):
@@ -464,7 +464,7 @@ async def test_a_database_fault_at_a_deadline_in_a_batch_spares_the_neighbours(
 
         lifecycle.claim = claim_with_a_near_deadline  # type: ignore[method-assign]
         lifecycle.time_out = faulty_time_out  # type: ignore[method-assign]
-        await h.worker.run_once()
+        await h.worker.run_turn()
         tasks = await rows(h, [late, kept])
         assert faults and (tasks[late].status, tasks[kept].status) == ("timeout", "completed")
         assert await usage_of(h, [kept]) == 1
@@ -528,9 +528,9 @@ async def test_every_task_is_traced_and_tagged_in_a_batch_and_alone(
     caplog.set_level(logging.DEBUG, logger="genhook")
     caplog.handler.addFilter(logs._ContextFilter("worker"))
     batched = [await submit(h), await submit(h, "fail"), await submit(h), await submit(h)]
-    assert await h.worker.run_once()
+    assert await h.worker.run_turn()
     alone = await submit(h, model=COUNTED_LOAD_MODEL)
-    assert await h.worker.run_once()
+    assert await h.worker.run_turn()
     assert CountingBatchEngine.calls[0] == tuple(batched)
     spans = exporter.get_finished_spans()
     runs = {

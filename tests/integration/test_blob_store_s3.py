@@ -263,7 +263,7 @@ async def test_the_bucket_going_away_answers_503_and_requeues(
             assert await session.scalar(select(func.count()).select_from(Task)) == 2
 
         # The worker cannot read the input: the task goes back to the queue, unharmed.
-        assert await h.worker.run_once()
+        assert await h.worker.run_turn()
         task = await row(h, waiting)
         assert (task.status, task.error_code, task.lease_losses) == ("created", None, 0)
         assert task.available_at > now_ms()
@@ -272,7 +272,7 @@ async def test_the_bucket_going_away_answers_503_and_requeues(
         partition.heal()
         async with h.state.db.write() as session:
             await session.execute(update(Task).where(Task.id == waiting).values(available_at=0))
-        assert await h.worker.run_once()
+        assert await h.worker.run_turn()
         assert (await h.result(waiting))["status"] == "completed"
         assert (await h.client.get(path)).status_code in (200, 307)
     finally:

@@ -16,6 +16,7 @@ from genhook.db import Task, UsageLine, WebhookDelivery
 from genhook.tasks.lifecycle import Claim, Completion
 from tests.conftest import QUIET_KEEPER, Harness, make_harness, make_settings
 from tests.integration.test_hot_path import counting, submit
+from tests.support.engines import BATCH_MODEL
 
 HOOK = "http://127.0.0.1:9/hook"
 
@@ -78,16 +79,16 @@ async def test_a_queue_costs_one_write_transaction_per_task_after_the_first_clai
     h, count = quiet, 5
     ids = [await submit(h, webhook_url=HOOK) for _ in range(count)]
     worker, stop = h.worker, asyncio.Event()
-    plain = worker.lifecycle.complete
+    plain = worker.lifecycle.complete_many
 
-    async def last_completion(task_id: str, *args: Any, **kwargs: Any) -> bool:
+    async def last_completion(owner: str, items: Sequence[Completion]) -> list[bool]:
         # The last task, with nothing left behind it, is completed on its own.
-        done = await plain(task_id, *args, **kwargs)
-        if task_id == ids[-1]:
+        done = await plain(owner, items)
+        if [item.task_id for item in items] == ids[-1:]:
             stop.set()
         return done
 
-    monkeypatch.setattr(worker.lifecycle, "complete", last_completion)
+    monkeypatch.setattr(worker.lifecycle, "complete_many", last_completion)
     with counting(h.state.db) as seen:
         await run_until(h, stop)
     # The first claim, then per task one transaction: its completion with the next claim,
@@ -203,3 +204,40 @@ async def test_a_claim_with_a_completion_ends_the_items_then_claims_as_a_plain_c
     claim = await lifecycle.claim("w-1", [model], complete=[Completion(third, [], [], {})])
     assert claim == Claim([], False, [True])
     assert set((await states(harness, [first, second, third])).values()) == {("completed", None, 0)}
+
+
+async def test_a_queue_of_batches_records_each_batch_with_the_next_claim(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batched model's slot records a batch's completions with the claim of its next batch,
+    as a lone task's slot does: one write transaction per batch after the first claim."""
+    from tests.integration.test_batching import batching
+    from tests.integration.test_batching import submit as submit_batched
+
+    quiet = dict(worker_poll_seconds=5.0, **QUIET_KEEPER)
+    async with batching(tmp_path, database_url, size=4, **quiet) as h:
+        ids = [await submit_batched(h) for _ in range(12)]
+        worker, stop = h.worker, asyncio.Event()
+        claim, plain = worker.lifecycle.claim, worker.lifecycle.complete_many
+        claims: list[tuple[int, int]] = []  # (completions recorded, tasks taken)
+        alone: list[int] = []
+
+        async def stop_when_drained(*args: Any, **kwargs: Any) -> Claim:
+            claimed = await claim(*args, **kwargs)
+            if BATCH_MODEL in args[1]:  # not the claims of other models' slots
+                claims.append((len(kwargs.get("complete", ())), len(claimed.tasks)))
+            if kwargs.get("complete") and not claimed.tasks:
+                stop.set()  # the last batch's completions, with a claim that found nothing
+            return claimed
+
+        async def complete_alone(owner: str, items: Sequence[Completion]) -> list[bool]:
+            alone.append(len(items))
+            return await plain(owner, items)
+
+        monkeypatch.setattr(worker.lifecycle, "claim", stop_when_drained)
+        monkeypatch.setattr(worker.lifecycle, "complete_many", complete_alone)
+        await run_until(h, stop)
+        assert claims == [(0, 4), (4, 4), (4, 4), (4, 0)] and not alone
+        assert set((await states(h, ids)).values()) == {("completed", None, 0)}
+        usage, _ = await billed_and_called_back(h, ids)
+        assert usage == len(ids)

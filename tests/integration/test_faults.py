@@ -119,7 +119,7 @@ async def test_full_disk_requeues_the_task_unharmed(disk_harness: tuple[Harness,
     else:
         FullDisk.full = True
     try:
-        assert await h.worker.run_once()
+        assert await h.worker.run_turn()
     finally:
         FullDisk.full = False
     task = await row(h, task_id)
@@ -131,7 +131,7 @@ async def test_full_disk_requeues_the_task_unharmed(disk_harness: tuple[Harness,
         assert (await h.client.get("/readyz")).status_code == 200
     async with h.state.db.write() as session:
         await session.execute(update(Task).where(Task.id == task_id).values(available_at=0))
-    assert await h.worker.run_once()
+    assert await h.worker.run_turn()
     result = await h.result(task_id)
     assert result["status"] == "completed", result
     async with h.state.db.read() as session:
@@ -190,7 +190,7 @@ async def test_backlog_past_its_deadline_expires_in_bulk(harness: Harness) -> No
     async with harness.state.db.write() as session:
         await session.execute(update(Task).values(deadline_at=now_ms() - 1))
     # Nothing that cannot finish before its deadline is started.
-    assert not await harness.worker.run_once()
+    assert not await harness.worker.run_turn()
     changed = await harness.worker.lifecycle.expire_overdue(now_ms(), batch=25)
     assert changed == 60
     async with harness.state.db.read() as session:
@@ -206,11 +206,11 @@ async def test_task_without_time_to_finish_is_not_started(harness: Harness) -> N
     task_id = await submit(harness)
     async with harness.state.db.write() as session:
         await session.execute(update(Task).values(deadline_at=now_ms() + 3000))
-    assert not await harness.worker.run_once()
+    assert not await harness.worker.run_turn()
     assert (await row(harness, task_id)).status == "created"
     async with harness.state.db.write() as session:
         await session.execute(update(Task).values(deadline_at=now_ms() + 60_000))
-    assert await harness.worker.run_once()
+    assert await harness.worker.run_turn()
     assert (await row(harness, task_id)).status == "completed"
 
 
@@ -255,16 +255,16 @@ async def test_a_storage_outage_charges_no_timeout_and_pauses_claims(
                 update(Task).where(Task.id == task_id).values(deadline_at=deadline)
             )
         FullDisk.full = True
-        assert await h.worker.run_once()
+        assert await h.worker.run_turn()
         task = await row(h, task_id)
         assert (task.status, task.error_code, task.lease_losses) == ("created", None, 0)
         assert task.deadline_at > max(now_ms(), deadline)  # moved on by the run's time
         # Storage still refuses writes: nothing is claimed.
-        assert not await h.worker.run_once()
+        assert not await h.worker.run_turn()
         assert (await row(h, waiting)).status == "created"
         FullDisk.full = False
         for _ in range(100):  # the next probe write, within a poll
-            if await h.worker.run_once():
+            if await h.worker.run_turn():
                 break
             await asyncio.sleep(0.05)
         assert (await h.result(waiting))["status"] == "completed"

@@ -78,7 +78,7 @@ async def submit(h: Harness, prompt: str = "edit", **fields: Any) -> str:
 async def test_one_task_from_claim_to_completion_costs_five_statements(harness: Harness) -> None:
     task_id = await submit(harness)
     with counting(harness.state.db) as seen:
-        assert await harness.worker.run_once()
+        assert await harness.worker.run_turn()
     # Claim: UPDATE ... RETURNING, its input image and whether another task waits, in one
     # transaction. Completion: the conditional UPDATE, the input blob's DELETE and the usage
     # line's INSERT, in another.

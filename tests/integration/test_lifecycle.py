@@ -180,7 +180,7 @@ async def test_deadline_times_out_queued_and_running_tasks(harness: Harness) -> 
     assert result["error_code"] == ErrorCode.TIMEOUT
     assert (await row(harness, queued)).status == "timeout"
     # The worker stops waiting for the engine at the deadline and records the timeout.
-    assert await harness.worker.run_once()
+    assert await harness.worker.run_turn()
     assert (await row(harness, running)).status == "timeout"
     assert (await harness.result(running))["error_code"] == ErrorCode.TIMEOUT
     # Its engine thread is still computing, so the worker stops claiming to be replaced.
@@ -264,7 +264,7 @@ async def test_engine_loaded_once_per_worker(harness: Harness) -> None:
     for _ in range(3):
         await submit(harness)
     worker = Worker.sharing(harness.state, worker_id="w-once")
-    while await worker.run_once():
+    while await worker.run_turn():
         pass
     assert FakeEditEngine.loads == before + 1
 

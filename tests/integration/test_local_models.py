@@ -773,14 +773,14 @@ async def test_a_model_process_that_dies_in_the_call_runs_its_task_again_once(
         first = HOST.pid()
         response = await h.submit(body(model, "text"))
         task_id = response.json()["id"]
-        assert await h.worker.run_once()
+        assert await h.worker.run_turn()
         again = await h.result(task_id)
         assert again["status"] == "created", again
         assert HOST.pid() is None and HOST.loaded == frozenset()
         # Dies again on the fresh process: the task fails, and says why.
         HOST.run(in_model_process.killed_in_call, local, h.state.settings)
         assert HOST.pid() not in (None, first)
-        assert await h.worker.run_once()
+        assert await h.worker.run_turn()
         failed = await h.result(task_id)
         assert failed["status"] == "failed", failed
         assert failed["error_code"] == ErrorCode.MODEL_PROCESS_DIED, failed
@@ -1012,7 +1012,7 @@ async def test_affinity_the_loaded_worker_wins(weights: dict[str, Path], tmp_pat
         first = (await h.submit(body(model, "text"))).json()["id"]
         await asyncio.sleep(1.5)
         assert (await h.result(first))["status"] == "created", log_path.read_text()
-        assert await warm.run_once()
+        assert await warm.run_turn()
         assert (await h.result(first))["status"] == "completed"
         # With the loaded worker busy elsewhere (it is not run again here), the cold process
         # takes the next task, but only once it has waited the affinity time.

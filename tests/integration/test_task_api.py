@@ -112,7 +112,7 @@ async def test_cancel_waiting_task_ends_it_unbilled_with_a_callback(harness: Har
     assert canceled["outputs"] == []
     assert (await harness.result(task_id))["status"] == "canceled"
     # Nothing left to run, nothing billed, inputs gone, and the callback says canceled.
-    assert not await harness.worker.run_once()
+    assert not await harness.worker.run_turn()
     assert await count(harness, UsageLine, UsageLine.task_id == task_id) == 0
     assert await count(harness, Blob, Blob.key.like(f"inputs/{task_id}%")) == 0
     hook = await callback(harness, task_id)
@@ -151,7 +151,7 @@ async def test_cancel_running_task_asks_the_engine_to_stop(
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="genhook")
     task_id = await submit_id(harness, prompt="wait=60")
-    run = asyncio.create_task(harness.worker.run_once())
+    run = asyncio.create_task(harness.worker.run_turn())
     for _ in range(500):
         if (await row(harness, task_id)).status == "processing":
             break
@@ -173,7 +173,7 @@ async def test_cancel_running_task_asks_the_engine_to_stop(
 
 async def test_cancel_running_task_whose_engine_cannot_stop(harness: Harness) -> None:
     task_id = await submit_id(harness, prompt="sleep=4")
-    run = asyncio.create_task(harness.worker.run_once())
+    run = asyncio.create_task(harness.worker.run_turn())
     for _ in range(500):
         if (await row(harness, task_id)).status == "processing":
             break

@@ -88,7 +88,7 @@ async def test_queue_position_counts_tasks_ahead_for_the_model(harness: Harness)
     other = await harness.submit(body(model="test/fake-audio"), path="generateAudio")
     assert [(await harness.result(i))["queue_position"] for i in ids] == [0, 1, 2]
     assert (await harness.result(other.json()["id"]))["queue_position"] == 0
-    assert await harness.worker.run_once()
+    assert await harness.worker.run_turn()
     first = await harness.result(ids[0])
     assert "queue_position" not in first and first["status"] == "completed"
     assert [(await harness.result(i))["queue_position"] for i in ids[1:]] == [0, 1]
@@ -178,7 +178,7 @@ async def test_progress_and_logs_reach_the_result(harness: Harness) -> None:
 
 async def test_log_lines_are_capped_per_task(harness: Harness) -> None:
     task_id = await submit(harness, prompt=f"steps={MAX_LOG_LINES + 50}")
-    assert await harness.worker.run_once()
+    assert await harness.worker.run_turn()
     async with harness.state.db.read() as session:
         lines = await session.scalar(
             select(func.count())
@@ -190,7 +190,7 @@ async def test_log_lines_are_capped_per_task(harness: Harness) -> None:
 
 async def test_image_edit_engine_reports_progress(harness: Harness) -> None:
     task_id = await submit(harness, model="genhook/image-edit", prompt="black and white")
-    assert await harness.worker.run_once()
+    assert await harness.worker.run_turn()
     response = await harness.client.get(
         f"/api/v1/model/result/{task_id}?logs=1", headers=harness.headers
     )
@@ -225,7 +225,7 @@ async def test_event_stream_follows_the_task_to_its_end(harness: Harness) -> Non
 
 async def test_event_stream_resumes_after_the_last_event_id(harness: Harness) -> None:
     task_id = await submit(harness, prompt="steps=3")
-    assert await harness.worker.run_once()
+    assert await harness.worker.run_turn()
     async with harness.state.db.read() as session:
         first = await session.scalar(
             select(func.min(TaskEvent.id)).where(TaskEvent.task_id == task_id)

@@ -106,7 +106,7 @@ async def test_submit_to_signed_callback(app: App) -> None:
             headers=app.headers,
         )
         assert failed.status_code == 200, failed.text
-        while await app.worker.run_once():
+        while await app.worker.run_turn():
             pass
 
         async def both() -> bool:
@@ -192,7 +192,7 @@ async def test_attempt_log_and_redelivery(app: App) -> None:
                 headers=app.headers,
             )
         ).json()["id"]
-        while await app.worker.run_once():
+        while await app.worker.run_turn():
             pass
 
         async def undeliverable() -> bool:

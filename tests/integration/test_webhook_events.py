@@ -73,7 +73,7 @@ async def run_until(app: App, receiver: Receiver, count: int) -> None:
         while service.dispatcher is None:
             await asyncio.sleep(0.01)
         await service.dispatcher.started.wait()
-        while await app.worker.run_once():
+        while await app.worker.run_turn():
             pass
         await receiver.wait_for(count, timeout=20)
         await asyncio.sleep(0.3)  # anything more would arrive now

@@ -12,7 +12,7 @@ writes a task runs in the task store (``tasks/store/``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -556,8 +556,9 @@ class Lifecycle:
                 break
         return changed
 
-    async def release_owner(self, worker_id: str, *, lost: bool) -> int:
-        """Requeue every task ``worker_id`` holds, without waiting out its lease.
+    async def release_owner(self, worker_id: str, *, lost: bool, keep: Collection[str] = ()) -> int:
+        """Requeue every task ``worker_id`` holds but those in ``keep``, without waiting out
+        its lease.
 
         The supervisor calls it as soon as it sees a worker exit; ``lost`` counts a lost lease
         (the worker died running the task), as the sweeper would. The lease stays the safety
@@ -568,6 +569,8 @@ class Lifecycle:
             held = await reads.held_by(session, worker_id)
         changed = 0
         for task_id, losses in held:
+            if task_id in keep:
+                continue
             if lost:
                 changed += int(await self._lose_lease(task_id, worker_id, losses, now))
             elif await self.release(task_id, worker_id):

@@ -1,17 +1,19 @@
-"""Dynamic batching: many tasks of one model in one engine call, each still ending alone.
+"""The batch runner: every claim a worker makes runs here, 1 to ``max_batch_size`` tasks
+of one model, a lone task being a batch of one, for every kind of engine (synchronous in a
+thread, ``AsyncEngine`` on the loop, ``BatchEngine`` many jobs per call, a local model in
+its model process).
 
-A model whose ``ModelSpec.max_batch_size`` is above 1 has its waiting tasks claimed
-together, up to that size, in one transaction (``Lifecycle.claim``; ``claim_more`` fills it).
-With fewer in hand, the worker waits up to the model's ``max_wait_ms`` for more to arrive
-(each submit wakes it), then runs what it has: tasks with the same ``batch_key`` share one
-``run_batch`` call, in the thread engines run in.
-
-Each task keeps its own life: its lease (the process's ``LeaseKeeper``), deadline, progress
-recorder, outputs, usage line, webhook and error. A canceled task (or one whose lease was
-lost) leaves a batch being formed, and in a running batch its job's ``stop`` is set and its
-result discarded, while its neighbours run on; a task past its deadline times out alone.
-An entry that is a ``TaskFailure`` fails its task alone; a call that raises is followed by
-one ``run`` per job, so one poison input cannot fail its neighbours.
+One path for all of them: fill (a batched model waits up to its ``max_wait_ms`` for more
+tasks, ``Lifecycle.claim_more``), prepare (the engine loaded, each task's inputs read), call
+(one call per batch key), record (outputs stored, the completions in one transaction, or in
+the slot's next claim) and the failure rules (``outcomes.py``), each task supervised alone
+throughout: its lease (the process's ``LeaseKeeper``), cancel, deadline and the worker's
+stop. A canceled task (or one whose lease was lost) leaves a batch being formed, and in a
+running call its job's ``stop`` is set and its result discarded, while its neighbours run
+on; a task past its deadline times out alone. An entry that is a ``TaskFailure`` fails its
+task alone; a batched call that raises is followed by one ``run`` per job, so one poison
+input cannot fail its neighbours. Each task has its ``genhook.task.run`` span and its id on
+every log line about it; a call shared by several tasks has one span linked from theirs.
 """
 
 from __future__ import annotations
@@ -21,15 +23,15 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Awaitable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from genhook import metrics, tracing
 from genhook.db import Task, now_ms
-from genhook.db.wakeups import Waiter, Wake
 from genhook.engines.base import (
     STOPPED_EARLY,
+    AsyncEngine,
     BatchEngine,
     Engine,
     EngineJob,
@@ -37,7 +39,7 @@ from genhook.engines.base import (
     ModelSpec,
 )
 from genhook.errors import ErrorCode, TaskFailure
-from genhook.faults import is_infrastructure_error, retry_infrastructure
+from genhook.faults import retry_infrastructure
 from genhook.logs import bind_task, unbind
 from genhook.storage.inputs import discard_inputs
 from genhook.tasks.lifecycle import Completion
@@ -45,13 +47,11 @@ from genhook.tasks.progress import ProgressRecorder
 from genhook.tasks.worker.outcomes import end_failed, say_given_up
 
 if TYPE_CHECKING:
-    from genhook.tasks.worker.loop import Worker
+    from genhook.tasks.worker.loop import Slot, Worker
 
 log = logging.getLogger(__name__)
 
-# A worker that forms a batch without its own wake-ups (several calls at once in one
-# process) looks for arrivals this often, within the model's wait: a read, then a claim.
-FILL_POLL_SECONDS = 0.005
+Results = list[EngineResult | Exception]
 
 
 @dataclass(eq=False)
@@ -84,20 +84,13 @@ class _Member:
 
 
 async def run_batch(
-    worker: Worker,
-    tasks: Sequence[Task],
-    stop: asyncio.Event | None,
-    waiter: Waiter | None,
-    *,
-    more_waiting: bool = False,
-) -> bool:
-    """Fill ``tasks`` (claimed, of one batched model, oldest first) up to the model's batch
-    size, then run them, one call per batch key.
+    worker: Worker, tasks: Sequence[Task], stop: asyncio.Event | None, slot: Slot | None
+) -> None:
+    """Run ``tasks`` (claimed, of one model, oldest first): filled up to the model's batch
+    size when it batches, then one call per batch key, each task recorded alone.
 
-    ``waiter`` is the worker's wake-up, when this loop alone waits on it; without one, the
-    batch looks for arrivals by polling within its wait. ``more_waiting``: the claim may have
-    left tasks of the model behind, so the batch claims once before it waits. Returns
-    whether it read a wake-up (which may have been meant for another model's task).
+    ``slot``: the loop's slot that claimed them; when it may, the completions are recorded
+    by its next claim (``Lifecycle.claim``'s ``complete``), whose tasks it runs next.
     """
     spec = worker.registry.get(tasks[0].model)
     assert spec is not None
@@ -107,10 +100,11 @@ async def run_batch(
     started = time.monotonic()
     grace = _Grace(worker.settings.shutdown_grace_seconds)
     try:
-        woken = await _fill(worker, spec, members, stop, waiter, more_waiting)
-        engine = await _prepared_in_time(worker, spec, members, stop, grace)
+        if spec.max_batch_size > 1:
+            await _fill(worker, spec, members, stop)
+        engine = await _prepared(worker, spec, members, stop, grace)
         if engine is None:
-            return woken
+            return
         called = False
         for group in _groups(engine, [m for m in members if not m.gone]):
             if worker.tainted or (called and stop is not None and stop.is_set()):
@@ -119,9 +113,8 @@ async def run_batch(
                 await _release(worker, group)
                 continue
             waited = time.monotonic() - started
-            await _run_group(worker, spec, engine, group, stop, waited, grace)
+            await _run_group(worker, spec, engine, group, stop, waited, grace, slot)
             called = True
-        return woken
     finally:
         for member in members:
             worker.prefetched.pop(member.task.id, None)
@@ -130,56 +123,42 @@ async def run_batch(
 
 
 async def _fill(
-    worker: Worker,
-    spec: ModelSpec,
-    members: list[_Member],
-    stop: asyncio.Event | None,
-    waiter: Waiter | None,
-    claim_first: bool,
-) -> bool:
+    worker: Worker, spec: ModelSpec, members: list[_Member], stop: asyncio.Event | None
+) -> None:
     """Claim more of the model's tasks until the batch is full or ``max_wait_ms`` has passed
-    since its first claim; then drop the tasks canceled meanwhile. Returns whether a
-    wake-up was read."""
+    since its first claim, each time a wake-up says work arrived; then drop the tasks
+    canceled meanwhile."""
     loop = asyncio.get_running_loop()
     until = loop.time() + spec.max_wait_ms / 1000
-    waited = woken = False
+    waited = False
 
     def room() -> int:  # a task canceled meanwhile frees its place
         return spec.max_batch_size - sum(not member.lost.is_set() for member in members)
 
-    while room() > 0 and (stop is None or not stop.is_set()):
-        if not claim_first:
+    with worker.filling():
+        while room() > 0 and (stop is None or not stop.is_set()):
+            heard = worker.heard
             remaining = until - loop.time()
-            if remaining <= 0:
+            if remaining <= 0 or not await worker.arrival(heard, remaining):
                 break
-            if waiter is not None:
-                if await waiter.wait(remaining, idle=not worker.hold_ms()) is Wake.TIMEOUT:
-                    break
-                woken = True
-            else:
-                await asyncio.sleep(min(remaining, FILL_POLL_SECONDS))
-                with contextlib.suppress(Exception):
-                    if not await worker.lifecycle.any_runnable([spec.id], worker.reserve_ms()):
-                        continue
             waited = True
             if stop is not None and stop.is_set():
                 break
-        claim_first = False
-        try:
-            more = await worker.lifecycle.claim_more(
-                worker.worker_id,
-                spec.id,
-                room(),
-                worker.reserve_ms(),
-                inputs=worker.prefetched,
-            )
-        except Exception as error:
-            log.warning("model %s: claiming more for a batch failed (%s)", spec.id, error)
-            break
-        for task in more:
-            member = _Member(task)
-            worker.keeper.hold(task.id, member.lost)
-            members.append(member)
+            try:
+                more = await worker.lifecycle.claim_more(
+                    worker.worker_id,
+                    spec.id,
+                    room(),
+                    worker.reserve_ms(),
+                    inputs=worker.prefetched,
+                )
+            except Exception as error:
+                log.warning("model %s: claiming more for a batch failed (%s)", spec.id, error)
+                break
+            for task in more:
+                member = _Member(task)
+                worker.keeper.hold(task.id, member.lost)
+                members.append(member)
     if waited:
         # A task canceled while the batch formed leaves it before the call: one read, as
         # the keeper's next check would find it only later.
@@ -188,11 +167,6 @@ async def _fill(
             for member in members:
                 if member.task.id not in held:
                     member.lost.set()
-    await _drop_lost(worker, members)
-    return woken
-
-
-async def _drop_lost(worker: Worker, members: list[_Member]) -> None:
     for member in members:
         if member.lost.is_set() and not member.gone:
             member.gone = True
@@ -213,26 +187,18 @@ class _Grace:
         return self.until
 
 
-async def _prepared_in_time(
+async def _prepared(
     worker: Worker,
     spec: ModelSpec,
     members: list[_Member],
     stop: asyncio.Event | None,
     grace: _Grace,
 ) -> Engine | None:
-    """``_prepare``, unless the worker leaves meanwhile: past its grace the tasks go back to
-    the queue (a model load goes on in its thread; the worker leaves without it)."""
+    """``_prepare``, supervised as a call is: a task canceled, lost or past its deadline
+    meanwhile ends alone, and past the worker's grace the tasks go back to the queue (a
+    model load goes on in its thread; the worker leaves without it)."""
     preparing = asyncio.ensure_future(_prepare(worker, spec, members))
-    if stop is None:
-        return await preparing
-    stopping = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({preparing, stopping}, return_when="FIRST_COMPLETED")
-        if not preparing.done():
-            left = grace.start() - asyncio.get_running_loop().time()
-            await asyncio.wait({preparing}, timeout=max(0.0, left))
-    finally:
-        stopping.cancel()
+    await _supervise(worker, spec, members, preparing, stop, grace)
     if preparing.done():
         return preparing.result()
     preparing.cancel()
@@ -258,6 +224,8 @@ async def _prepare(worker: Worker, spec: ModelSpec, members: list[_Member]) -> E
         *(_inputs_of(worker, member) for member in live), return_exceptions=True
     )
     for member, images in zip(live, loaded, strict=True):
+        if member.gone:
+            continue  # given up while its inputs were read
         if isinstance(images, BaseException):
             member.gone = True
             with member.about():
@@ -271,7 +239,7 @@ async def _prepare(worker: Worker, spec: ModelSpec, members: list[_Member]) -> E
             model=member.task.model,
             params=member.task.params,
             images=images,
-            report=member.progress.report,
+            report=tracing.steps(member.progress.report),
             deadline=member.task.deadline_at / 1000,
             stop=member.stop,
             request=worker.request_of(member.task),
@@ -306,7 +274,7 @@ def _groups(engine: Engine, members: list[_Member]) -> list[list[_Member]]:
     return list(groups.values())
 
 
-def call_batch(engine: Engine, jobs: Sequence[EngineJob]) -> list[EngineResult | Exception]:
+def call_batch(engine: Engine, jobs: Sequence[EngineJob]) -> Results:
     """One engine call for ``jobs`` (``run`` for a lone job or an engine without
     ``run_batch``); when the call raises, each job runs alone, so the error stays with the
     input that caused it. One entry per job, in order: a result or the error ending it."""
@@ -339,6 +307,58 @@ def _alone(engine: Engine, job: EngineJob) -> EngineResult | Exception:
         return error
 
 
+async def _call_async(engine: AsyncEngine, jobs: Sequence[EngineJob]) -> Results:
+    """An ``AsyncEngine``'s jobs on the loop; one entry per job, as ``call_batch``."""
+
+    async def one(job: EngineJob) -> EngineResult | Exception:
+        try:
+            return await engine.run_async(job)
+        except Exception as error:
+            return error
+
+    return list(await asyncio.gather(*(one(job) for job in jobs)))
+
+
+def _call(
+    worker: Worker, spec: ModelSpec, engine: Engine, group: list[_Member]
+) -> asyncio.Future[Results]:
+    """The engine's call for ``group``, started: on the loop for an ``AsyncEngine``, else in
+    a thread. Its span is the task's own ``genhook.engine.run`` for a lone task (whose log
+    tag the call's log lines carry), one linked with each task's for several."""
+    jobs = [member.job for member in group if member.job is not None]
+    ids = [job.task_id for job in jobs]
+    run: Awaitable[Results]
+    if isinstance(engine, AsyncEngine):
+        run = _call_async(engine, jobs)
+    else:
+        worker.engine_started(ids)
+
+        def call() -> Results:
+            try:
+                return call_batch(engine, jobs)
+            finally:
+                worker.engine_ended(ids)
+
+        run = asyncio.to_thread(call)
+
+    async def traced() -> Results:
+        if len(group) == 1:
+            spanned = tracing.span("genhook.engine.run", {"genhook.model": spec.id})
+        else:
+            shared: dict[str, str | int] = {
+                "genhook.model": spec.id,
+                "genhook.batch.size": len(jobs),
+            }
+            spanned = tracing.batch_call([member.run for member in group], shared)
+        with spanned:  # the thread's copy of the context has the call's span current
+            return await run
+
+    if len(group) == 1:
+        with group[0].about():  # the task's tag and span, copied into the call's context
+            return asyncio.ensure_future(traced())
+    return asyncio.ensure_future(traced())
+
+
 async def _run_group(
     worker: Worker,
     spec: ModelSpec,
@@ -347,50 +367,53 @@ async def _run_group(
     stop: asyncio.Event | None,
     waited: float,
     grace: _Grace,
+    slot: Slot | None,
 ) -> None:
-    await _drop_lost(worker, group)  # canceled while an earlier key's call ran
+    for member in group:  # canceled while an earlier key's call ran
+        if member.lost.is_set() and not member.gone:
+            member.gone = True
+            await say_given_up(worker, member.task, _leaving(spec))
     group = [member for member in group if not member.gone]
     if not group:
         return
-    metrics.batch_called(spec.id, len(group), waited)
-    jobs = [member.job for member in group if member.job is not None]
-    ids = [job.task_id for job in jobs]
-    worker.engine_started(ids)
-
-    def call() -> list[EngineResult | Exception]:
-        try:
-            return call_batch(engine, jobs)
-        finally:
-            worker.engine_ended(ids)
-
+    if spec.max_batch_size > 1:
+        metrics.batch_called(spec.id, len(group), waited)
+    ids = [member.task.id for member in group]
     started = time.monotonic()
-    shared: dict[str, str | int] = {"genhook.model": spec.id, "genhook.batch.size": len(jobs)}
-    with tracing.batch_call([member.run for member in group], shared):
-        # The thread's copy of the context has the call's span current: its progress events.
-        work = asyncio.ensure_future(asyncio.to_thread(call))
+    work = _call(worker, spec, engine, group)
     async with contextlib.AsyncExitStack() as stack:
         for member in group:
             assert member.progress is not None
             await stack.enter_async_context(member.progress.running())
-        await _supervise(worker, group, work, stop, grace)
+        await _supervise(worker, spec, group, work, stop, grace)
     if not work.done():
         # Every task of the call was given up: an engine that can, stops soon.
-        await worker.await_engine(ids, engine, stop)
+        if isinstance(engine, AsyncEngine):
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+        else:
+            await worker.await_engine(ids, engine, stop)
         return
     results = work.result()
     worker.ran_for(spec.id, time.monotonic() - started)
-    await _record(worker, group, results, len(jobs))
+    await _record(worker, spec, group, results, stop, slot)
+
+
+def _leaving(spec: ModelSpec) -> str:
+    return "it leaves its batch's call" if spec.max_batch_size > 1 else "its run is abandoned"
 
 
 async def _supervise(
     worker: Worker,
+    spec: ModelSpec,
     group: list[_Member],
     work: asyncio.Future[Any],
     stop: asyncio.Event | None,
     grace: _Grace,
 ) -> None:
-    """Wait for the call while each task's cancel, lease and deadline apply to it alone;
-    return early only when every task of the call was given up."""
+    """Wait for ``work`` (the preparation or the call) while each task's cancel, lease and
+    deadline apply to it alone; return early only when every task was given up."""
     loop = asyncio.get_running_loop()
     while not work.done():
         live = [member for member in group if not member.gone]
@@ -422,15 +445,18 @@ async def _supervise(
             if member.lost.is_set():
                 # Also how a cancel arrives: the task is no longer ``processing``.
                 _give_up(member)
-                await say_given_up(worker, member.task, "it leaves its batch's call")
+                await say_given_up(worker, member.task, _leaving(spec))
             elif now >= member.task.deadline_at:
                 _give_up(member)
                 with member.about():
                     if await worker.end_task(member.task, worker.lifecycle.time_out):
-                        log.info("task %s timed out in a batch", member.task.id)
+                        log.info("task %s timed out", member.task.id)
         if stop is not None and stop.is_set() and grace.until is None:
             grace.start()
-            log.info("a batch of %d: finishing before shutdown", len(live))
+            for member in live:
+                if not member.gone:
+                    with member.about():
+                        log.info("task %s: finishing before shutdown", member.task.id)
         elif grace.until is not None and loop.time() >= grace.until:
             await _release(worker, group)
             return
@@ -446,14 +472,20 @@ async def _release(worker: Worker, members: list[_Member]) -> None:
     for member in members:
         if not member.gone:
             _give_up(member)
-            await worker.release_task(member.task)
+            with member.about():
+                await worker.release_task(member.task)
 
 
 async def _record(
-    worker: Worker, group: list[_Member], results: list[EngineResult | Exception], size: int
+    worker: Worker,
+    spec: ModelSpec,
+    group: list[_Member],
+    results: Results,
+    stop: asyncio.Event | None,
+    slot: Slot | None,
 ) -> None:
-    """End each task of a finished call on its own: outputs stored, then the completions in
-    one transaction; failures alone."""
+    """End each task of a finished call on its own: a failure as the rules say, a success
+    with its outputs stored, then the completions together in one transaction."""
     members = [member for member in group if member.job is not None]
     done: list[tuple[_Member, Completion]] = []
     for member, result in zip(members, results, strict=True):
@@ -470,23 +502,15 @@ async def _record(
                 continue
         cost = None if result.cost_usd is None else int(result.cost_usd * 1_000_000)
         flags = [output.nsfw for output in result.outputs]
-        info = {**result.info, "batch_size": size}
+        info = result.info
+        if spec.max_batch_size > 1:
+            info = {**info, "batch_size": len(members)}
         item = Completion(member.task.id, keys, flags, info, cost, result.stt_result)
         done.append((member, item))
     if not done:
         return
     items = [item for _, item in done]
-    try:
-        outcomes = await retry_infrastructure(
-            lambda: worker.lifecycle.complete_many(worker.worker_id, items),
-            what=f"a batch of {len(items)}: recording its outcomes",
-            budget_seconds=worker.settings.fault_retry_seconds,
-        )
-    except Exception as error:
-        if not is_infrastructure_error(error):
-            raise
-        log.error("a batch of %d: could not record its outcomes (%s)", len(items), error)
-        outcomes = [False] * len(items)
+    outcomes = await worker.complete(spec.id, items, stop, slot)
     for (member, item), ended in zip(done, outcomes, strict=True):
         if ended:
             await discard_inputs(worker.storage, member.task.inputs)

@@ -39,6 +39,10 @@ class LeaseKeeper:
         if self._runner is None or self._runner.done():
             self._runner = asyncio.create_task(self._run())
 
+    def held(self) -> frozenset[str]:
+        """The tasks whose leases this keeper holds now."""
+        return frozenset(self._held)
+
     def drop(self, task_id: str) -> None:
         self._held.pop(task_id, None)
         if not self._held and self._runner is not None:

@@ -1,15 +1,17 @@
-"""The worker loop: claim a task, keep its lease alive, run its engine, record the outcome.
+"""The worker and its one loop: per model, N slots (its concurrency); a free slot claims a
+batch of 1 to the model's ``max_batch_size`` tasks, which ``run_batch`` runs.
 
-The package's parts: this loop (``Worker``), the slots of models that run several calls at
-once (``slots.py``), the batch runner (``batch.py``), the outcome rules (``outcomes.py``),
-model residency and affinity (``affinity.py``) and the leases (``leases.py``).
+The package's parts, each in one place: this loop (``Worker``: claims, slots, the services
+a run uses: engines, inputs, outputs, completions), the batch runner (``batch.py``), the
+outcome rules (``outcomes.py``), model residency and affinity (``affinity.py``) and the
+leases (``leases.py``).
 
-One worker runs one CPU task at a time; ``genhook serve`` starts several worker processes, so
-CPU-heavy engines never block the API's event loop. The engine runs in a thread of the
-worker process, so heartbeats keep flowing while it computes. Models with
-``ModelSpec.concurrency`` above 1 run several calls at once: an ``AsyncEngine``'s on the
-loop, a thread-safe synchronous engine's in threads. A batched model (``max_batch_size``
-above 1) runs many tasks in one call (``tasks/worker/batch.py``).
+The models that run one call at a time share one slot: one CPU task at a time per worker,
+and ``genhook serve`` starts several worker processes, so CPU-heavy engines never block the
+API's event loop. The engine runs in a thread of the worker process, so heartbeats keep
+flowing while it computes. Models with ``ModelSpec.concurrency`` above 1 have that many
+slots each: an ``AsyncEngine``'s calls on the loop, a thread-safe synchronous engine's in
+threads.
 """
 
 from __future__ import annotations
@@ -20,10 +22,9 @@ import functools
 import logging
 import os
 import socket
-import threading
 import time
 from collections import Counter, defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,9 +35,7 @@ from genhook import tracing
 from genhook.db import Task, now_ms
 from genhook.db.wakeups import TASKS, Waiter, Wake
 from genhook.engines.base import (
-    AsyncEngine,
     Engine,
-    EngineJob,
     EngineResult,
     StepEngine,
     stored_request,
@@ -44,7 +43,6 @@ from genhook.engines.base import (
 from genhook.engines.registry import claimable_models
 from genhook.errors import ErrorCode, TaskFailure
 from genhook.faults import is_infrastructure_error, retry_infrastructure
-from genhook.logs import bind_task, unbind
 from genhook.net import client_ssl_context
 from genhook.retry import backoff_delay
 from genhook.runtime.services import Services
@@ -53,15 +51,19 @@ from genhook.storage.blobs import extension_of, new_blob_key
 from genhook.storage.inputs import discard_inputs, keeps_inputs
 from genhook.tasks.group_commit import GroupCommit
 from genhook.tasks.lifecycle import NO_PREFERENCE, Completion, Lifecycle, Preference
-from genhook.tasks.progress import ProgressRecorder
 from genhook.tasks.store import reads
 from genhook.tasks.worker import affinity
 from genhook.tasks.worker.batch import run_batch
 from genhook.tasks.worker.leases import LeaseKeeper
-from genhook.tasks.worker.outcomes import OutputsNotStored, end_failed, say_given_up
-from genhook.tasks.worker.slots import run_concurrent
+from genhook.tasks.worker.outcomes import OutputsNotStored
 
 log = logging.getLogger(__name__)
+
+# Most tasks one claim takes for a model's free slots, so one claim never holds the loop long.
+CLAIM_BATCH = 32
+# While a model's queue has work, its slots are claimed in batches of at least its limit
+# divided by this (8 of 64): a claim per finished task would cost a transaction per task.
+CLAIM_BATCH_DIVISOR = 8
 
 
 # How long an engine asked to stop gets before its process is marked for replacement (a
@@ -101,7 +103,7 @@ class Worker(Services):
         self._ssl_context = client_ssl_context(self.settings.webhook_ca_file)
         # Set when an abandoned engine call is still computing: the process should be replaced.
         self.tainted = False
-        # Tasks of each model one process runs at once (see tasks/worker/slots.py).
+        # Tasks of each model one process runs at once: its slots (``_run``).
         self.limits = {spec.id: spec.concurrency for spec in self.registry}
         # Batched models and the most tasks one call of each takes (tasks/worker/batch.py).
         self.batch_sizes = {
@@ -128,13 +130,14 @@ class Worker(Services):
         # Recent run times per model: a task with less time left than these is not started.
         self._run_seconds: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=8))
         self.wakeup = Waiter()
-        # Whether the last claim saw another task waiting (see _run).
-        self._more = False
-        # The one-at-a-time loop's stop event while it runs: only that loop completes a task
-        # and claims its successor in one transaction (see _complete).
-        self._chain_stop: asyncio.Event | None = None
-        # Tasks claimed with the last completion, run next without a claim of its own.
-        self._next: list[Task] = []
+        # Wake-ups the loop has read, and an event set at the next one: a batch being formed
+        # claims more when work arrived (``arrival``).
+        self.heard = 0
+        self._heard = asyncio.Event()
+        # Batches being formed now, and an event set when that number changes: meanwhile
+        # the worker counts as idle, so a submit's wake-up may be sent to it alone.
+        self._filling = 0
+        self._filling_changed = asyncio.Event()
         # Models whose tasks go preferably to a worker that has their weights loaded: this
         # one takes such a task only after it waited its hold, unless it has them.
         self._affine = [spec.id for spec in self.registry if spec.affinity]
@@ -300,6 +303,9 @@ class Worker(Services):
         log.info("worker %s stopped", self.worker_id)
 
     async def _run(self, stop: asyncio.Event) -> None:
+        """The one loop: per model group, claim while a slot is free, each slot's claim a
+        batch of 1 to the model's batch size, run by ``run_batch``; until ``stop``, then the
+        slots' tasks finish first."""
         if any(limit > 1 for limit in self.limits.values()):
             # A synchronous engine's calls run in the loop's threads: enough of them for
             # every model's calls at once (threads start only when needed).
@@ -307,58 +313,256 @@ class Worker(Services):
             if threads > min(32, (os.cpu_count() or 1) + 4):
                 executor = ThreadPoolExecutor(threads, thread_name_prefix="engine")
                 asyncio.get_running_loop().set_default_executor(executor)
-            await run_concurrent(self, stop)
-        self._chain_stop = stop
-        try:
-            await self._run_sequential(stop)
-        finally:
-            self._chain_stop = None
-            await self._release_next()
-
-    async def _run_sequential(self, stop: asyncio.Event) -> None:
+        running: dict[asyncio.Future[Slot], str] = {}
+        # When a group's last claim found no more waiting (loop time): it is asked again
+        # only after a wake-up or ``worker_poll_seconds``, not each time a slot finishes.
+        idle_since: dict[tuple[str, ...], float] = {}
+        woken_at = float("-inf")
+        loop = asyncio.get_running_loop()
+        stopping = asyncio.ensure_future(stop.wait())
         failures = 0
-        waited = ran = False
-        while not stop.is_set() and not self.tainted:
-            pause = self.idle_poll()
-            try:
-                # After a wait (a broadcast wake-up or the poll), read before claiming: a
-                # claim is a write, and a broadcast wakes every idle worker while only one
-                # gets the task. A writer that took this worker alone (Wake.TARGETED) sent
-                # it a task, so that claim goes ahead at once. After a task, claim again
-                # only if another was waiting at the claim or a submit has woken this
-                # worker since. A task claimed with the last completion runs next.
-                if not self._next and ran and not self._more and not self.wakeup.pending():
-                    ran = False
-                elif (
-                    self._next
-                    or not waited
-                    or await self.lifecycle.any_runnable(
-                        self._models, self.reserve_ms(), self.hold_ms()
+        waited = False  # after a wait that was not for this worker alone: read first
+        try:
+            while not stop.is_set() and not self.tainted:
+                poll = self.idle_poll()
+                for finished in [slot for slot in running if slot.done()]:
+                    del running[finished]
+                    slot = _reaped(finished)
+                    if slot is None:
+                        continue
+                    group = tuple(slot.models)
+                    if slot.more:
+                        idle_since.pop(group, None)
+                    elif slot.claimed_at > woken_at:
+                        idle_since[group] = slot.claimed_at
+                claimed = False
+                for models, free in _free_slots(self.limits, list(running.values())):
+                    group = tuple(models)
+                    if loop.time() - idle_since.get(group, float("-inf")) < poll:
+                        continue
+                    if group not in idle_since and free < _min_batch(self.limits, models):
+                        continue  # a busy queue: wait for more free slots, then take a batch
+                    if waited and not running and not await self._any_runnable(models):
+                        idle_since[group] = loop.time()
+                        continue  # after a wait, read first: an idle worker writes nothing
+                    if not await self.storage_ready():
+                        idle_since[group] = loop.time()
+                        continue  # outputs cannot be stored now: claim nothing
+                    try:
+                        batches, more = await self._claim(models, free)
+                        failures = 0
+                    except Exception as error:
+                        failures += 1
+                        if is_infrastructure_error(error):
+                            log.warning(
+                                "worker %s: claim failed (%s); retrying", self.worker_id, error
+                            )
+                        else:
+                            log.exception("worker %s: claim failed; retrying", self.worker_id)
+                        retry = backoff_delay(failures, poll, 2.0)
+                        idle_since[group] = loop.time() - poll + retry
+                        continue
+                    if more:
+                        idle_since.pop(group, None)
+                    else:
+                        idle_since[group] = loop.time()
+                    for tasks in batches:
+                        slot = Slot(models, _chains(self.limits, models), more, loop.time(), tasks)
+                        running[asyncio.ensure_future(self._run_slot(slot, stop))] = tasks[0].model
+                    claimed = claimed or bool(batches)
+                if claimed:
+                    waited = False
+                    continue
+                # Idle (a writer may take it alone) only with a slot free, or a batch being
+                # formed, for what it is sent; not either when it would hold a task back for
+                # another worker (affinity).
+                free = bool(_free_slots(self.limits, list(running.values()))) or self._filling
+                idle = bool(free) and not self.hold_ms()
+                self._filling_changed.clear()
+                waking = asyncio.ensure_future(self.wakeup.wait(poll, idle=idle))
+                changed = asyncio.ensure_future(self._filling_changed.wait())
+                waiters: set[asyncio.Future[Any]] = {stopping, waking, changed, *running}
+                await asyncio.wait(waiters, return_when="FIRST_COMPLETED")
+                changed.cancel()
+                if waking.done() and not waking.cancelled():
+                    wake = waking.result()
+                    log.debug("worker %s: woken (%s)", self.worker_id, wake.value)
+                    if wake is not Wake.TIMEOUT:
+                        idle_since.clear()  # woken: a task may be waiting now, ask every queue
+                        woken_at = loop.time()
+                        self._hear()
+                    # A writer that took this worker alone (Wake.TARGETED) sent it a task: it
+                    # claims at once. On PostgreSQL a claim that finds nothing writes nothing
+                    # and locks nothing (SKIP LOCKED), so a worker woken by NOTIFY claims at
+                    # once too. After any other wake-up, and the poll, it reads first: a
+                    # broadcast wakes every idle worker while only one gets the task.
+                    waited = wake is not Wake.TARGETED and not (
+                        wake is Wake.BROADCAST and self.db.is_postgres
                     )
-                ):
-                    ran = await self.run_once(stop)
-                else:
-                    ran = False
-                failures = 0
-            except Exception as error:
-                failures += 1
-                if is_infrastructure_error(error):
-                    log.warning("worker %s: claim failed (%s); retrying", self.worker_id, error)
-                else:
-                    log.exception("worker %s: claim failed; retrying", self.worker_id)
-                pause = backoff_delay(failures, pause, 2.0)
-                ran = False
-            waited = False
-            if not ran and not stop.is_set():
-                # A worker that would hold a task back for another (affinity) is not woken
-                # alone on SQLite: that wake-up could be for the task the other should take.
-                wake = await self.wakeup.wait(pause, idle=not self.hold_ms())
-                log.debug("worker %s: woken (%s)", self.worker_id, wake.value)
-                # On PostgreSQL a claim that finds nothing writes nothing and locks nothing
-                # (SKIP LOCKED), so a worker woken by NOTIFY claims at once too.
-                waited = wake is not Wake.TARGETED and not (
-                    wake is Wake.BROADCAST and self.db.is_postgres
+                waking.cancel()
+            if running:
+                await asyncio.wait(running)
+        finally:
+            stopping.cancel()
+
+    async def _any_runnable(self, models: list[str]) -> bool:
+        try:
+            return await self.lifecycle.any_runnable(models, self.reserve_ms(), self.hold_ms())
+        except Exception:
+            return True  # let the claim report the fault
+
+    async def _claim(self, models: list[str], free: int) -> tuple[list[list[Task]], bool]:
+        """Work for ``free`` slots of ``models``, and whether more was waiting: a task each,
+        or a batch each for a batched model (its first task and up to its batch size less
+        one more of its model), in one claim per slot, or one for a model's free slots."""
+        terms: dict[str, Any] = dict(
+            reserve_ms=self.reserve_ms(),
+            inputs=self.prefetched,
+            hold_ms=self.hold_ms(),
+            affinity=self.preference(),
+        )
+        if len(models) == 1 and models[0] not in self.batch_sizes and free > 1:
+            # A model's free slots in one claim, a task each.
+            claim = await self.lifecycle.claim(
+                self.worker_id, models, limits={models[0]: free}, look_on=False, **terms
+            )
+            return [[task] for task in claim.tasks], claim.more
+        batches: list[list[Task]] = []
+        more = False
+        for _ in range(free):
+            claim = await self.lifecycle.claim(
+                self.worker_id, models, limits=self.batch_sizes, **terms
+            )
+            more = claim.more
+            if not claim.tasks:
+                break
+            batches.append(claim.tasks)
+        return batches, more
+
+    async def _run_slot(self, slot: Slot, stop: asyncio.Event) -> Slot:
+        """A slot's batch, then each batch its completions claimed with them, until a claim
+        finds no more waiting; a batch claimed so is given back once the worker stops."""
+        try:
+            first = True
+            while slot.next and not self.tainted and (first or not stop.is_set()):
+                tasks, slot.next, first = slot.next, [], False
+                await run_batch(self, tasks, stop, slot)
+        finally:
+            tasks, slot.next = slot.next, []
+            for task in tasks:
+                self.prefetched.pop(task.id, None)
+                await self.release_task(task)
+        return slot
+
+    async def run_turn(self, stop: asyncio.Event | None = None) -> bool:
+        """One turn of a slot, as the loop takes it: a claim of any of this worker's models
+        (a task, or a batch) and its run; whether it found work. Tests and benchmarks step
+        a worker with it."""
+        if not await self.storage_ready():
+            return False
+        batches, _ = await self._claim(self._models, 1)
+        if not batches:
+            log.debug("worker %s: claim found no task", self.worker_id)
+            return False
+        await run_batch(self, batches[0], stop, None)
+        return True
+
+    async def complete(
+        self, model: str, items: list[Completion], stop: asyncio.Event | None, slot: Slot | None
+    ) -> list[bool]:
+        """Record a call's completions, retried through database faults while the leases
+        last: in the slot's next claim when it saw more waiting (one write-lock turn fewer
+        per task on SQLite), in a shared group commit for a model with several calls at once,
+        else in one transaction of their own. Whether each was recorded."""
+        stopping = stop is not None and stop.is_set()
+        if (
+            slot is not None
+            and slot.chain
+            and slot.more
+            and not slot.next
+            and not stopping
+            and not self.tainted
+        ):
+            return await self._complete_and_claim(model, items, slot)
+
+        async def write() -> list[bool]:
+            if self.limits.get(model, 1) > 1:  # many calls in flight: shared transactions
+                return list(await asyncio.gather(*map(self._completer.submit, items)))
+            return await self.lifecycle.complete_many(self.worker_id, items)
+
+        try:
+            return await retry_infrastructure(
+                write,
+                what=f"{len(items)} task(s): recording their outcome",
+                budget_seconds=self.settings.fault_retry_seconds,
+            )
+        except Exception as error:
+            if not is_infrastructure_error(error):
+                raise
+            ids = [item.task_id for item in items]
+            log.error("task(s) %s: could not record the outcome (%s); the leases will", ids, error)
+            return [False] * len(items)
+
+    async def _complete_and_claim(
+        self, model: str, items: list[Completion], slot: Slot
+    ) -> list[bool]:
+        """The completions and the slot's next claim in one transaction. A failed combined
+        transaction is retried as the plain completion, so a retry never claims twice."""
+        inputs: dict[str, dict[str, bytes]] = {}
+        try:
+            claim = await self.lifecycle.claim(
+                self.worker_id,
+                slot.models,
+                limits=self.batch_sizes,
+                reserve_ms=self.reserve_ms(),
+                inputs=inputs,
+                hold_ms=self.hold_ms(),
+                affinity=self.preference(),
+                complete=items,
+            )
+        except Exception as error:
+            if not is_infrastructure_error(error):
+                raise
+            log.warning("recording an outcome failed (%s); retrying", error)
+            slot.more = False
+            done = await self.complete(model, items, None, None)
+            # A commit that failed only in its reply may have claimed tasks all the same:
+            # give back what this worker holds and does not know of.
+            with contextlib.suppress(Exception):
+                await self.lifecycle.release_owner(
+                    self.worker_id, lost=False, keep=self.keeper.held()
                 )
+            return done
+        slot.next, slot.more = claim.tasks, claim.more
+        slot.claimed_at = asyncio.get_running_loop().time()
+        self.prefetched.update(inputs)
+        return claim.done
+
+    def _hear(self) -> None:
+        self.heard += 1
+        event, self._heard = self._heard, asyncio.Event()
+        event.set()
+
+    async def arrival(self, since: int, timeout: float) -> bool:
+        """Whether a wake-up was read after the ``since``-th, waiting up to ``timeout``."""
+        if self.heard != since:
+            return True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._heard.wait()
+            return True
+        return False
+
+    @contextlib.contextmanager
+    def filling(self) -> Iterator[None]:
+        """A batch is being formed meanwhile: the loop's wait counts the worker idle."""
+        self._filling += 1
+        self._filling_changed.set()
+        try:
+            yield
+        finally:
+            self._filling -= 1
+            self._filling_changed.set()
 
     async def close_engines(self) -> None:
         """Close what engines hold on the loop (an upstream engine's connection pool)."""
@@ -368,44 +572,6 @@ class Worker(Services):
                 with contextlib.suppress(Exception):
                     await close()
 
-    async def run_once(self, stop: asyncio.Event | None = None) -> bool:
-        """Run one task (or one batch): the one claimed with the last completion, or one
-        claimed now."""
-        tasks, self._next = self._next, []
-        chained = bool(tasks)
-        if not tasks:
-            if not await self.storage_ready():
-                return False
-            claim = await self.lifecycle.claim(
-                self.worker_id,
-                self._models,
-                limits=self.batch_sizes,
-                reserve_ms=self.reserve_ms(),
-                inputs=self.prefetched,
-                hold_ms=self.hold_ms(),
-                affinity=self.preference(),
-            )
-            tasks, self._more = claim.tasks, claim.more
-        if not tasks:
-            log.debug("worker %s: claim found no task", self.worker_id)
-            return False
-        if tasks[0].model in self.batch_sizes:
-            # A task claimed with a completion may have left more of its model waiting. A
-            # wake-up read while the batch formed may have been for another model's task.
-            woken = await run_batch(self, tasks, stop, self.wakeup, more_waiting=chained)
-            self._more = self._more or woken
-        else:
-            await self.process(tasks[0], stop)
-        return True
-
-    async def run_claimed(self, tasks: list[Task], stop: asyncio.Event | None) -> None:
-        """Run tasks claimed by the concurrent loop: a batch of a batched model (filled by
-        polling, as that loop waits on the wake-ups itself), or one task."""
-        if tasks[0].model in self.batch_sizes:
-            await run_batch(self, tasks, stop, None)
-        else:
-            await self.process(tasks[0], stop)
-
     def reserve_ms(self) -> dict[str, int]:
         """Per model, the time a task needs left before its deadline to be worth starting."""
         margin = self.settings.task_start_margin_seconds
@@ -413,38 +579,6 @@ class Worker(Services):
             model: int(1000 * max([margin, *self._run_seconds.get(model, ())]))
             for model in self._models
         }
-
-    async def process(self, task: Task, stop: asyncio.Event | None = None) -> None:
-        context = bind_task(task.id, task.account_id)  # every log line about it says so
-        try:
-            with tracing.task_run(task):
-                await self._process(task, stop)
-        finally:
-            unbind(context)
-
-    async def _process(self, task: Task, stop: asyncio.Event | None) -> None:
-        # The job's stop signal (EngineJob.stop), set whenever the task is given up; one per
-        # task, since I/O-bound models run several tasks of one process at once.
-        job_stop = threading.Event()
-        lost = asyncio.Event()
-        # Set once the engine's result is in: the deadline no longer applies (the storing
-        # that remains is the service's part, bounded by its fault retries).
-        computed = asyncio.Event()
-        # Heartbeats and cancel checks, batched with the process's other tasks (leases.py).
-        self.keeper.hold(task.id, lost)
-        work = asyncio.create_task(self._execute(task, job_stop, computed))
-        try:
-            await self._supervise(task, work, lost, stop, job_stop, computed)
-        finally:
-            self.prefetched.pop(task.id, None)
-            self.keeper.drop(task.id)
-        # Only this task's own engine run counts: an I/O-bound task that ends while another
-        # task's engine runs in the thread leaves nothing behind.
-        if task.id in self._engine_tasks and job_stop.is_set():
-            # Asked to stop (cancel, deadline, lost lease): an engine that can, stops soon.
-            await self.await_engine([task.id], self._engines.get(task.model), stop)
-        elif task.id in self._engine_tasks:
-            self._abandoned([task.id])
 
     async def await_engine(
         self, task_ids: list[str], engine: Engine | None, stop: asyncio.Event | None = None
@@ -496,180 +630,6 @@ class Worker(Services):
     def ran_for(self, model: str, seconds: float) -> None:
         """A call's run time, the margin a task of ``model`` needs left to be started."""
         self._run_seconds[model].append(seconds)
-
-    async def _supervise(
-        self,
-        task: Task,
-        work: asyncio.Task[None],
-        lost: asyncio.Event,
-        stop: asyncio.Event | None,
-        job_stop: threading.Event,
-        computed: asyncio.Event,
-    ) -> None:
-        remaining = max(0.0, (task.deadline_at - now_ms()) / 1000)
-        waiters: set[asyncio.Future[Any]] = {work, asyncio.ensure_future(lost.wait())}
-        computing = asyncio.ensure_future(computed.wait())
-        waiters.add(computing)
-        stop_waiter: asyncio.Future[Any] | None = None
-        if stop is not None:
-            stop_waiter = asyncio.ensure_future(stop.wait())
-            waiters.add(stop_waiter)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + remaining
-        grace_deadline: float | None = None
-        try:
-            while not work.done():
-                limit = deadline if grace_deadline is None else min(deadline, grace_deadline)
-                await asyncio.wait(
-                    waiters, timeout=max(0.0, limit - loop.time()), return_when="FIRST_COMPLETED"
-                )
-                if work.done():
-                    break
-                if lost.is_set():
-                    # Also how a cancel arrives: the task is no longer ``processing``.
-                    job_stop.set()
-                    work.cancel()
-                    await say_given_up(self, task, "its run is abandoned")
-                    return
-                if computing.done() and deadline != float("inf"):
-                    deadline = float("inf")  # only its outputs' storing remains
-                    waiters.discard(computing)
-                if loop.time() >= deadline:
-                    job_stop.set()
-                    work.cancel()
-                    if await self.end_task(task, self.lifecycle.time_out):
-                        log.info("task %s timed out", task.id)
-                    return
-                if stop_waiter is not None and stop_waiter.done() and grace_deadline is None:
-                    grace_deadline = loop.time() + self.settings.shutdown_grace_seconds
-                    waiters.discard(stop_waiter)
-                    log.info("task %s: finishing before shutdown", task.id)
-                elif grace_deadline is not None and loop.time() >= grace_deadline:
-                    job_stop.set()
-                    work.cancel()
-                    await self.release_task(task)
-                    return
-            await work
-        finally:
-            for waiter in waiters:
-                if waiter is not work:
-                    waiter.cancel()
-
-    async def _execute(
-        self, task: Task, job_stop: threading.Event, computed: asyncio.Event
-    ) -> None:
-        # Storage and database faults before and after the engine are the service's own:
-        # retried, then the task is requeued unharmed. Errors of the engine itself are not.
-        progress = ProgressRecorder(
-            self.db, task.id, self.worker_id, self.settings.progress_interval_seconds
-        )
-        in_engine = False
-        try:
-            images = await retry_infrastructure(
-                lambda: self.load_inputs(task),
-                what=f"task {task.id}: loading its inputs",
-                budget_seconds=self.settings.fault_retry_seconds,
-            )
-            in_engine = True
-            engine = await self.load_engine(task.model)
-            job = EngineJob(
-                task_id=task.id,
-                model=task.model,
-                params=task.params,
-                images=images,
-                report=tracing.steps(progress.report),
-                deadline=task.deadline_at / 1000,
-                stop=job_stop,
-                request=self.request_of(task),
-            )
-            started = time.monotonic()
-            with tracing.span("genhook.engine.run", {"genhook.model": task.model}):
-                async with progress.running():
-                    if isinstance(engine, AsyncEngine):
-                        result = await engine.run_async(job)
-                    else:
-                        result = await asyncio.to_thread(self._run_engine, engine, job)
-            in_engine = False
-            computed.set()
-            keys = await self.store_outputs(task, result)
-            self.ran_for(task.model, time.monotonic() - started)
-        except Exception as error:
-            # An engine that stopped at the deadline (TIMEOUT) ends the task as the
-            # supervisor would; every other outcome as the rules say (outcomes.py).
-            await end_failed(self, task, error, in_engine=in_engine)
-            return
-        cost = None if result.cost_usd is None else int(result.cost_usd * 1_000_000)
-        if isinstance(engine, AsyncEngine):
-            flags = [output.nsfw for output in result.outputs]
-            item = Completion(task.id, keys, flags, result.info, cost)
-            done = await self._completer.submit(item)
-            if done:
-                await discard_inputs(self.storage, task.inputs)
-        else:
-            flags = [output.nsfw for output in result.outputs]
-            item = Completion(task.id, keys, flags, result.info, cost, result.stt_result)
-            done = await self._complete(task, item)
-        if not done:
-            await self.discard_outputs(task.id, keys)
-
-    async def _complete(self, task: Task, item: Completion) -> bool:
-        """Record a completion; when another task was waiting at the last claim, claim it in
-        the same transaction (one write-lock turn fewer per task on SQLite).
-
-        Only the one-at-a-time loop does so, and not once it is stopping. A failed combined
-        transaction is retried as the plain completion (as ``end_task`` retries any), so a retry
-        never claims a second task.
-        """
-        stop = self._chain_stop
-        if stop is None or stop.is_set() or self.tainted or not self._more or self._next:
-            return await self._complete_plain(task, item)
-        inputs: dict[str, dict[str, bytes]] = {}
-        try:
-            claim = await self.lifecycle.claim(
-                self.worker_id,
-                self._models,
-                limits=self.batch_sizes,
-                reserve_ms=self.reserve_ms(),
-                inputs=inputs,
-                hold_ms=self.hold_ms(),
-                affinity=self.preference(),
-                complete=[item],
-            )
-        except Exception as error:
-            if not is_infrastructure_error(error):
-                raise
-            log.warning("task %s: recording its outcome failed (%s); retrying", task.id, error)
-            done = await self._complete_plain(task, item)
-            # A commit that failed only in its reply may have claimed a task all the same:
-            # give back what this worker holds, unless its own task is still held (the
-            # outcome was not recorded; the leases then requeue both, as today).
-            with contextlib.suppress(Exception):
-                if not await self.lifecycle.held_of([task.id], self.worker_id):
-                    await self.lifecycle.release_owner(self.worker_id, lost=False)
-            return done
-        (done,), self._next, self._more = claim.done, claim.tasks, claim.more
-        self.prefetched.update(inputs)
-        if done:
-            await discard_inputs(self.storage, task.inputs)
-        return done
-
-    async def _complete_plain(self, task: Task, item: Completion) -> bool:
-        return await self.end_task(
-            task,
-            self.lifecycle.complete,
-            outputs=item.outputs,
-            nsfw=item.nsfw,
-            info=item.info,
-            stt_result=item.stt_result,
-            upstream_cost_micros=item.upstream_cost_micros,
-        )
-
-    async def _release_next(self) -> None:
-        """Give back the tasks claimed with the last completion that the loop will not run."""
-        tasks, self._next = self._next, []
-        for task in tasks:
-            self.prefetched.pop(task.id, None)
-            await self.release_task(task)
 
     async def release_task(self, task: Task) -> None:
         """Give a task back at shutdown, unharmed (no lost lease counted)."""
@@ -739,13 +699,6 @@ class Worker(Services):
                 budget_seconds=self.settings.fault_retry_seconds,
             )
 
-    def _run_engine(self, engine: Engine, job: EngineJob) -> EngineResult:
-        self.engine_started([job.task_id])
-        try:
-            return engine.run(job)
-        finally:
-            self.engine_ended([job.task_id])
-
     async def load_inputs(self, task: Task) -> list[bytes]:
         images: list[bytes] = []
         prefetched = self.prefetched.pop(task.id, {})
@@ -799,3 +752,53 @@ class Worker(Services):
                 raise OutputsNotStored(error) from error
             raise
         return keys
+
+
+@dataclass
+class Slot:
+    """One of a model group's slots (its concurrency), between its claims: what its claims
+    take, whether the last saw more waiting, and the batch it claimed with its last
+    completion, which it runs next."""
+
+    models: list[str]
+    # Completes its batch and claims the next in one transaction (a group of one slot).
+    chain: bool
+    more: bool
+    claimed_at: float  # the loop's time
+    next: list[Task]
+
+
+def _chains(limits: dict[str, int], models: list[str]) -> bool:
+    """Whether a group's slot records its completions with its next claim: the group of
+    models that run one call at a time; the others share group commits."""
+    return all(limits[model] <= 1 for model in models)
+
+
+def _reaped(finished: asyncio.Future[Slot]) -> Slot | None:
+    if finished.cancelled():
+        return None
+    if finished.exception() is not None:
+        log.error("a slot's run failed", exc_info=finished.exception())
+        return None
+    return finished.result()
+
+
+def _free_slots(limits: dict[str, int], running: list[str]) -> list[tuple[list[str], int]]:
+    """(models, how many) to claim: the models of one call at a time together for one slot,
+    each other model its own slots."""
+    counts: dict[str, int] = {}
+    for model in running:
+        counts[model] = counts.get(model, 0) + 1
+    groups: list[tuple[list[str], int]] = []
+    if not any(limits[model] <= 1 for model in running):
+        cpu = [model for model, limit in limits.items() if limit <= 1]
+        if cpu:
+            groups.append((cpu, 1))
+    for model, limit in limits.items():
+        if limit > 1 and counts.get(model, 0) < limit:
+            groups.append(([model], min(CLAIM_BATCH, limit - counts.get(model, 0))))
+    return groups
+
+
+def _min_batch(limits: dict[str, int], models: list[str]) -> int:
+    return max(1, min(CLAIM_BATCH, max(limits[model] for model in models) // CLAIM_BATCH_DIVISOR))
