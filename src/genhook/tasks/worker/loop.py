@@ -318,6 +318,7 @@ class Worker(Services):
         # only after a wake-up or ``worker_poll_seconds``, not each time a slot finishes.
         idle_since: dict[tuple[str, ...], float] = {}
         woken_at = float("-inf")
+        claimed_at: dict[tuple[str, ...], float] = {}  # each group's last claim by the loop
         loop = asyncio.get_running_loop()
         stopping = asyncio.ensure_future(stop.wait())
         failures = 0
@@ -330,10 +331,14 @@ class Worker(Services):
                     slot = _reaped(finished)
                     if slot is None:
                         continue
+                    # What its last claim saw stands unless the loop claimed for its group,
+                    # or heard a wake-up, since.
                     group = tuple(slot.models)
+                    if slot.claimed_at < max(woken_at, claimed_at.get(group, woken_at)):
+                        continue
                     if slot.more:
                         idle_since.pop(group, None)
-                    elif slot.claimed_at > woken_at:
+                    else:
                         idle_since[group] = slot.claimed_at
                 claimed = False
                 for models, free in _free_slots(self.limits, list(running.values())):
@@ -349,7 +354,9 @@ class Worker(Services):
                         idle_since[group] = loop.time()
                         continue  # outputs cannot be stored now: claim nothing
                     try:
-                        batches, more = await self._claim(models, free)
+                        batches, more = await self._claim(
+                            models, free, _chains(self.limits, models)
+                        )
                         failures = 0
                     except Exception as error:
                         failures += 1
@@ -362,6 +369,7 @@ class Worker(Services):
                         retry = backoff_delay(failures, poll, 2.0)
                         idle_since[group] = loop.time() - poll + retry
                         continue
+                    claimed_at[group] = loop.time()
                     if more:
                         idle_since.pop(group, None)
                     else:
@@ -411,29 +419,34 @@ class Worker(Services):
         except Exception:
             return True  # let the claim report the fault
 
-    async def _claim(self, models: list[str], free: int) -> tuple[list[list[Task]], bool]:
+    async def _claim(
+        self, models: list[str], free: int, look_on: bool
+    ) -> tuple[list[list[Task]], bool]:
         """Work for ``free`` slots of ``models``, and whether more was waiting: a task each,
         or a batch each for a batched model (its first task and up to its batch size less
-        one more of its model), in one claim per slot, or one for a model's free slots."""
+        one more of its model), in one claim per slot, or one for a model's free slots.
+        ``look_on``: a claim of one task also reads whether another waits (a slot that
+        chains its claims needs to know; the others count a full claim as more)."""
         terms: dict[str, Any] = dict(
             reserve_ms=self.reserve_ms(),
             inputs=self.prefetched,
             hold_ms=self.hold_ms(),
             affinity=self.preference(),
+            look_on=look_on,
         )
-        if len(models) == 1 and models[0] not in self.batch_sizes and free > 1:
+        if len(models) == 1 and models[0] not in self.batch_sizes and not look_on:
             # A model's free slots in one claim, a task each.
             claim = await self.lifecycle.claim(
-                self.worker_id, models, limits={models[0]: free}, look_on=False, **terms
+                self.worker_id, models, limits={models[0]: free}, **terms
             )
-            return [[task] for task in claim.tasks], claim.more
+            return [[task] for task in claim.tasks], len(claim.tasks) == free
         batches: list[list[Task]] = []
         more = False
         for _ in range(free):
             claim = await self.lifecycle.claim(
                 self.worker_id, models, limits=self.batch_sizes, **terms
             )
-            more = claim.more
+            more = claim.more or (not look_on and bool(claim.tasks))
             if not claim.tasks:
                 break
             batches.append(claim.tasks)
@@ -460,7 +473,7 @@ class Worker(Services):
         a worker with it."""
         if not await self.storage_ready():
             return False
-        batches, _ = await self._claim(self._models, 1)
+        batches, _ = await self._claim(self._models, 1, look_on=True)
         if not batches:
             log.debug("worker %s: claim found no task", self.worker_id)
             return False
