@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # make deploy-test: build genhook's container image for real (the Dockerfile, target cpu) with
-# Debian's podman and run the compose stack's equivalent (deploy/test/stack.py): PostgreSQL
-# and an S3 store as containers built the same way, the migration, one api, two workers and
-# one dispatcher; an edit with its signed webhook received on this host, a worker killed
-# mid-task and the task run again, workers scaled up and down.
+# Debian's podman and run deploy/compose.yaml with podman-compose (deploy/test/stack.py):
+# PostgreSQL and an S3 store as containers built the same way (deploy/test/compose.test.yaml),
+# the migration, one api, two workers and one dispatcher; an edit with its signed webhook
+# received on this host, a worker killed mid-task and the task run again, workers scaled up
+# and down.
 #
 # Where the base image cannot be pulled, it is built here (mmdebstrap of Debian bookworm)
 # and imported under the name the Dockerfile uses. On hosts with cgroup v1 (or a hybrid
 # mount) podman runs with runc and the cgroupfs manager, and container ulimits at or below
-# the host's (a containers.conf of its own). Everything it starts is removed on exit.
+# the host's (a containers.conf of its own). Everything it starts is removed on exit, and every
+# step has a deadline (CI runs it unattended).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -18,7 +20,8 @@ BASE_IMAGE=docker.io/library/debian:bookworm-slim
 IMAGE=localhost/genhook:deploy-test
 PG_IMAGE=localhost/genhook-test-postgres:deploy-test
 S3_IMAGE=localhost/genhook-test-s3:deploy-test
-POD=genhook-deploy-test-$$
+PROJECT=genhook-deploy-test-$$
+PODMAN_COMPOSE_VERSION=1.6.0
 WORK=$(mktemp -d /tmp/genhook-deploy-test.XXXXXX)
 
 say() { echo "[deploy-test +$(($(date +%s) - START))s] $*"; }
@@ -28,7 +31,14 @@ cleanup() {
   trap - EXIT INT TERM
   if [ -n "${BUILD_PID:-}" ]; then kill -INT "$BUILD_PID" 2>/dev/null || true; wait "$BUILD_PID" 2>/dev/null || true; fi
   if command -v podman >/dev/null 2>&1 && [ -n "${CONTAINERS_CONF:-}" ]; then
-    podman pod rm -f -t 0 "$POD" >/dev/null 2>&1 || true
+    # The compose project: its containers with their anonymous volumes, its volumes, its network.
+    for id in $(podman ps -aq --filter "label=io.podman.compose.project=$PROJECT"); do
+      podman rm -f -v -t 0 "$id" >/dev/null 2>&1 || true
+    done
+    for volume in $(podman volume ls -q --filter "label=io.podman.compose.project=$PROJECT"); do
+      podman volume rm -f "$volume" >/dev/null 2>&1 || true
+    done
+    podman network rm -f "${PROJECT}_default" >/dev/null 2>&1 || true
     # The working containers of a build this run interrupted.
     for id in $(comm -13 <(echo "${EXTERNAL_BEFORE:-}") <(podman ps -aq --external --no-trunc | sort)); do
       podman rm -f "$id" >/dev/null 2>&1 || true
@@ -51,16 +61,19 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# podman with runc, and netavark with aardvark-dns for the compose network (its service
+# names): podman's own dependencies would also be met by the CNI plugins, which have no DNS.
 need_packages=()
-for tool in podman:podman runc:runc slirp4netns:slirp4netns mmdebstrap:mmdebstrap; do
+for tool in podman:podman runc:runc mmdebstrap:mmdebstrap iptables:iptables newuidmap:uidmap \
+  /usr/lib/podman/netavark:netavark /usr/lib/podman/aardvark-dns:aardvark-dns; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need_packages+=("${tool#*:}")
 done
 if [ ${#need_packages[@]} -gt 0 ]; then
   say "installing ${need_packages[*]} (Debian packages)"
-  if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-    "${need_packages[@]}" uidmap >/dev/null
+  if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo -n"; fi  # never a password prompt
+  $SUDO timeout 600 apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive timeout 1200 apt-get install -y -qq --no-install-recommends \
+    "${need_packages[@]}" >/dev/null
 fi
 
 # podman's settings for this host: crun refuses a cgroup v1 or hybrid host and the default
@@ -78,6 +91,8 @@ nofile=$((nofile < 1024 ? nofile : 1024)); nproc=$((nproc < 1024 ? nproc : 1024)
     echo "runtime = \"runc\""
     echo "cgroup_manager = \"cgroupfs\""
   fi
+  echo "[network]"
+  echo "network_backend = \"netavark\""
 } >"$WORK/containers.conf"
 export CONTAINERS_CONF=$WORK/containers.conf
 EXTERNAL_BEFORE=$(podman ps -aq --external --no-trunc | sort)
@@ -88,12 +103,12 @@ if ! podman image exists "$BASE_IMAGE"; then
     say "pulled $BASE_IMAGE"
   else
     say "$BASE_IMAGE cannot be pulled: building it with mmdebstrap (Debian bookworm, minbase)"
-    mmdebstrap --quiet --variant=minbase --include=ca-certificates \
+    timeout 1200 mmdebstrap --quiet --variant=minbase --include=ca-certificates \
       --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
       --dpkgopt='path-exclude=/usr/share/locale/*' \
       --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
       bookworm "$WORK/base.tar"
-    podman import --quiet "$WORK/base.tar" "$BASE_IMAGE" >/dev/null
+    timeout 300 podman import --quiet "$WORK/base.tar" "$BASE_IMAGE" >/dev/null
     rm -f "$WORK/base.tar"
   fi
 fi
@@ -107,7 +122,7 @@ REPLACED_IMAGES=""
 build() {  # build TAG ARGS...: remembers the image the tag named before, to remove it
   local tag=$1; shift
   local before; before=$(podman image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)
-  podman build --quiet --pull=never --format docker --layers "${SECRET[@]}" -t "$tag" "$@" >"$WORK/build.log" 2>&1 &
+  timeout 2400 podman build --quiet --pull=never --format docker --layers "${SECRET[@]}" -t "$tag" "$@" >"$WORK/build.log" 2>&1 &
   BUILD_PID=$!
   wait "$BUILD_PID" || { tail -40 "$WORK/build.log" >&2; BUILD_PID=""; return 1; }
   BUILD_PID=""
@@ -132,7 +147,14 @@ podman image inspect --format '{{json .Config.Healthcheck}}' "$IMAGE" | grep -q 
   || { echo "the image has no HEALTHCHECK" >&2; exit 1; }
 say "image checks passed (user 10001, no compilers, entrypoint genhook, HEALTHCHECK)"
 
-PODMAN="podman" "$PYTHON" deploy/test/stack.py "$IMAGE" "$PG_IMAGE" "$S3_IMAGE" "$POD" &
+# podman-compose from PyPI, pinned, in a virtual environment of this run's own.
+say "installing podman-compose $PODMAN_COMPOSE_VERSION"
+python3 -m venv "$WORK/compose"
+timeout 600 "$WORK/compose/bin/pip" install --quiet --disable-pip-version-check \
+  "podman-compose==$PODMAN_COMPOSE_VERSION"
+export GENHOOK_IMAGE=$IMAGE GENHOOK_TEST_POSTGRES_IMAGE=$PG_IMAGE GENHOOK_TEST_S3_IMAGE=$S3_IMAGE
+say "running deploy/compose.yaml (project $PROJECT)"
+PODMAN="podman" timeout 1800 "$PYTHON" deploy/test/stack.py "$WORK/compose/bin/podman-compose" "$PROJECT" &
 STACK_PID=$!
 wait "$STACK_PID"
 STACK_PID=""

@@ -1,13 +1,20 @@
-"""The compose stack of deploy/compose.yaml, run for real with podman (scripts/deploy-test.sh).
+"""deploy/compose.yaml, run for real with podman-compose (scripts/deploy-test.sh).
 
-One pod holds PostgreSQL, the S3 store, the migration, one api, two workers and one
-dispatcher, with the environment compose.yaml gives them (host names become 127.0.0.1:
-a pod shares one network namespace). Then: an edit is submitted and its signed webhook
-received on the host; a worker is killed in the middle of a task and the task runs again on
-the other; workers are scaled up to four and back down to two, gracefully.
+The compose file as an operator runs it, with deploy/test/compose.test.yaml on top (the
+PostgreSQL and S3 images built from Debian's packages instead of registry images): the
+migration, one api, two workers and one dispatcher on their compose network. Then: an edit is
+submitted and its signed webhook received on the host; a worker is killed in the middle of a
+task and the task runs again; workers are scaled up to four (`up --scale worker=4`) and back
+down to two, gracefully.
 
-Usage: python deploy/test/stack.py IMAGE POSTGRES_IMAGE S3_IMAGE POD_NAME
-Every container lives in the pod; the caller removes the pod (and this removes them all).
+The stack comes up in the order its depends_on states, one step at a time (`up --no-deps`),
+each step waited for here with a deadline: podman before 4.6 cannot wait for a health check
+(`condition: service_healthy` is skipped), and podman 4.3 refuses to start a container whose
+`--requires` chain holds a container that has exited (the bucket, the migration).
+
+Usage: python deploy/test/stack.py PODMAN_COMPOSE PROJECT
+(GENHOOK_IMAGE, GENHOOK_TEST_POSTGRES_IMAGE, GENHOOK_TEST_S3_IMAGE name the images.)
+The caller removes every container, volume and network of PROJECT afterwards.
 """
 
 from __future__ import annotations
@@ -18,37 +25,43 @@ import json
 import os
 import queue
 import secrets
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 from PIL import Image
 
 from genhook.client import WebhookVerifier
 
 ROOT = Path(__file__).resolve().parents[2]
 PODMAN = os.environ.get("PODMAN", "podman").split()
-SLIRP_HOST = "10.0.2.2"  # the host's loopback, seen from a slirp4netns pod
+FILES = ["-f", str(ROOT / "deploy/compose.yaml"), "-f", str(ROOT / "deploy/test/compose.test.yaml")]
 
 
 def log(message: str) -> None:
     print(f"[stack {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def podman(*args: str, check: bool = True, timeout: float = 300) -> str:
+def run(command: list[str], check: bool = True, timeout: float = 300) -> str:
     done = subprocess.run(
-        [*PODMAN, *args], capture_output=True, text=True, timeout=timeout, check=False
+        command, capture_output=True, text=True, timeout=timeout, check=False, env=os.environ
     )
     if check and done.returncode != 0:
-        raise RuntimeError(f"podman {' '.join(args)}: {done.returncode}\n{done.stderr[-3000:]}")
+        output = done.stderr[-3000:] + done.stdout[-1000:]
+        raise RuntimeError(f"{' '.join(command)}: exit {done.returncode}\n{output}")
     return done.stdout
+
+
+def podman(*args: str, check: bool = True, timeout: float = 300) -> str:
+    return run([*PODMAN, *args], check=check, timeout=timeout)
 
 
 def free_port() -> int:
@@ -57,40 +70,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def compose_env(api_port: int) -> dict[str, str]:
-    """The x-genhook environment of compose.yaml, its defaults filled in, its host names
-    pointed at the pod's loopback."""
-    compose = yaml.safe_load((ROOT / "deploy/compose.yaml").read_text())
-    env: dict[str, str] = {}
-    given = {
-        "GENHOOK_WEBHOOK_ENCRYPTION_KEY": base64.urlsafe_b64encode(secrets.token_bytes(32))
-        .decode()
-        .rstrip("="),
-        "GENHOOK_PUBLIC_BASE_URL": f"http://127.0.0.1:{api_port}",
-    }
-    for name, value in compose["x-genhook"]["environment"].items():
-        text = str(value)
-        if text.startswith("${") and text.endswith("}"):
-            var, _, default = text[2:-1].partition(":")
-            text = given.get(var, default.removeprefix("-"))
-        else:
-            for var in ("POSTGRES_PASSWORD", "S3_ACCESS_KEY", "S3_SECRET_KEY"):
-                text = text.replace("${%s:-" % var, "\0")  # noqa: UP031
-            while "\0" in text:  # ${VAR:-default} inside a longer value: its default
-                head, _, tail = text.partition("\0")
-                default, _, rest = tail.partition("}")
-                text = head + default + rest
-        env[name] = text.replace("@postgres:", "@127.0.0.1:").replace("//s3:", "//127.0.0.1:")
-    # The receiver is this host: a private address, reached through the pod's gateway.
-    env["GENHOOK_WEBHOOK_ALLOW_PRIVATE_TARGETS"] = "true"
-    env["GENHOOK_LOG_LEVEL"] = "INFO"
-    return env
+def wait(ready: Callable[[], Any], what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            if ready():
+                return
+        except Exception as error:  # not up yet: keep trying until the deadline
+            last = error
+        time.sleep(0.5)
+    raise RuntimeError(f"timed out waiting for {what} ({last!r})")
 
 
 class Receiver:
-    """An HTTP receiver on the host's loopback that keeps every webhook it gets."""
+    """An HTTP receiver on the host, on the compose network's gateway address (the host's end
+    of that bridge, reached from the containers only), that keeps every webhook it gets."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str) -> None:
         self.got: queue.Queue[tuple[dict[str, str], bytes]] = queue.Queue()
         outer = self
 
@@ -104,8 +101,8 @@ class Receiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = int(self.server.server_address[1])
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}/hook"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -115,114 +112,66 @@ class Receiver:
 
 
 class Stack:
-    def __init__(self, image: str, pg_image: str, s3_image: str, pod: str) -> None:
-        self.image, self.pg_image, self.s3_image, self.pod = image, pg_image, s3_image, pod
+    def __init__(self, compose: str, project: str) -> None:
+        self.project = project
+        self.compose = [*compose.split(), "--in-pod", "false", "-p", project, *FILES]
         self.api_port = free_port()
-        self.env = compose_env(self.api_port)
+        os.environ["GENHOOK_API_PORT"] = str(self.api_port)
+        os.environ["GENHOOK_PUBLIC_BASE_URL"] = f"http://127.0.0.1:{self.api_port}"
+        os.environ["GENHOOK_WEBHOOK_ENCRYPTION_KEY"] = (
+            base64.urlsafe_b64encode(secrets.token_bytes(32)).decode().rstrip("=")
+        )
         self.base = f"http://127.0.0.1:{self.api_port}"
         self.http = httpx.Client(timeout=30)
-        self.receiver = Receiver()
+        self.receiver: Receiver | None = None
         self.api_key = ""
-        self.health_ports: dict[str, int] = {}
         self.verifier = WebhookVerifier(jwks_url=f"{self.base}/api/v1/webhooks/jwks.json")
         self.verified: list[dict[str, Any]] = []
 
-    def env_args(self, **extra: str) -> list[str]:
-        out: list[str] = []
-        for name, value in {**self.env, **extra}.items():
-            out += ["-e", f"{name}={value}"]
-        return out
+    def container(self, service: str, n: int = 1) -> str:
+        return f"{self.project}_{service}_{n}"
 
-    def run(self, name: str, *command: str, health_port: int | None = None) -> None:
-        extra = {} if health_port is None else {"GENHOOK_HEALTH_PORT": str(health_port)}
-        if health_port is not None:
-            self.health_ports[name] = health_port
-        podman(
-            "run",
-            "-d",
-            "--pod",
-            self.pod,
-            "--name",
-            f"{self.pod}-{name}",
-            "--hostname",
-            name,
-            # No timer for the HEALTHCHECK (podman's needs systemd): wait_healthy runs it.
-            "--health-interval",
-            "disable",
-            *self.env_args(**extra),
-            self.image,
-            *command,
-        )
+    def up(self, *args: str) -> None:
+        """podman-compose up -d --no-deps ARGS: one step of the start order."""
+        run([*self.compose, "up", "-d", "--no-deps", "--no-build", *args])
 
-    def up(self) -> None:
-        log(f"pod {self.pod}: api on 127.0.0.1:{self.api_port}")
-        podman(
-            "pod",
-            "create",
-            "--name",
-            self.pod,
-            "--share",
-            "net",
-            "--network",
-            "slirp4netns:allow_host_loopback=true",
-            "-p",
-            f"127.0.0.1:{self.api_port}:8000",
-        )
-        podman("run", "-d", "--pod", self.pod, "--name", f"{self.pod}-postgres", self.pg_image)
-        podman("run", "-d", "--pod", self.pod, "--name", f"{self.pod}-s3", self.s3_image)
-        self.wait(
-            lambda: (
-                podman("exec", f"{self.pod}-postgres", "pg_isready", "-h", "127.0.0.1", check=False)
-                and self._ok(f"{self.pod}-postgres", "pg_isready", "-h", "127.0.0.1")
-            ),
-            "PostgreSQL",
-            120,
-        )
-        make_bucket = (
-            "import urllib.request as u; u.urlopen(u.Request("
-            "'http://127.0.0.1:9000/genhook', method='PUT'), timeout=5)"
-        )
-        self.wait(
-            lambda: self._ok(f"{self.pod}-s3", "/opt/s3/bin/python", "-c", make_bucket),
-            "the S3 store and its bucket",
-            120,
-        )
-        log("migrating (genhook db upgrade)")
-        once = ["run", "--rm", "--health-interval", "disable", "--pod", self.pod]
-        podman(*once, *self.env_args(), self.image, "db", "upgrade")
-        account = json.loads(
-            podman(
-                *once,
-                *self.env_args(),
-                self.image,
-                "accounts",
-                "create",
-                "deploy-test",
-                "--json",
-            )
-        )
-        self.api_key = account["api_key"]
-        self.run("api", "api")
-        self.run("dispatcher", "dispatcher", health_port=8100)
-        for n in (1, 2):
-            self.run(f"worker-{n}", "worker", health_port=8100 + n)
-        self.wait(lambda: self.http.get(f"{self.base}/readyz").status_code == 200, "api ready", 120)
-        for name in ["api", "dispatcher", "worker-1", "worker-2"]:
-            self.wait_healthy(name)
+    def start(self) -> None:
+        log(f"project {self.project}: api on 127.0.0.1:{self.api_port}")
+        self.up("postgres", "s3")
+        self.wait_healthy("postgres")  # service_healthy; the S3 store: the bucket step waits
+        gateway = podman(
+            "network", "inspect", f"{self.project}_default", "--format",
+            "{{range .Subnets}}{{.Gateway}}{{end}}",
+        ).strip()  # fmt: skip
+        self.receiver = Receiver(gateway)
+        log(f"receiver on {self.receiver.url}")
+        # service_completed_successfully, one at a time: a container that starts or exits
+        # makes podman 4.3's DNS server (aardvark-dns) reload, and a name looked up meanwhile
+        # may not resolve.
+        for service in ("bucket", "migrate"):
+            self.up(service)
+            code = podman("wait", self.container(service), timeout=300).strip()
+            if code != "0":
+                logs = podman("logs", "--tail", "30", self.container(service), check=False)
+                raise RuntimeError(f"{service} exited {code}:\n{logs}")
+        log("bucket made, schema migrated (genhook db upgrade)")
+        answer = run(
+            [*self.compose, "run", "--rm", "--no-deps", "--entrypoint", "genhook", "migrate",
+             "accounts", "create", "deploy-test", "--json"]
+        )  # fmt: skip
+        self.api_key = json.loads(answer[answer.index("{") :])["api_key"]
+        self.up("api", "worker", "dispatcher")
+        wait(lambda: self.http.get(f"{self.base}/readyz").status_code == 200, "api ready", 180)
+        for service, n in [("api", 1), ("dispatcher", 1), ("worker", 1), ("worker", 2)]:
+            self.wait_healthy(service, n)
 
-    def _ok(self, container: str, *command: str) -> bool:
-        done = subprocess.run(
-            [*PODMAN, "exec", container, *command], capture_output=True, timeout=30, check=False
-        )
-        return done.returncode == 0
-
-    def wait_healthy(self, name: str, timeout: float = 180) -> None:
-        """The image's HEALTHCHECK (its /readyz) passes in the container."""
-        container = f"{self.pod}-{name}"
-        self.wait(
+    def wait_healthy(self, service: str, n: int = 1, timeout: float = 180) -> None:
+        """The service's health check passes (run here: podman's timer needs systemd)."""
+        name = self.container(service, n)
+        wait(
             lambda: (
                 subprocess.run(
-                    [*PODMAN, "healthcheck", "run", container],
+                    [*PODMAN, "healthcheck", "run", name],
                     capture_output=True,
                     timeout=30,
                     check=False,
@@ -234,21 +183,20 @@ class Stack:
         )
         log(f"{name}: healthy")
 
-    @staticmethod
-    def wait(ready: Any, what: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        last: object = None
-        while time.monotonic() < deadline:
-            try:
-                if ready():
-                    return
-            except Exception as error:  # not up yet: keep trying until the deadline
-                last = error
-            time.sleep(0.5)
-        raise RuntimeError(f"timed out waiting for {what} ({last!r})")
+    def workers(self) -> dict[str, str]:
+        """Each running worker container by its host name (the lease owner names it)."""
+        names = podman(
+            "ps", "--filter", f"label=io.podman.compose.project={self.project}",
+            "--filter", "label=io.podman.compose.service=worker", "--format", "{{.Names}}",
+        ).split()  # fmt: skip
+        return {
+            podman("inspect", "--format", "{{.Config.Hostname}}", name).strip(): name
+            for name in names
+        }
 
     def submit(self, path: str, body: dict[str, Any]) -> str:
-        body = {**body, "webhook_url": f"http://{SLIRP_HOST}:{self.receiver.port}/hook"}
+        assert self.receiver is not None
+        body = {**body, "webhook_url": self.receiver.url}
         answer = self.http.post(
             f"{self.base}/api/v1/model/{path}",
             json=body,
@@ -269,6 +217,7 @@ class Stack:
 
     def webhook(self, task_id: str, timeout: float = 240) -> dict[str, Any]:
         """The verified webhook of ``task_id`` (kept, whichever task's arrives first)."""
+        assert self.receiver is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for payload in self.verified:
@@ -285,21 +234,13 @@ class Stack:
 
     def sql(self, query: str) -> str:
         return podman(
-            "exec",
-            f"{self.pod}-postgres",
-            "psql",
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "genhook",
-            "-d",
-            "genhook",
-            "-tAc",
-            query,
-        ).strip()
+            "exec", self.container("postgres"),
+            "psql", "-h", "127.0.0.1", "-U", "genhook", "-d", "genhook", "-tAc", query,
+        ).strip()  # fmt: skip
 
     def close(self) -> None:
-        self.receiver.close()
+        if self.receiver is not None:
+            self.receiver.close()
         self.http.close()
 
 
@@ -339,7 +280,9 @@ def edit_and_webhook(stack: Stack) -> None:
 
 
 def kill_a_worker_mid_task(stack: Stack) -> None:
-    """A worker killed while running a task: the task runs again on another worker."""
+    """A worker that dies while running a task (SIGKILL to its process, as the kernel's OOM
+    killer would; `podman kill` would count as a stop by hand and skip the restart policy):
+    the task runs again, and the restart policy (`unless-stopped`) brings the container back."""
     for attempt in range(3):
         task = stack.submit(
             "generateVideo",
@@ -363,39 +306,39 @@ def kill_a_worker_mid_task(stack: Stack) -> None:
             elif status not in ("created", "processing"):
                 break
             time.sleep(0.2)
-        victim = next((n for n in ("worker-1", "worker-2") if n in owner), None)
+        victim = next((name for host, name in stack.workers().items() if host in owner), None)
         if victim is None:
             log(f"attempt {attempt}: task {task} ended before a worker could be killed; again")
             stack.webhook(task)
             continue
         log(f"task {task} runs on {owner}: killing {victim}")
-        podman("kill", "--signal", "KILL", f"{stack.pod}-{victim}")
+        os.kill(int(podman("inspect", "--format", "{{.State.Pid}}", victim)), signal.SIGKILL)
         payload = stack.webhook(task, timeout=400)
         result = stack.result(task)
         assert result["status"] == "completed", result
         attempts = stack.sql(f"SELECT attempts, lease_losses FROM tasks WHERE id = '{task}'")
         claims, _, losses = attempts.partition("|")
         assert int(claims) >= 2 and int(losses) >= 1, attempts  # claimed again after the kill
-        survivor = "worker-2" if victim == "worker-1" else "worker-1"
         log(
-            f"task {task} re-ran on {survivor} after {victim} died: {claims} claims, "
+            f"task {task} re-ran after {victim} died: {claims} claims, "
             f"{losses} lost lease(s), webhook {payload.get('event_type')}"
         )
-        podman("rm", "-f", f"{stack.pod}-{victim}")
-        stack.run(victim, "worker", health_port=stack.health_ports[victim])  # compose restarts it
-        stack.wait_healthy(victim)
+        stack.wait_healthy("worker", int(victim.rsplit("_", 1)[1]))
+        restarts = podman("inspect", "--format", "{{.RestartCount}}", victim).strip()
+        assert int(restarts) >= 1, f"{victim} was not restarted"
+        log(f"{victim} is back: restarted by its restart policy, healthy")
         return
     raise RuntimeError("no task stayed in a worker long enough to kill it")
 
 
 def scale_up_and_down(stack: Stack) -> None:
-    for n in (3, 4):  # docker compose up --scale worker=4
-        stack.run(f"worker-{n}", "worker", health_port=8100 + n)
+    stack.up("--scale", "worker=4", "worker")
     for n in (3, 4):
-        stack.wait_healthy(f"worker-{n}")
+        stack.wait_healthy("worker", n)
     workers = stack.sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
     log(f"scaled up to 4 workers ({workers} advisory liveness locks held)")
     assert int(workers) >= 4, workers
+    assert len(stack.workers()) == 4, stack.workers()
     tasks = [
         stack.submit(
             "generateAudio",
@@ -406,13 +349,15 @@ def scale_up_and_down(stack: Stack) -> None:
     for task in tasks:
         stack.webhook(task)
         assert stack.result(task)["status"] == "completed"
-    for n in (3, 4):  # --scale worker=2: SIGTERM, then the grace
-        podman("stop", "-t", "30", f"{stack.pod}-worker-{n}")
-        code = podman(
-            "inspect", "--format", "{{.State.ExitCode}}", f"{stack.pod}-worker-{n}"
-        ).strip()
-        assert code == "0", f"worker-{n} exited {code} on SIGTERM"
-        podman("rm", f"{stack.pod}-worker-{n}")
+    # Back to two: what `docker compose up --scale worker=2` does (podman-compose's --scale
+    # only adds): SIGTERM to the surplus replicas, then the grace, then removal.
+    for n in (3, 4):
+        name = stack.container("worker", n)
+        podman("stop", "-t", "30", name, timeout=60)
+        code = podman("inspect", "--format", "{{.State.ExitCode}}", name).strip()
+        assert code == "0", f"{name} exited {code} on SIGTERM"
+        podman("rm", "-v", name)
+    assert len(stack.workers()) == 2, stack.workers()
     after = stack.sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
     log(f"scaled down to 2 workers: both stopped cleanly (exit 0); {after} liveness locks")
     task = stack.submit("generateAudio", {"model": "genhook/text-to-speech", "prompt": "Done."})
@@ -421,26 +366,31 @@ def scale_up_and_down(stack: Stack) -> None:
 
 
 def main() -> int:
-    image, pg_image, s3_image, pod = sys.argv[1:5]
-    stack = Stack(image, pg_image, s3_image, pod)
+    compose, project = sys.argv[1:3]
+    stack = Stack(compose, project)
     try:
-        stack.up()
+        stack.start()
         edit_and_webhook(stack)
         kill_a_worker_mid_task(stack)
         scale_up_and_down(stack)
     except Exception:
-        for name in ["api", "dispatcher", "worker-1", "worker-2"]:
+        names = podman(
+            "ps", "-a", "--filter", f"label=io.podman.compose.project={project}",
+            "--format", "{{.Names}}", check=False,
+        ).split()  # fmt: skip
+        for name in names:
             logs = subprocess.run(
-                [*PODMAN, "logs", "--tail", "30", f"{pod}-{name}"],
+                [*PODMAN, "logs", "--tail", "30", name],
                 capture_output=True,
                 text=True,
+                timeout=30,
                 check=False,
             )
             print(f"--- {name} ---\n{logs.stdout[-3000:]}{logs.stderr[-3000:]}", flush=True)
         raise
     finally:
         stack.close()
-    log("the stack passed")
+    log("the compose stack passed")
     return 0
 
 

@@ -586,6 +586,8 @@ def test_the_compose_file_follows_the_compose_spec_and_the_settings() -> None:
     services = compose["services"]
     assert {"postgres", "s3", "migrate", "api", "worker", "dispatcher"} <= set(services)
     assert services["worker"]["deploy"]["replicas"] == 2
+    # podman-compose reads deploy.replicas only with the mode spelled out.
+    assert services["worker"]["deploy"]["mode"] == "replicated"
     assert services["api"]["command"] == ["api"] and services["migrate"]["command"] == [
         "db",
         "upgrade",
@@ -597,6 +599,23 @@ def test_the_compose_file_follows_the_compose_spec_and_the_settings() -> None:
             assert name.removeprefix("GENHOOK_").lower() in fields, name
     grace = int(compose["x-genhook"]["environment"]["GENHOOK_SHUTDOWN_GRACE_SECONDS"])
     assert int(compose["x-genhook"]["stop_grace_period"].removesuffix("s")) > grace
+
+
+def test_the_deploy_test_override_swaps_only_the_backing_stores() -> None:
+    """deploy/test/compose.test.yaml (make deploy-test) follows the spec and leaves genhook's
+    images, commands and settings to compose.yaml: only test settings are added to them."""
+    base = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    override = yaml.safe_load((DEPLOY / "test" / "compose.test.yaml").read_text())
+    Draft7Validator(get_builtin_schema("vendor.compose-spec")).validate(override)
+    services = override["services"]
+    assert set(services) <= set(base["services"])
+    for role in ("api", "worker", "dispatcher"):
+        assert set(services[role]) == {"environment"}, role
+        assert not set(services[role]["environment"]) & set(base["x-genhook"]["environment"])
+    assert "image" not in services["migrate"]
+    assert services["postgres"]["image"].startswith("${") and services["s3"]["image"].startswith(
+        "${"
+    )
 
 
 def test_the_dockerfile_runs_genhook_unprivileged_with_health_checks() -> None:
