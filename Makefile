@@ -62,8 +62,9 @@ test-typescript: install-dev
 
 test: install-dev lint typecheck pytest test-typescript
 
-# The container image built for real (podman from Debian's packages) and the compose stack's
-# equivalent run from it (docs/deploy.md#testing-the-image); apart from `make test`.
+# The container image built for real (podman from Debian's packages) and deploy/compose.yaml
+# run from it with podman-compose (docs/deploy.md#testing-the-image); apart from `make test`,
+# CI runs it after.
 deploy-test: install
 	PYTHON=$(abspath $(BIN)/python) bash scripts/deploy-test.sh
 
