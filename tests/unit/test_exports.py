@@ -109,6 +109,7 @@ EXPORTS: dict[str, list[str]] = {
     ],
     "genhook.db": [
         "Account",
+        "AccountClock",
         "AccountLimit",
         "ApiKey",
         "Base",
