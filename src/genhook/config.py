@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     sweep_interval_seconds: float = Field(default=1.0, gt=0)
     shutdown_grace_seconds: float = Field(default=20.0, ge=0)
     task_deadline_seconds: float | None = Field(default=None, gt=0)
+    # The claim order across accounts: ``fair`` shares the workers by weight in worker time,
+    # ``fifo`` takes the oldest task first (docs/scheduling.md).
+    scheduling: Literal["fair", "fifo"] = "fair"
     # Process roles: dispatcher processes under `genhook serve`; tasks at once per worker for
     # engines that wait on I/O (0: each model's own); the worker and dispatcher health port.
     dispatchers: int = Field(default=1, ge=0)

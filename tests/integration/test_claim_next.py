@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from genhook.db import Task, UsageLine, WebhookDelivery
 from genhook.tasks.lifecycle import Claim, Completion
 from tests.conftest import QUIET_KEEPER, Harness, make_harness, make_settings
-from tests.integration.test_hot_path import counting, submit
+from tests.integration.test_hot_path import counting, submit, writes
 from tests.support.engines import BATCH_MODEL
 
 HOOK = "http://127.0.0.1:9/hook"
@@ -94,7 +94,8 @@ async def test_a_queue_costs_one_write_transaction_per_task_after_the_first_clai
     # The first claim, then per task one transaction: its completion with the next claim,
     # and for the last one its completion alone.
     assert seen["tx"] == count + 1
-    assert seen["UPDATE"] == 2 * count  # each task claimed once and completed once
+    # Each task claimed once and completed once, and its account charged its worker time.
+    assert writes(seen, h) == 3 * count
     assert set((await states(h, ids)).values()) == {("completed", None, 0)}
     usage, callbacks = await billed_and_called_back(h, ids)
     assert usage == count
@@ -116,8 +117,8 @@ async def test_a_stop_during_a_task_claims_no_successor(
     monkeypatch.setattr(worker, "store_outputs", stop_then_store)
     with counting(h.state.db) as seen:
         await run_until(h, stop)
-    # Its claim and its completion alone: no successor claimed (and then released).
-    assert (seen["tx"], seen["UPDATE"]) == (2, 2)
+    # Its claim and its completion (and its account's charge) alone: no successor claimed.
+    assert (seen["tx"], writes(seen, h)) == (2, 3)
     assert await states(h, [first, *rest]) == {
         first: ("completed", None, 0),
         **{task_id: ("created", None, 0) for task_id in rest},
@@ -194,9 +195,11 @@ async def test_a_claim_with_a_completion_ends_the_items_then_claims_as_a_plain_c
         claim = await lifecycle.claim("w-1", [model], inputs=inputs, complete=[item])
     assert claim.done == [True] and [task.id for task in claim.tasks] == [second] and claim.more
     assert list(inputs) == [second] and len(inputs[second]) == 1  # its input image, read too
-    # The completion's UPDATE, blob DELETE and usage INSERT; the claim's UPDATE, its input
-    # image and the look on: one transaction.
-    assert dict(seen) == {"tx": 1, "UPDATE": 2, "DELETE": 1, "INSERT": 1, "SELECT": 2}
+    # The completion's UPDATE, blob DELETE, usage INSERT and the account's charge; the
+    # claim's UPDATE (the fair claim), its input image and the look on: one transaction.
+    assert writes(seen, harness) == 3
+    rest = {k: n for k, n in seen.items() if k not in ("UPDATE", "WITH")}
+    assert rest == {"tx": 1, "DELETE": 1, "INSERT": 1, "SELECT": 2}
     claim = await lifecycle.claim("w-1", [model], complete=[Completion(second, [], [], {})])
     assert claim.done == [True] and [task.id for task in claim.tasks] == [third]
     assert not claim.more

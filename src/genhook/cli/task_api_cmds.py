@@ -49,10 +49,16 @@ def limits(
     in_flight: int | None = typer.Option(
         None, "--in-flight", min=0, help="Tasks created or processing at once; 0: unlimited."
     ),
+    weight: int | None = typer.Option(
+        None,
+        "--weight",
+        min=1,
+        help="Share of the workers against other accounts' (fair scheduling); default 1.",
+    ),
     clear: bool = typer.Option(False, "--clear", help="Drop the overrides; the settings apply."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Show or override an account's submit limits (no option: show them)."""
+    """Show or override an account's submit limits and weight (no option: show them)."""
     from genhook.accounts import find_account
     from genhook.cli._environment import load_settings
     from genhook.db import Database
@@ -73,6 +79,7 @@ def limits(
                 burst=burst,
                 in_flight=in_flight,
                 clear=clear,
+                weight=weight,
             )
         finally:
             await db.dispose()
@@ -83,11 +90,13 @@ def limits(
                 "per_second": row.submits_per_second,
                 "burst": row.submit_burst,
                 "in_flight": row.max_in_flight,
+                "weight": row.weight,
             },
             "effective": {
                 "per_second": effective.per_second,
                 "burst": effective.burst,
                 "in_flight": effective.in_flight,
+                "weight": effective.weight,
             },
         }
 
@@ -100,7 +109,13 @@ def limits(
         print(json.dumps(view))
         return
     console.print(f"account {view['account_id']} (0 means unlimited)")
-    labels = {"per_second": "submits per second", "burst": "burst", "in_flight": "tasks in flight"}
+    labels = {
+        "per_second": "submits per second",
+        "burst": "burst",
+        "in_flight": "tasks in flight",
+        "weight": "weight",
+    }
     for name, label in labels.items():
-        source = "setting" if view["overrides"][name] is None else "override"
+        unset = "default" if name == "weight" else "setting"
+        source = unset if view["overrides"][name] is None else "override"
         console.print(f"  {label + ':':20} {view['effective'][name]:g} ({source})")

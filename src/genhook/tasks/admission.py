@@ -86,6 +86,8 @@ class Limits:
     per_second: float
     burst: int
     in_flight: int
+    # The account's share of the workers (fair queuing, docs/scheduling.md): not a refusal.
+    weight: int = 1
 
     @property
     def active(self) -> bool:
@@ -106,6 +108,7 @@ def effective_limits(settings: Settings, row: AccountLimit | None) -> Limits:
         ),
         burst=int(pick(row and row.submit_burst, settings.rate_limit_burst) or 0),
         in_flight=int(pick(row and row.max_in_flight, settings.max_tasks_in_flight) or 0),
+        weight=int((row and row.weight) or 1),
     )
 
 
@@ -181,6 +184,7 @@ class Admission:
                 # The key first: a parallel retry waits here for this transaction's outcome.
                 await insert_keys(tx, keys)
                 await self._take_slot(session, task.account_id, limits, now)
+                await self.inserter.fairness.tag(tx, [task], now)
                 await insert_tasks(tx, [task_values(task)], blobs)
                 await wakeups.notify(session, wakeups.TASKS)
         except IntegrityError:
@@ -251,8 +255,10 @@ async def set_account_limits(
     burst: int | None,
     in_flight: int | None,
     clear: bool = False,
+    weight: int | None = None,
 ) -> AccountLimit:
-    """Store an account's overrides (None keeps the stored value; ``clear`` drops them all)."""
+    """Store an account's overrides (None keeps the stored value; ``clear`` drops them all,
+    the weight included)."""
     upsert = pg_insert if db.is_postgres else sqlite_insert
     async with db.write() as session:
         await session.execute(
@@ -262,13 +268,22 @@ async def set_account_limits(
         )
         values: dict[str, Any] = {}
         if clear:
-            values = {"submits_per_second": None, "submit_burst": None, "max_in_flight": None}
+            values = {
+                "submits_per_second": None,
+                "submit_burst": None,
+                "max_in_flight": None,
+                "weight": None,
+            }
         if per_second is not None:
             values["submits_per_second"] = per_second
         if burst is not None:
             values["submit_burst"] = burst
         if in_flight is not None:
             values["max_in_flight"] = in_flight
+        if weight is not None:
+            if weight < 1:
+                raise ValueError("an account's weight is 1 or more")
+            values["weight"] = weight
         if values:
             await session.execute(
                 update(AccountLimit).where(AccountLimit.account_id == account_id).values(**values)

@@ -41,13 +41,13 @@ from genhook.tasks.store.hot_path import (
     HEARTBEAT,
     HELD,
     claim_candidates,
-    claim_one,
     claim_params,
     claimed,
     keys_params,
     read_inputs,
     runnable_one,
     runnable_params,
+    take_first,
     take_ids,
 )
 from genhook.tasks.store.terminal import (
@@ -190,7 +190,15 @@ class Lifecycle:
             tasks = await self._take(tx, key, params, limit)
             more = len(tasks) == limit
         else:
-            row = await tx.first(claim_one(key, preferred, len(adapters)), params)
+            row = await take_first(
+                tx,
+                key,
+                params,
+                preferred,
+                len(adapters),
+                fair=self._fair,
+                postgres=self.db.is_postgres,
+            )
             if row is None:
                 return [], False
             tasks = claimed([row])
@@ -238,7 +246,7 @@ class Lifecycle:
         """
         if self.closed or limit < 1:
             return []
-        chosen = await tx.rows(claim_candidates(key), params | {"limit": limit})
+        chosen = await tx.rows(claim_candidates(key, self._fair), params | {"limit": limit})
         ids = [row["id"] for row in chosen]
         if not ids:
             return []
@@ -274,6 +282,11 @@ class Lifecycle:
         params = runnable_params(group, now_ms(), reserve_ms or {}, hold_ms)
         async with self.db.read() as session:
             return await session.scalar(runnable_one(group), params) is not None
+
+    @property
+    def _fair(self) -> bool:
+        """Claims go in fair order across accounts (``tasks/fairness.py``), not oldest first."""
+        return self.settings.scheduling == "fair"
 
     @property
     def _lease_ms(self) -> int:

@@ -37,6 +37,7 @@ from genhook.runtime.services import Services
 from genhook.statuses import TaskStatus
 from genhook.storage.inputs import discard_blobs, stage_inputs
 from genhook.tasks.admission import Admission, request_hash
+from genhook.tasks.fairness import Fairness
 from genhook.tasks.group_commit import GroupCommit
 from genhook.tasks.store.writes import insert_tasks, task_values, write_task_rows
 from genhook.validation import describe
@@ -52,6 +53,8 @@ class GroupInserter:
         self.db = db
         self._group: GroupCommit[_Row, None] = GroupCommit(self._write, max_batch)
         self._thread_writer = ThreadWriter(db)
+        # Each task's fair-queuing tag is given in the transaction that inserts it.
+        self.fairness = Fairness(db.is_postgres)
 
     async def insert(
         self, task: Task, blobs: list[dict[str, Any]], keys: list[dict[str, Any]] | None = None
@@ -59,6 +62,9 @@ class GroupInserter:
         """``keys``: the submit's ``idempotency_keys`` row, written in the same transaction."""
         if self._thread_writer.wanted(blobs):
             # Megabytes of input on SQLite: a transaction of its own, off the event loop.
+            # The tag is given just before, in a short transaction of its own.
+            async with self.db.transaction() as tx:
+                await self.fairness.tag(tx, [task], now_ms())
             values = task_values(task)
             await self._thread_writer.run(lambda c: write_task_rows(c, values, blobs, keys or []))
             return
@@ -68,6 +74,7 @@ class GroupInserter:
         blobs = [blob for _, task_blobs, _ in rows for blob in task_blobs]
         keys = [key for _, _, task_keys in rows for key in task_keys]
         async with self.db.transaction() as tx:
+            await self.fairness.tag(tx, [task for task, _, _ in rows], now_ms())
             await insert_tasks(tx, [task_values(task) for task, _, _ in rows], blobs, keys)
             await tx.notify(wakeups.TASKS)
         return [None] * len(rows)

@@ -49,10 +49,11 @@ async def log_lines(
     return [{"at": iso_ms(at), "message": str(message)} for at, message in rows]
 
 
-async def live_fields(session: AsyncSession, task: Task) -> dict[str, Any]:
-    """Fields a waiting or running task adds to its result; none once it has ended."""
+async def live_fields(session: AsyncSession, task: Task, fair: bool = True) -> dict[str, Any]:
+    """Fields a waiting or running task adds to its result; none once it has ended.
+    ``fair``: the queue position counts in fair order (``GENHOOK_SCHEDULING``)."""
     if task.status == TaskStatus.CREATED:
-        return {"queue_position": await reads.queue_position(session, task)}
+        return {"queue_position": await reads.queue_position(session, task, fair)}
     if task.status != TaskStatus.PROCESSING:
         return {}
     fields: dict[str, Any] = {}
@@ -79,7 +80,7 @@ async def task_view(
 ) -> dict[str, Any]:
     """The result as polling shows it, with the live fields and, on request, the logs."""
     view = await prediction_view(task, settings, storage)
-    view.update(await live_fields(session, task))
+    view.update(await live_fields(session, task, settings.scheduling == "fair"))
     if logs:
         view["logs"] = await log_lines(session, task.id)
     return view

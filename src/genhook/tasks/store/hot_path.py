@@ -30,6 +30,7 @@ from sqlalchemy import (
     bindparam,
     case,
     delete,
+    func,
     inspect,
     or_,
     select,
@@ -137,8 +138,9 @@ def _runnable(models: tuple[str, ...]) -> list[Any]:
     ]
 
 
-def _take(which: Any) -> Update:
-    """The UPDATE that puts the ``which`` tasks still waiting under ``:owner``'s lease.
+def _take(which: Any, **values: Any) -> Update:
+    """The UPDATE that puts the ``which`` tasks still waiting under ``:owner``'s lease
+    (and sets ``values`` besides).
 
     A Core statement returning every column: the ORM's bulk UPDATE path costs more than
     building the claimed ``Task`` from its row (``claimed``)."""
@@ -152,6 +154,7 @@ def _take(which: Any) -> Update:
             attempts=_tasks.c.attempts + 1,
             started_at=bindparam("now"),
             updated_at=bindparam("now"),
+            **values,
         )
         .returning(*_tasks.c)
     )
@@ -191,15 +194,7 @@ def claim_one(
     (``:held_model_<i>`` and ``:held_name_<i>``, ``held_params``) go first."""
     order: list[Any] = [_tasks.c.available_at]
     if preferred:
-        overdue = _tasks.c.available_at <= bindparam("overdue_before", type_=BigInteger)
-        first = case(
-            (overdue, 0),
-            (_tasks.c.model.in_([bindparam(f"preferred_{i}") for i in range(len(preferred))]), 1),
-            else_=2,
-        )
-        order.insert(0, first)
-        if adapters:
-            order.insert(1, case((overdue, 0), else_=_adapters_held(adapters)).desc())
+        order = _preference(models, preferred, adapters, _tasks.c.available_at)
     candidate = (
         select(_tasks.c.id)
         .where(*_runnable(models))
@@ -209,6 +204,132 @@ def claim_one(
         .scalar_subquery()
     )
     return _take(_tasks.c.id == candidate)
+
+
+def _preference(
+    models: tuple[str, ...], preferred: tuple[str, ...], adapters: int, then: Any
+) -> list[Any]:
+    """The order of a claim by an affine worker: overdue tasks (runnable before
+    ``:overdue_before``), then those of its ``preferred`` models, then the rest; by
+    ``then`` within each. Among a preferred model's tasks, those naming more of the
+    ``adapters`` it holds go first."""
+    overdue = _tasks.c.available_at <= bindparam("overdue_before", type_=BigInteger)
+    mine: ColumnElement[bool] = _tasks.c.model.in_(
+        [bindparam(f"preferred_{i}") for i in range(len(preferred))]
+    )
+    if then is _tasks.c.fair_tag:
+        # Fair order: a preferred task goes first only within ``:fair_slack`` of virtual time
+        # after the fair head (the smallest tag this worker may take).
+        head = (
+            select(func.min(_tasks.c.fair_tag))
+            .where(*_runnable(models))
+            .correlate(None)
+            .scalar_subquery()
+        )
+        slack = bindparam("fair_slack", type_=BigInteger)
+        mine = and_(mine, _tasks.c.fair_tag <= head + slack)
+    order: list[Any] = [case((overdue, 0), (mine, 1), else_=2)]
+    if adapters:
+        order.append(case((overdue, 0), else_=_adapters_held(adapters)).desc())
+    return [*order, then]
+
+
+def _fair_pick(
+    models: tuple[str, ...], preferred: tuple[str, ...], adapters: int
+) -> tuple[Any, Any]:
+    """The fair claim's two picks, as CTEs: ``head``, the runnable task with the smallest
+    tag (the account whose turn it is), and ``best``, that account's runnable task of the
+    highest priority, oldest first (``ix_tasks_account_queue``); with affinity ``head``
+    follows ``_preference`` and ``best`` stays with the head's model."""
+    order = (
+        _preference(models, preferred, adapters, _tasks.c.fair_tag)
+        if preferred
+        else [_tasks.c.fair_tag]
+    )
+    head = (
+        select(_tasks.c.id, _tasks.c.account_id, _tasks.c.fair_tag, _tasks.c.model)
+        .where(*_runnable(models))
+        .order_by(*order)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+        .cte("head")
+    )
+    mine = [_tasks.c.account_id == head.c.account_id]
+    if preferred:
+        mine.append(_tasks.c.model == head.c.model)
+    best = (
+        select(_tasks.c.id, _tasks.c.fair_tag)
+        .where(*_runnable(models), *mine)
+        .order_by(_tasks.c.priority.desc(), _tasks.c.created_at)
+        .limit(1)
+        .with_for_update(skip_locked=True, of=_tasks)
+        .cte("best")
+    )
+    return head, best
+
+
+@functools.lru_cache(maxsize=256)
+def claim_fair(
+    models: tuple[str, ...], preferred: tuple[str, ...] = (), adapters: int = 0
+) -> Update:
+    """The fair claim in one statement (PostgreSQL): take ``best`` with ``head``'s tag,
+    and give ``head`` the tag ``best`` had, so that an account taking a higher-priority
+    task out of turn is charged the turn it used (docs/scheduling.md)."""
+    head, best = _fair_pick(models, preferred, adapters)
+    swap = (
+        update(_tasks)
+        .where(_tasks.c.id == head.c.id, head.c.id != best.c.id)
+        .values(fair_tag=best.c.fair_tag)
+        .returning(_tasks.c.id)
+        .cte("swap")
+    )
+    return _take(_tasks.c.id == best.c.id, fair_tag=head.c.fair_tag).add_cte(swap)
+
+
+@functools.lru_cache(maxsize=256)
+def fair_pick(models: tuple[str, ...], preferred: tuple[str, ...] = (), adapters: int = 0) -> Any:
+    """``claim_fair``'s picks as a read (SQLite, where a CTE cannot write): the head's and
+    the best task's ids and tags; ``TAKE_FAIR`` and ``SWAP_TAG`` then write."""
+    head, best = _fair_pick(models, preferred, adapters)
+    return select(
+        head.c.id.label("head_id"),
+        head.c.fair_tag.label("head_tag"),
+        best.c.id.label("best_id"),
+        best.c.fair_tag.label("best_tag"),
+    )
+
+
+TAKE_FAIR = _take(_tasks.c.id == bindparam("best_id"), fair_tag=bindparam("head_tag"))
+SWAP_TAG = (
+    update(_tasks)
+    .where(_tasks.c.id == bindparam("head_id"))
+    .values(fair_tag=bindparam("best_tag", type_=BigInteger))
+)
+
+
+async def take_first(
+    tx: Tx,
+    models: tuple[str, ...],
+    params: Mapping[str, Any],
+    preferred: tuple[str, ...] = (),
+    adapters: int = 0,
+    *,
+    fair: bool,
+    postgres: bool,
+) -> Mapping[str, Any] | None:
+    """Take the task a worker serving ``models`` runs next, or None: the fair head
+    (``fair``) or the oldest (``claim_one``); ``params`` from ``claim_params``."""
+    if not fair:
+        return await tx.first(claim_one(models, preferred, adapters), params)
+    if postgres:
+        return await tx.first(claim_fair(models, preferred, adapters), params)
+    pick = await tx.first(fair_pick(models, preferred, adapters), params)
+    if pick is None:
+        return None
+    row = await tx.first(TAKE_FAIR, {**params, **pick})
+    if row is not None and pick["best_id"] != pick["head_id"]:
+        await tx.run(SWAP_TAG, pick)
+    return row
 
 
 # The escape character of ``held_params``' LIKE patterns (not a backslash: PostgreSQL and
@@ -251,12 +372,13 @@ def held_params(adapters: Sequence[tuple[str, str]]) -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=256)
-def claim_candidates(models: tuple[str, ...]) -> Select[Any]:
-    """The ids of up to ``:limit`` of the oldest runnable tasks of ``models``."""
+def claim_candidates(models: tuple[str, ...], fair: bool = False) -> Select[Any]:
+    """The ids of up to ``:limit`` of the runnable tasks of ``models`` that come first: the
+    oldest, or those of the smallest tags (``fair``; a batch is filled in fair order)."""
     return (
         select(_tasks.c.id)
         .where(*_runnable(models))
-        .order_by(_tasks.c.available_at)
+        .order_by(_tasks.c.fair_tag if fair else _tasks.c.available_at)
         .limit(bindparam("limit", type_=Integer))
         .with_for_update(skip_locked=True)
     )
@@ -304,6 +426,9 @@ def claim_params(
     params.update(owner=worker_id, lease_until=now + lease_ms)
     if preferred:
         params["overdue_before"] = now - overdue_ms
+        # How far past the fair head a task of a model the worker holds may go first, in
+        # virtual microseconds: the time a task may wait for such a worker at most.
+        params["fair_slack"] = overdue_ms * 1000
         params.update({f"preferred_{i}": model for i, model in enumerate(preferred)})
         params.update(held_params(adapters))
     return params

@@ -133,8 +133,13 @@ async def task_in(session: AsyncSession, task_id: str) -> Task | None:
 # -- the watcher (``tasks/watch.py``) --------------------------------------------------------
 
 
-async def queue_position(session: AsyncSession, task: Task) -> int:
-    """Runnable tasks of the same model that a worker takes before this one."""
+async def queue_position(session: AsyncSession, task: Task, fair: bool = False) -> int:
+    """Runnable tasks of the same model that a worker takes before this one: those older,
+    or in fair order (``fair``) those of smaller tags. Fair order makes it an estimate:
+    a later submit of an account that has used less may still go ahead, and a
+    higher-priority task of the same account takes this one's turn."""
+    order = (Task.fair_tag, task.fair_tag) if fair else (Task.available_at, task.available_at)
+    column, value = order
     ahead = await session.scalar(
         select(func.count())
         .select_from(Task)
@@ -142,10 +147,7 @@ async def queue_position(session: AsyncSession, task: Task) -> int:
             Task.status == TaskStatus.CREATED,
             Task.model == task.model,
             Task.deadline_at > now_ms(),
-            or_(
-                Task.available_at < task.available_at,
-                (Task.available_at == task.available_at) & (Task.id < task.id),
-            ),
+            or_(column < value, (column == value) & (Task.id < task.id)),
         )
     )
     return int(ahead or 0)

@@ -26,6 +26,7 @@ from genhook.statuses import TaskStatus
 from genhook.storage import BlobStore
 from genhook.task_states import ACTIVE
 from genhook.tasks.outbox import Outbox, publish_ended
+from genhook.tasks.store import clocks
 from genhook.tasks.store.hot_path import (
     COMPLETE,
     COMPLETE_WITH_STT,
@@ -66,6 +67,7 @@ async def end_tasks(
     ]
     if usage:
         await tx.run_many(INSERT_USAGE, usage)
+    await clocks.correct(tx, tasks, now)
     for task in tasks:  # in the order the tasks ended
         if task.webhook_url:
             await publish_ended(outbox, tx, task, settings, storage, now)
