@@ -255,12 +255,18 @@ def _fair_pick(
         .cte("head")
     )
     mine = [_tasks.c.account_id == head.c.account_id]
+    within: list[Any] = [_tasks.c.priority.desc()]
     if preferred:
+        # The head's model, overdue tasks first, then those naming the adapters held.
         mine.append(_tasks.c.model == head.c.model)
+        overdue = _tasks.c.available_at <= bindparam("overdue_before", type_=BigInteger)
+        within.append(case((overdue, 0), else_=1))
+        if adapters:
+            within.append(_adapters_held(adapters).desc())
     best = (
         select(_tasks.c.id, _tasks.c.fair_tag)
         .where(*_runnable(models), *mine)
-        .order_by(_tasks.c.priority.desc(), _tasks.c.created_at)
+        .order_by(*within, _tasks.c.created_at)
         .limit(1)
         .with_for_update(skip_locked=True, of=_tasks)
         .cte("best")
