@@ -62,7 +62,8 @@ def lifecycle(h: Harness) -> Lifecycle:
 
 
 async def claim(life: Lifecycle) -> Task | None:
-    return await life.claim("w-fair", [MODEL])
+    claimed = (await life.claim("w-fair", [MODEL])).tasks
+    return claimed[0] if claimed else None
 
 
 async def run(life: Lifecycle, clock: list[int], task: Task, held_ms: int) -> None:
@@ -208,7 +209,7 @@ async def test_a_batch_is_filled_from_the_fair_head(fair: Harness, clock: list[i
     batch = await life.claim_more("w-fair", MODEL, 4)
     # Tags: a at 0, 1, 2 ... units, b at 0, 1: the four smallest are two of each.
     assert {task.id for task in batch} == {*flood[:2], *trickle}
-    many = await life.claim_many("w-fair", [MODEL], 2)
+    many = (await life.claim("w-fair", [MODEL], limits={MODEL: 2})).tasks
     assert {task.id for task in many} == set(flood[2:4])
 
 

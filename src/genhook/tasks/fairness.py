@@ -23,12 +23,20 @@ from genhook.db import Task
 from genhook.db.driver import Tx
 from genhook.tasks.store import clocks
 
-__all__ = ["DEFAULT_COST_MS", "ESTIMATE_TTL_SECONDS", "PRIORITIES", "Fairness"]
+__all__ = [
+    "DEFAULT_COST_MS",
+    "DEFAULT_TTL_SECONDS",
+    "ESTIMATE_TTL_SECONDS",
+    "PRIORITIES",
+    "Fairness",
+]
 
 # A model's cost before any of its tasks has completed within the last hour.
 DEFAULT_COST_MS = 1000
-# How long a process keeps a model's estimate before reading it again.
+# How long a process keeps a model's estimate before reading it again; the default of a
+# model without recent run times only briefly, so its first runs count soon.
 ESTIMATE_TTL_SECONDS = 30.0
+DEFAULT_TTL_SECONDS = 1.0
 # The priorities a task may have, by the name the API speaks; an account's own waiting tasks
 # go highest first, oldest first within one.
 PRIORITIES = {"high": 1, "normal": 0, "low": -1}
@@ -39,18 +47,19 @@ class Fairness:
     """Tags new tasks, in the transaction that inserts them."""
 
     postgres: bool
-    # model -> (monotonic time read, mean run ms)
+    # model -> (monotonic time it is read again, mean run ms)
     _estimates: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     async def cost_ms(self, tx: Tx, model: str, now: int) -> int:
         """The estimated worker time of one task of ``model``: the mean of its latest run
         times, read at most every ``ESTIMATE_TTL_SECONDS``."""
         cached = self._estimates.get(model)
-        if cached is not None and time.monotonic() - cached[0] < ESTIMATE_TTL_SECONDS:
+        if cached is not None and time.monotonic() < cached[0]:
             return cached[1]
         runs = await clocks.recent_run_ms(tx, model, now)
         estimate = max(1, sum(runs) // len(runs)) if runs else DEFAULT_COST_MS
-        self._estimates[model] = (time.monotonic(), estimate)
+        ttl = ESTIMATE_TTL_SECONDS if runs else DEFAULT_TTL_SECONDS
+        self._estimates[model] = (time.monotonic() + ttl, estimate)
         return estimate
 
     async def tag(self, tx: Tx, tasks: Sequence[Task], now: int) -> None:
