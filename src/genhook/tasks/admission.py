@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -27,6 +25,7 @@ from genhook.config import Settings
 from genhook.data_urls import InlineData
 from genhook.db import AccountLimit, Database, Task, wakeups
 from genhook.db.driver import SessionTx
+from genhook.db.upsert import upsert
 from genhook.errors import Conflict, FieldError, InvalidRequest, TooManyRequests
 from genhook.tasks.store import reads
 from genhook.tasks.store.writes import drop_expired_key, insert_keys, insert_tasks, task_values
@@ -200,9 +199,8 @@ class Admission:
         self, session: AsyncSession, account_id: str, limits: Limits, now: int
     ) -> None:
         """Lock the account's limit row, then check in-flight tasks and draw one token."""
-        upsert = pg_insert if self.db.is_postgres else sqlite_insert
         await session.execute(
-            upsert(AccountLimit)
+            upsert(AccountLimit, postgres=self.db.is_postgres)
             .values(account_id=account_id, tokens=limits.capacity, tokens_at=now)
             .on_conflict_do_nothing(index_elements=[AccountLimit.account_id])
         )
@@ -259,10 +257,9 @@ async def set_account_limits(
 ) -> AccountLimit:
     """Store an account's overrides (None keeps the stored value; ``clear`` drops them all,
     the weight included)."""
-    upsert = pg_insert if db.is_postgres else sqlite_insert
     async with db.write() as session:
         await session.execute(
-            upsert(AccountLimit)
+            upsert(AccountLimit, postgres=db.is_postgres)
             .values(account_id=account_id, tokens=0.0, tokens_at=0)
             .on_conflict_do_nothing(index_elements=[AccountLimit.account_id])
         )

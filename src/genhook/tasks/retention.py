@@ -20,8 +20,6 @@ import logging
 from dataclasses import dataclass, field
 
 from sqlalchemy import delete
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from genhook.config import Settings
 from genhook.db import (
@@ -31,6 +29,7 @@ from genhook.db import (
     now_ms,
 )
 from genhook.db.driver import SessionTx
+from genhook.db.upsert import upsert
 from genhook.errors import Gone
 from genhook.storage import BlobStore
 from genhook.storage.inputs import keeps_inputs
@@ -139,10 +138,9 @@ class Retention:
                 for key in outputs
             ]
             if tombstones:
-                upsert = pg_insert if self.db.is_postgres else sqlite_insert
                 async with self.db.write() as session:
                     await session.execute(
-                        upsert(ExpiredOutput).on_conflict_do_nothing(
+                        upsert(ExpiredOutput, postgres=self.db.is_postgres).on_conflict_do_nothing(
                             index_elements=[ExpiredOutput.key]
                         ),
                         tombstones,

@@ -14,14 +14,13 @@ from typing import Any, cast
 
 from sqlalchemy import Connection, Table, delete, func, insert, literal_column, update
 from sqlalchemy import select as sql_select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.schema import ScalarElementColumnDefault
 
 from genhook.db import Blob, IdempotencyKey, Task
 from genhook.db.driver import Tx
 from genhook.db.thread_writes import LARGE_VALUE_BYTES, PIECE_BYTES
+from genhook.db.upsert import upsert
 from genhook.statuses import TaskStatus
 from genhook.task_states import ACTIVE
 
@@ -236,8 +235,7 @@ async def delete_tasks(session: AsyncSession, task_ids: Sequence[str]) -> None:
 
 async def put_blob(session: AsyncSession, values: Mapping[str, Any], *, postgres: bool) -> None:
     """Store a blob row, replacing one under the same key."""
-    upsert = pg_insert if postgres else sqlite_insert
-    stmt = upsert(Blob).values(**values)
+    stmt = upsert(Blob, postgres=postgres).values(**values)
     stmt = stmt.on_conflict_do_update(
         index_elements=[Blob.key],
         set_={"content_type": values["content_type"], "data": values["data"]},
