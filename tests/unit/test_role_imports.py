@@ -65,10 +65,17 @@ asyncio.run(build())
 
 REPORT = """
 import json, sys
-print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})))
+print(json.dumps(sorted(sys.modules)))
 """
 
 MEDIA = {"PIL", "cv2", "numpy", "av", "faster_whisper", "ctranslate2", "espeakng_loader"}
+# Modules (not packages) a role on SQLite must not load: another dialect, another role's loop.
+NEVER_MODULES = {"sqlalchemy.dialects.postgresql"}
+FORBIDDEN_MODULES = {
+    "worker": NEVER_MODULES,
+    "dispatcher": NEVER_MODULES | {"genhook.tasks.worker"},
+    "api": NEVER_MODULES | {"genhook.tasks.worker"},
+}
 # Start-up only (migrations) or another role's.
 NEVER = MEDIA | {"alembic", "mako", "typer", "rich", "pygments"}
 
@@ -81,6 +88,11 @@ FORBIDDEN = {
 
 
 def loaded(role: str, tmp_path: Path) -> set[str]:
+    """The top-level packages the role's case loaded."""
+    return {name.split(".")[0] for name in modules(role, tmp_path)}
+
+
+def modules(role: str, tmp_path: Path) -> set[str]:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
@@ -102,9 +114,12 @@ def loaded(role: str, tmp_path: Path) -> set[str]:
 
 @pytest.mark.parametrize("role", sorted(FORBIDDEN))
 def test_a_role_imports_only_what_it_needs(role: str, tmp_path: Path) -> None:
-    found = loaded(role, tmp_path)
+    names = modules(role, tmp_path)
+    found = {name.split(".")[0] for name in names}
     assert "genhook" in found and "sqlalchemy" in found  # the case built the role
     assert not found & FORBIDDEN[role], sorted(found & FORBIDDEN[role])
+    assert "sqlalchemy.dialects.sqlite" in names  # the case ran on SQLite
+    assert not names & FORBIDDEN_MODULES[role], sorted(names & FORBIDDEN_MODULES[role])
 
 
 def test_the_supervisor_holds_only_the_standard_library(tmp_path: Path) -> None:
