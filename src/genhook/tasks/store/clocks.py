@@ -15,11 +15,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 from sqlalchemy import BigInteger, Executable, Table, bindparam, case, func, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from genhook.db import AccountClock, AccountLimit, Task
 from genhook.db.driver import Tx
+from genhook.db.upsert import upsert
 from genhook.statuses import TaskStatus
 from genhook.tasks.store.hot_path import keys_params
 
@@ -93,8 +92,7 @@ def _advance(postgres: bool) -> Executable:
     v = bindparam("v", type_=BigInteger)
     total = bindparam("total", type_=BigInteger)
     now = bindparam("now", type_=BigInteger)
-    insert = pg_insert if postgres else sqlite_insert
-    statement = insert(_clocks).values(
+    statement = upsert(_clocks, postgres=postgres).values(
         account_id=bindparam("account"), finish=v + total, used_ms=0, updated_at=now
     )
     return statement.on_conflict_do_update(
