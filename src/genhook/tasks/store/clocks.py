@@ -86,6 +86,7 @@ async def weights(tx: Tx, accounts: Sequence[str]) -> dict[str, int]:
     return {account: max(1, int(found.get(account) or 1)) for account in accounts}
 
 
+@functools.cache
 def _advance(postgres: bool) -> Executable:
     """Move an account's clock to ``max(its finish, :v) + :total`` and return the new
     finish; the row is made at the account's first task."""
@@ -104,13 +105,10 @@ def _advance(postgres: bool) -> Executable:
     ).returning(_clocks.c.finish)
 
 
-_ADVANCE = {True: _advance(True), False: _advance(False)}
-
-
 async def advance(tx: Tx, account: str, v: int, total: int, now: int, *, postgres: bool) -> int:
     """The start of the account's next ``total`` of virtual time (its tasks' first tag)."""
     row = await tx.first(
-        _ADVANCE[postgres], {"account": account, "v": v, "total": total, "now": now}
+        _advance(postgres), {"account": account, "v": v, "total": total, "now": now}
     )
     assert row is not None
     return int(row["finish"]) - total
