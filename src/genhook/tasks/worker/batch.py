@@ -197,6 +197,9 @@ async def _prepared(
     """``_prepare``, supervised as a call is: a task canceled, lost or past its deadline
     meanwhile ends alone, and past the worker's grace the tasks go back to the queue (a
     model load goes on in its thread; the worker leaves without it)."""
+    if worker.loaded(spec.id) and all(_inputs_in_hand(worker, m.task) for m in members):
+        # Nothing to wait for: the engine is loaded, the inputs came with the claim.
+        return await _prepare(worker, spec, members)
     preparing = asyncio.ensure_future(_prepare(worker, spec, members))
     await _supervise(worker, spec, members, preparing, stop, grace)
     if preparing.done():
@@ -220,9 +223,10 @@ async def _prepare(worker: Worker, spec: ModelSpec, members: list[_Member]) -> E
                     await end_failed(worker, member.task, error, in_engine=True)
         return None
     live = [member for member in members if not member.gone]
-    loaded = await asyncio.gather(
-        *(_inputs_of(worker, member) for member in live), return_exceptions=True
-    )
+    if len(live) == 1:  # no task to gather
+        loaded: list[list[bytes] | BaseException] = [await _caught(_inputs_of(worker, live[0]))]
+    else:
+        loaded = await asyncio.gather(*(_caught(_inputs_of(worker, m)) for m in live))
     for member, images in zip(live, loaded, strict=True):
         if member.gone:
             continue  # given up while its inputs were read
@@ -247,6 +251,19 @@ async def _prepare(worker: Worker, spec: ModelSpec, members: list[_Member]) -> E
     return engine
 
 
+def _inputs_in_hand(worker: Worker, task: Task) -> bool:
+    """Whether every input of ``task`` was read by its claim (no fetch, no store to wait on)."""
+    prefetched = worker.prefetched.get(task.id, {})
+    return all(item.get("blob") in prefetched for item in task.inputs)
+
+
+async def _caught(inputs: Awaitable[list[bytes]]) -> list[bytes] | BaseException:
+    try:
+        return await inputs
+    except Exception as error:
+        return error
+
+
 async def _inputs_of(worker: Worker, member: _Member) -> list[bytes]:
     task = member.task
     with member.about():
@@ -259,6 +276,8 @@ async def _inputs_of(worker: Worker, member: _Member) -> list[bytes]:
 
 def _groups(engine: Engine, members: list[_Member]) -> list[list[_Member]]:
     """The members by batch key, in the order of each key's oldest task."""
+    if len(members) == 1:  # a lone task: no key to ask for
+        return [members]
     groups: dict[Hashable, list[_Member]] = {}
     for member in members:
         assert member.job is not None

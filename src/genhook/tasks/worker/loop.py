@@ -197,6 +197,10 @@ class Worker(Services):
         if not done.cancelled():
             done.exception()  # read, even when every task that waited has been given up
 
+    def loaded(self, model: str) -> bool:
+        """The model's engine is loaded in this process."""
+        return model in self._engines
+
     @property
     def loading(self) -> bool:
         """A model load is still running (in a thread, which nothing can stop)."""
