@@ -1,12 +1,14 @@
 """Claim time with a large backlog on PostgreSQL: the fair claim against the FIFO claim.
 
     .venv/bin/python benchmarks/claim_time.py [--waiting 100000] [--accounts 1000]
-        [--claims 300]
+        [--claims 300] [--explain]
 
 ``--waiting`` tasks of one model over ``--accounts`` accounts are inserted server-side
 (``generate_series``), each account's tags one estimate apart, as submits give them; then
 ``--claims`` claims of each kind are timed, alternating fair and FIFO in the same run, each
-one ``Lifecycle.claim`` transaction (the worker's). Prints p50/p99 of each.
+one ``Lifecycle.claim`` transaction (the worker's). Prints p50/p99 of each; with
+``--explain``, then the plans of both claim statements (``EXPLAIN (ANALYZE, BUFFERS)``, each
+rolled back).
 """
 
 from __future__ import annotations
@@ -28,8 +30,25 @@ from genhook.db import Database, now_ms
 from genhook.db.migrate import upgrade_in_thread
 from genhook.storage.blobs import open_blob_store
 from genhook.tasks import Lifecycle
+from genhook.tasks.store.hot_path import claim_fair, claim_one, claim_params
 
 MODEL = "bench/model"
+
+
+def explain_sql(fair: bool) -> str:
+    """The worker's claim statement with its parameters inlined, under EXPLAIN."""
+    from sqlalchemy.dialects import postgresql
+
+    models = (MODEL,)
+    statement = claim_fair(models) if fair else claim_one(models)
+    params = claim_params(models, "w-explain", now_ms(), 60_000, {})
+    compiled = statement.compile(dialect=postgresql.dialect())
+    sql = str(compiled)
+    for name, value in compiled.construct_params(params).items():
+        literal = str(value) if isinstance(value, int) else "'" + str(value) + "'"
+        sql = sql.replace(f"%({name})s", literal)
+    # As a worker's connection plans it (``Database(claims=True)``).
+    return f"BEGIN; SET LOCAL enable_bitmapscan = off; EXPLAIN (ANALYZE, BUFFERS) {sql}; ROLLBACK;"
 
 
 def fill_sql(waiting: int, accounts: int, now: int) -> list[str]:
@@ -83,6 +102,11 @@ async def main(args: argparse.Namespace) -> None:
                 f"{mode}: claim p50 {percentile(values, 50):.2f} ms "
                 f"p99 {percentile(values, 99):.2f} ms (n={len(values)})"
             )
+        if args.explain:
+            for fair in (True, False):
+                print("fair" if fair else "fifo", "claim plan:")
+                for row in server.rows(explain_sql(fair), database="bench"):
+                    print("  ", *row)
     print(f"load: {Path('/proc/loadavg').read_text().strip()}")
 
 
@@ -91,4 +115,5 @@ if __name__ == "__main__":
     parser.add_argument("--waiting", type=int, default=100_000)
     parser.add_argument("--accounts", type=int, default=1000)
     parser.add_argument("--claims", type=int, default=300)
+    parser.add_argument("--explain", action="store_true", help="print both claims' plans")
     asyncio.run(main(parser.parse_args()))

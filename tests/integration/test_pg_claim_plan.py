@@ -14,7 +14,7 @@ from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 
 from genhook.accounts import create_account
 from genhook.db import Blob, Database, Task, now_ms
-from genhook.tasks.store.hot_path import claim_candidates, claim_params
+from genhook.tasks.store.hot_path import claim_candidates, claim_fair, claim_params
 from tests.support.migrated import migrate
 from tests.support.queued import queued_rows
 
@@ -47,15 +47,10 @@ def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return nodes
 
 
-async def test_a_claim_reads_the_head_of_the_backlog_not_all_of_it(
-    backlog: Database,
-) -> None:
-    db = backlog
-    models = (MODEL,)
-    compiled = claim_candidates(models).compile(dialect=asyncpg_dialect())
-    values = compiled.construct_params(
-        {**claim_params(models, "w-plan", now_ms(), 30_000, {}), "limit": 1}
-    )
+async def _explain(db: Database, statement: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """The plan of ``statement`` run as a worker's connection runs it (rolled back)."""
+    compiled = statement.compile(dialect=asyncpg_dialect())
+    values = compiled.construct_params(params)
     assert compiled.positiontup is not None
     args = [values[name] for name in compiled.positiontup]
     async with db.write() as session:
@@ -68,13 +63,46 @@ async def test_a_claim_reads_the_head_of_the_backlog_not_all_of_it(
         await session.rollback()  # EXPLAIN ANALYZE took the row's lock: give it back
     # The connection decodes JSON itself (SQLAlchemy's codec); a bare asyncpg one would not.
     document = json.loads(explained) if isinstance(explained, str) else explained
-    plan = document[0]["Plan"]
+    return cast(dict[str, Any], document[0]["Plan"])
+
+
+async def test_a_claim_reads_the_head_of_the_backlog_not_all_of_it(
+    backlog: Database,
+) -> None:
+    models = (MODEL,)
+    params = {**claim_params(models, "w-plan", now_ms(), 30_000, {}), "limit": 1}
+    plan = await _explain(backlog, claim_candidates(models), params)
     kinds = [node["Node Type"] for node in _plan_nodes(plan)]
     assert "Sort" not in kinds and "Bitmap Heap Scan" not in kinds, kinds
     scans = [node for node in _plan_nodes(plan) if node["Node Type"] == "Index Scan"]
     assert scans and scans[0]["Index Name"] == "ix_tasks_status_available"
     assert scans[0]["Actual Rows"] <= 2  # stopped at the head, of 6,000 queued
     assert plan["Shared Hit Blocks"] + plan.get("Shared Read Blocks", 0) < 40
+
+
+async def test_a_fair_claim_reads_the_head_accounts_first_task_not_all_of_them(
+    backlog: Database,
+) -> None:
+    """The head account's best task comes off ``ix_tasks_account_queue`` in order: the
+    backlog is all one account's, so a sort would read all 6,000. (Analyzed first: on a
+    table never analyzed the planner may still sort the head's pick.)"""
+    models = (MODEL,)
+    async with backlog.write() as session:
+        await session.execute(text("ANALYZE tasks"))
+    plan = await _explain(
+        backlog, claim_fair(models), claim_params(models, "w-plan", now_ms(), 30_000, {})
+    )
+    nodes = _plan_nodes(plan)
+    summary = [(node["Node Type"], node.get("Index Name"), node["Actual Rows"]) for node in nodes]
+    assert "Sort" not in [kind for kind, _, _ in summary], summary
+    scans = {
+        node["Index Name"]: node["Actual Rows"]
+        for node in nodes
+        if node["Node Type"] == "Index Scan"
+    }
+    assert scans.get("ix_tasks_status_tag") == 1, scans
+    assert scans.get("ix_tasks_account_queue") == 1, scans
+    assert plan["Shared Hit Blocks"] + plan.get("Shared Read Blocks", 0) < 60
 
 
 async def test_only_the_claiming_roles_plan_without_bitmap_scans(pg_url: str) -> None:

@@ -254,11 +254,15 @@ def _fair_pick(
         .with_for_update(skip_locked=True)
         .cte("head")
     )
-    mine = [_tasks.c.account_id == head.c.account_id]
+    # The head's account (and model) as scalar subqueries, not a join with ``head``: a
+    # join's inner side cannot hand its index order up past the join, so PostgreSQL would
+    # read and sort all of the account's waiting tasks; a value walks
+    # ``ix_tasks_account_queue`` in order and stops at the first.
+    mine = [_tasks.c.account_id == select(head.c.account_id).scalar_subquery()]
     within: list[Any] = [_tasks.c.priority.desc()]
     if preferred:
         # The head's model, overdue tasks first, then those naming the adapters held.
-        mine.append(_tasks.c.model == head.c.model)
+        mine.append(_tasks.c.model == select(head.c.model).scalar_subquery())
         overdue = _tasks.c.available_at <= bindparam("overdue_before", type_=BigInteger)
         within.append(case((overdue, 0), else_=1))
         if adapters:
