@@ -18,6 +18,7 @@ from genhook.tasks import Lifecycle
 from genhook.tasks import lifecycle as lifecycle_module
 from genhook.tasks.admission import set_account_limits
 from genhook.tasks.fairness import DEFAULT_COST_MS
+from genhook.tasks.lifecycle import Completion
 from tests.conftest import Harness, make_harness, make_settings
 from tests.support.images import data_url
 
@@ -211,6 +212,29 @@ async def test_a_batch_is_filled_from_the_fair_head(fair: Harness, clock: list[i
     assert {task.id for task in batch} == {*flood[:2], *trickle}
     many = (await life.claim("w-fair", [MODEL], limits={MODEL: 2})).tasks
     assert {task.id for task in many} == set(flood[2:4])
+
+
+async def test_the_members_of_a_batched_call_are_each_charged_their_share(
+    fair: Harness, clock: list[int]
+) -> None:
+    a_id, a = await account(fair, "a")
+    b_id, b = await account(fair, "b")
+    await submit(fair, a)
+    await submit(fair, b)
+    life = lifecycle(fair)
+    batch = await life.claim_more("w-fair", MODEL, 2)
+    assert len(batch) == 2
+    clock[0] += 2 * DEFAULT_COST_MS  # one call of both held the worker this long
+    # As the worker records a batched call: each member's info names the call's size.
+    items = [Completion(task.id, [], [], {"batch_size": 2}) for task in batch]
+    assert await life.complete_many("w-fair", items) == [True, True]
+    async with fair.state.db.read() as session:
+        rows = await session.execute(
+            select(AccountClock.account_id, AccountClock.used_ms, AccountClock.finish)
+        )
+        clocks = {account_id: (used, finish) for account_id, used, finish in rows}
+    # Each was charged half the call, one estimate: its clock stands where submit left it.
+    assert clocks == {a_id: (DEFAULT_COST_MS, UNIT), b_id: (DEFAULT_COST_MS, UNIT)}
 
 
 async def test_a_canceled_waiting_task_gives_its_turn_back(fair: Harness, clock: list[int]) -> None:

@@ -136,12 +136,14 @@ CORRECT = (
 async def correct(tx: Tx, ended: Iterable[Any], now: int) -> None:
     """Charge the accounts of ``ended`` tasks (Tasks or rows) their worker time: from the
     claim to the end (nothing for a task that never started), less the estimate charged at
-    submit. A task requeued after a lost lease is charged only for its last run."""
+    submit. A task requeued after a lost lease is charged only for its last run. A member of
+    a batched call is charged its share: its time divided by the number of tasks in the
+    call (``info["batch_size"]``, as the worker records it with the outputs)."""
     per_account: dict[str, tuple[int, int]] = {}
     for task in ended:
         used = 0
         if task.started_at is not None and task.finished_at is not None:
-            used = max(0, int(task.finished_at) - int(task.started_at))
+            used = max(0, int(task.finished_at) - int(task.started_at)) // _sharing(task)
         ms, charged = per_account.get(task.account_id, (0, 0))
         per_account[task.account_id] = (ms + used, charged + int(task.fair_cost or 0))
     for account in sorted(per_account):
@@ -154,3 +156,10 @@ async def correct(tx: Tx, ended: Iterable[Any], now: int) -> None:
             "now": now,
         }
         await tx.run(CORRECT, params)
+
+
+def _sharing(task: Any) -> int:
+    """How many tasks shared the call that ran ``task`` (1 unless it ran in a batch)."""
+    info = task.info
+    size = info.get("batch_size") if isinstance(info, dict) else None
+    return size if isinstance(size, int) and size > 1 else 1
