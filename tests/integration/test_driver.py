@@ -18,6 +18,7 @@ from genhook.db.driver import SessionTx, Tx, compiled
 from genhook.db.wakeups.postgres import PostgresHub
 from genhook.faults import is_infrastructure_error
 from genhook.tasks.store.hot_path import INSERT_USAGE
+from genhook.tasks.store.writes import TASK_DEFAULTS
 from tests.support.postgres import PostgresServer
 from tests.support.queued import queued_rows
 from tests.support.webhook_receiver import add_account, create_schema
@@ -40,7 +41,7 @@ async def db(database_url: str) -> AsyncIterator[Database]:
 def task_row(task_id: str, **changes: Any) -> dict[str, Any]:
     """A queued task's every column, with JSON worth a round trip (nested, not ASCII)."""
     ((row,), _) = queued_rows("acct_1", "test/m", 1, now_ms())
-    row = {column.name: None for column in _tasks.c} | row
+    row = {column.name: None for column in _tasks.c} | TASK_DEFAULTS | row
     row.update(
         id=task_id,
         params={"prompt": "façade ✓", "nested": {"list": [1, 2.5, None, True]}},

@@ -5,7 +5,7 @@
 
 from typing import TYPE_CHECKING
 
-from genhook.lazy import lazy_names
+from genhook.lazy import lazy_names as _lazy_names
 from genhook.tasks.lifecycle import Lifecycle
 from genhook.tasks.submission import Submitter
 from genhook.tasks.views import prediction_view
@@ -13,6 +13,6 @@ from genhook.tasks.views import prediction_view
 if TYPE_CHECKING:
     from genhook.tasks.worker import Worker
 
-__getattr__ = lazy_names(__name__, {"Worker": "worker"})
+__getattr__ = _lazy_names(__name__, {"Worker": "worker"})
 
 __all__ = ["Lifecycle", "Submitter", "Worker", "prediction_view"]
