@@ -13,7 +13,6 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -288,18 +287,3 @@ async def set_account_limits(
         row = await session.get(AccountLimit, account_id, populate_existing=True)
         assert row is not None
         return row
-
-
-async def account_weights(session: AsyncSession, account_ids: Sequence[str]) -> dict[str, int]:
-    """The fair-queuing weight of each account (``account_limits.weight``; 1 when unset)."""
-    weights = dict.fromkeys(account_ids, 1)
-    if not weights:
-        return weights
-    rows = await session.execute(
-        select(AccountLimit.account_id, AccountLimit.weight).where(
-            AccountLimit.account_id.in_(list(weights)), AccountLimit.weight.is_not(None)
-        )
-    )
-    for account_id, weight in rows.all():
-        weights[account_id] = int(weight or 1)
-    return weights

@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 
 from genhook.db import Database, now_ms
-from genhook.tasks.admission import account_weights
+from genhook.db.driver import SessionTx
+from genhook.tasks.store.clocks import weights as account_weights
 from genhook.tasks.store.reads import account_queues
 
 # The recent window the usage share is measured over: long enough to hold several runs of
@@ -53,7 +54,7 @@ async def measure(db: Database, *, window_seconds: int = USAGE_WINDOW_SECONDS) -
     since = now - window_seconds * 1000
     async with db.read() as session:
         queues = await account_queues(session, since, now)
-        weights = await account_weights(session, [q.account_id for q in queues])
+        weights = await account_weights(SessionTx(session), [q.account_id for q in queues])
     used = sum(q.worker_ms for q in queues)
     active = sum(weights[q.account_id] for q in queues if q.waiting or q.running)
     accounts = [
@@ -75,7 +76,7 @@ async def measure(db: Database, *, window_seconds: int = USAGE_WINDOW_SECONDS) -
 async def idle_share(db: Database, account_id: str) -> AccountShare:
     """An account with nothing waiting, running or run in the window: its weight alone."""
     async with db.read() as session:
-        weight = (await account_weights(session, [account_id]))[account_id]
+        weight = (await account_weights(SessionTx(session), [account_id]))[account_id]
     return AccountShare(account_id, weight, 0, 0, 0.0, 0.0, 0.0)
 
 
